@@ -1,0 +1,51 @@
+// The backend folder's public header: one interface, implemented by cpu/ and (later) cuda/.
+// The engine plans each step and hands the backend one flat batch; the backend runs the forward
+// pass over a paged KV cache it owns and returns logits for the positions that want them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ss::model {
+class Model;
+}
+
+namespace ss::backend {
+
+struct KvCacheConfig {
+  int num_blocks = 0;   // blocks per layer
+  int block_size = 16;  // tokens per block
+};
+
+// One step. Token i belongs to sequence seq_index[i], sits at position positions[i], and its K/V is
+// stored in block block_tables[seq][positions[i] / block_size] at slot positions[i] % block_size.
+// Attention for token i covers positions 0..positions[i] of its sequence (causal): K/V of earlier
+// positions must already be in the cache or in this batch.
+struct StepBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> seq_index;
+  std::vector<std::vector<int32_t>> block_tables;
+  std::vector<int32_t> logits_rows;  // indices into tokens; logits come back in this order
+};
+
+struct BackendOptions {
+  int threads = 0;  // 0: all cores
+  KvCacheConfig kv;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const KvCacheConfig& kv_config() const = 0;
+  // logits: logits_rows.size() x vocab floats, written in full.
+  virtual Status forward(const StepBatch& batch, float* logits) = 0;
+};
+
+Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts);
+
+}  // namespace ss::backend

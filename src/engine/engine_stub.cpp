@@ -1,0 +1,2 @@
+// Placeholder; the sampler lands here.
+#include "backend/backend.h"
