@@ -1,2 +1,0 @@
-// Placeholder; the sampler lands here.
-#include "backend/backend.h"

@@ -1,0 +1,54 @@
+// Token sampling: penalties, then greedy or temperature / top-k / top-p / min-p, from a seeded RNG.
+// Same seed and same logits give the same token on every run and machine.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ss::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;        // 0 → greedy
+  int top_k = 0;                   // 0 → off
+  float top_p = 1.0f;              // 1 → off
+  float min_p = 0.0f;              // 0 → off; keep tokens with p >= min_p * p_max
+  float repetition_penalty = 1.0f; // CTRL/HF style, over prompt and output tokens
+  float presence_penalty = 0.0f;   // OpenAI style, over output tokens
+  float frequency_penalty = 0.0f;  // OpenAI style, over output tokens
+  uint64_t seed = 0;
+
+  // Clear message when a value is outside its range (e.g. "top_p must be in (0, 1], got 1.5").
+  Status validate() const;
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+class Sampler {
+ public:
+  Sampler(const SamplingParams& params, int vocab_size);
+
+  // Picks the next token. `logits` (vocab_size floats) is modified in place (penalties).
+  // prompt: the prompt's ids; output: ids generated so far.
+  int32_t sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  void apply_penalties(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
+  double next_uniform();  // [0, 1)
+
+  SamplingParams params_;
+  int vocab_;
+  uint64_t rng_state_[4];
+  // Reused every call: no allocation per token after the first.
+  std::vector<int32_t> counts_;
+  std::vector<int32_t> touched_;
+  std::vector<std::pair<float, int32_t>> cand_;
+};
+
+// Greedy pick with a fixed tie-break (lowest id), shared by every path that needs argmax.
+int32_t argmax(const float* logits, int n);
+
+}  // namespace ss::engine

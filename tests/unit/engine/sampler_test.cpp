@@ -1,0 +1,178 @@
+// Sampler properties: greedy is argmax, seeds reproduce, truncations never pick excluded tokens,
+// the empirical distribution matches softmax, penalties follow their published formulas.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+using ss::engine::Sampler;
+using ss::engine::SamplingParams;
+
+namespace {
+std::vector<float> random_logits(int n, uint32_t seed, float scale = 3.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  double mx = *std::max_element(l.begin(), l.end()), z = 0;
+  std::vector<double> p(l.size());
+  for (size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - mx) / t);
+  for (auto& x : p) x /= z;
+  return p;
+}
+int32_t draw(Sampler& s, std::vector<float> logits) { return s.sample(logits.data(), {}, {}); }
+}  // namespace
+
+TEST(Sampler, GreedyIsArgmax) {
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    auto l = random_logits(1000, seed);
+    SamplingParams p;
+    p.temperature = 0.0f;
+    Sampler s(p, 1000);
+    EXPECT_EQ(draw(s, l), std::max_element(l.begin(), l.end()) - l.begin());
+  }
+}
+
+TEST(Sampler, TopKOneIsGreedy) {
+  auto l = random_logits(5000, 7);
+  SamplingParams p;
+  p.top_k = 1;
+  p.temperature = 1.5f;
+  Sampler s(p, 5000);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(draw(s, l), std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
+  auto l = random_logits(2000, 3, 1.0f);
+  auto run = [&](uint64_t seed) {
+    SamplingParams p;
+    p.seed = seed;
+    p.top_p = 0.9f;
+    Sampler s(p, 2000);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(draw(s, l));
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(Sampler, EmpiricalDistributionMatchesSoftmax) {
+  const int n = 8;
+  std::vector<float> l = {1.0f, 0.5f, -0.3f, 2.0f, 0.0f, -1.0f, 1.2f, 0.7f};
+  for (float temp : {0.7f, 1.0f, 2.0f}) {
+    SamplingParams p;
+    p.temperature = temp;
+    p.seed = 99;
+    Sampler s(p, n);
+    const int draws = 200000;
+    std::vector<int> hist(n);
+    for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+    auto q = softmax(l, temp);
+    for (int i = 0; i < n; ++i) {
+      const double sd = std::sqrt(q[i] * (1 - q[i]) / draws);
+      EXPECT_NEAR(hist[i] / double(draws), q[i], 5 * sd) << "token " << i << " temperature " << temp;
+    }
+  }
+}
+
+TEST(Sampler, TopPNeverPicksOutsideNucleus) {
+  const int n = 30000;  // wider than the sorted head, so the widening path runs too
+  for (float top_p : {0.1f, 0.5f, 0.9f, 0.999f}) {
+    auto l = random_logits(n, 11, 1.0f);
+    auto q = softmax(l, 1.0);
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return q[a] > q[b]; });
+    std::set<int> nucleus;
+    double acc = 0;
+    for (int id : order) {
+      nucleus.insert(id);
+      acc += q[id];
+      if (acc >= top_p) break;
+    }
+    SamplingParams p;
+    p.top_p = top_p;
+    p.seed = 5;
+    Sampler s(p, n);
+    std::set<int> seen;
+    for (int i = 0; i < 300; ++i) {
+      const int id = draw(s, l);
+      ASSERT_TRUE(nucleus.count(id)) << "top_p " << top_p << " picked " << id;
+      seen.insert(id);
+    }
+    if (nucleus.size() > 1) {
+      EXPECT_GT(seen.size(), 1u);
+    }
+  }
+}
+
+TEST(Sampler, MinPAndTopKBounds) {
+  const int n = 4000;
+  auto l = random_logits(n, 21, 2.0f);
+  auto q = softmax(l, 1.0);
+  const double pmax = *std::max_element(q.begin(), q.end());
+  SamplingParams p;
+  p.min_p = 0.2f;
+  Sampler s(p, n);
+  for (int i = 0; i < 2000; ++i) ASSERT_GE(q[draw(s, l)], 0.2 * pmax * (1 - 1e-9));
+
+  SamplingParams pk;
+  pk.top_k = 5;
+  Sampler sk(pk, n);
+  std::vector<float> sorted(l);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (int i = 0; i < 2000; ++i) ASSERT_GE(l[draw(sk, l)], sorted[4]);
+}
+
+TEST(Sampler, Penalties) {
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.repetition_penalty = 2.0f;
+  Sampler s(p, 4);
+  std::vector<float> a = l;
+  const std::vector<int32_t> prompt = {0, 1, 1};
+  s.sample(a.data(), prompt, {});
+  EXPECT_FLOAT_EQ(a[0], 1.0f);   // positive logits are divided
+  EXPECT_FLOAT_EQ(a[1], -4.0f);  // negative logits are multiplied, once per distinct token
+  EXPECT_FLOAT_EQ(a[2], 1.0f);
+
+  SamplingParams q;
+  q.temperature = 0.0f;
+  q.presence_penalty = 0.5f;
+  q.frequency_penalty = 0.25f;
+  Sampler s2(q, 4);
+  std::vector<float> b = l;
+  const std::vector<int32_t> out = {2, 2, 3};
+  s2.sample(b.data(), prompt, out);  // prompt tokens are not penalised by presence/frequency
+  EXPECT_FLOAT_EQ(b[0], 2.0f);
+  EXPECT_FLOAT_EQ(b[2], 1.0f - 0.5f - 0.5f);
+  EXPECT_FLOAT_EQ(b[3], 0.5f - 0.5f - 0.25f);
+}
+
+TEST(Sampler, ValidateRejectsOutOfRange) {
+  SamplingParams p;
+  p.top_p = 1.5f;
+  EXPECT_FALSE(p.validate().ok());
+  p = {};
+  p.temperature = -1.0f;
+  EXPECT_FALSE(p.validate().ok());
+  p = {};
+  p.top_k = -3;
+  EXPECT_FALSE(p.validate().ok());
+  p = {};
+  p.min_p = NAN;
+  EXPECT_FALSE(p.validate().ok());
+  p = {};
+  EXPECT_TRUE(p.validate().ok());
+}
