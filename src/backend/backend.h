@@ -18,6 +18,9 @@ namespace ss::backend {
 struct KvCacheConfig {
   int num_blocks = 0;   // blocks per layer
   int block_size = 16;  // tokens per block
+  // Element type of the cached K/V. F16 halves the memory and the bytes decode reads per token;
+  // F32 keeps attention at full precision (tests that compare against fp32 references use it).
+  enum class DType { F32, F16 } dtype = DType::F16;
 };
 
 // One step. Token i belongs to sequence seq_index[i], sits at position positions[i], and its K/V is
@@ -34,7 +37,9 @@ struct StepBatch {
 
 struct BackendOptions {
   int threads = 0;  // 0: all cores
-  KvCacheConfig kv;
+  KvCacheConfig kv;  // kv.num_blocks 0: enough for one sequence of min(max_context, 4096) tokens
+  // Scratch is sized for this many tokens per step at start-up; a bigger batch grows it (allocates).
+  int max_batch_tokens = 512;
 };
 
 class Backend {

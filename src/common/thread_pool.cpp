@@ -1,8 +1,28 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SS_PAUSE() _mm_pause()
+#else
+#define SS_PAUSE() std::this_thread::yield()
+#endif
 
 namespace ss {
+
+namespace {
+// Some tens of µs of spinning (a pause is ~40-140 cycles depending on the core): longer than the gap
+// between back-to-back dispatches of a forward pass, far shorter than the gap between requests, so
+// an idle pool sleeps. Every few pauses the spinner yields, so an oversubscribed machine (more
+// runnable threads than cores) still lets the thread we wait for run.
+constexpr int kSpinIterations = 1 << 11;
+inline void spin_pause(int i) {
+  if ((i & 63) == 63)
+    std::this_thread::yield();
+  else
+    SS_PAUSE();
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
@@ -11,7 +31,7 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
@@ -20,50 +40,51 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int)>* job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      // Spin briefly before sleeping would help latency; a condvar keeps it simple and fair on 2 cores.
-      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int i = 0; g == seen && i < kSpinIterations && !stop_.load(std::memory_order_relaxed); ++i) {
+      spin_pause(i);
+      g = generation_.load(std::memory_order_acquire);
     }
-    (*job)(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (g == seen) {
+      std::unique_lock<std::mutex> lk(mu_);
+      // Announce the sleep before the last check (seq_cst on both sides): the dispatcher either sees
+      // a sleeper and notifies under the mutex, or this check sees its new generation.
+      sleepers_.fetch_add(1);
+      cv_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
+      sleepers_.fetch_sub(1);
+      if (stop_.load()) return;
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (stop_.load(std::memory_order_relaxed)) return;
+    seen = g;
+    job_.call(job_.fn, index);
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
-      cv_.notify_all();
+      done_cv_.notify_one();
     }
   }
 }
 
-void ThreadPool::run(const std::function<void(int)>& fn) {
+void ThreadPool::dispatch(Job job) {
   if (n_threads_ == 1) {
-    fn(0);
+    job.call(job.fn, 0);
     return;
   }
-  {
+  job_ = job;
+  pending_.store(n_threads_ - 1);
+  generation_.fetch_add(1);  // publishes job_ (seq_cst)
+  if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    pending_.store(n_threads_ - 1, std::memory_order_release);
-    ++generation_;
+    cv_.notify_all();
   }
-  cv_.notify_all();
-  fn(0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
-}
-
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
-  if (n <= 0) return;
-  grain = std::max<int64_t>(1, grain);
-  const int64_t units = (n + grain - 1) / grain;
-  const int nt = n_threads_;
-  run([&](int t) {
-    const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
-    const int64_t b = std::min(n, u0 * grain), e = std::min(n, u1 * grain);
-    if (b < e) fn(b, e, t);
-  });
+  job.call(job.fn, 0);
+  for (int i = 0; pending_.load(std::memory_order_acquire) != 0 && i < kSpinIterations; ++i) spin_pause(i);
+  if (pending_.load() != 0) {
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_sleeping_.store(true);
+    done_cv_.wait(lk, [&] { return pending_.load() == 0; });
+    caller_sleeping_.store(false);
+  }
 }
 
 }  // namespace ss

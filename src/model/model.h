@@ -133,7 +133,8 @@ class Model {
 Expected<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opts = {});
 
 // Human-readable report for `selfserve inspect`: architecture, hyper-parameters, tokenizer summary,
-// tensor table and validation verdict. Never fails: a failed load is reported as the verdict.
-std::string inspect_report(const std::string& path, const LoadOptions& opts = {});
+// tensor table and validation verdict. Never fails: a failed load is reported as the verdict, and
+// *ok (when given) says whether the model is valid.
+std::string inspect_report(const std::string& path, const LoadOptions& opts = {}, bool* ok = nullptr);
 
 }  // namespace ss::model

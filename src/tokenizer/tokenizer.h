@@ -25,6 +25,7 @@ struct TokenizerSpec {
   std::vector<std::string> merges;   // "a b" per line, byte-level BPE only
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1, eot_id = -1;
   bool add_bos = false, add_eos = false, add_space_prefix = true;
+  std::string chat_template;         // tokenizer.chat_template, may be empty
 };
 
 class Tokenizer {
@@ -35,12 +36,19 @@ class Tokenizer {
   // A Hugging Face tokenizer.json (plus tokenizer_config.json beside it when present, for
   // add_bos and the chat template).
   static Expected<std::unique_ptr<Tokenizer>> from_json_file(const std::string& path);
+  // The same from the text of a tokenizer.json (and of tokenizer_config.json, may be empty).
+  static Expected<std::unique_ptr<Tokenizer>> from_json_text(std::string_view tokenizer_json,
+                                                             std::string_view tokenizer_config_json = {},
+                                                             const std::string& origin = "tokenizer.json");
 
   // add_special: prepend BOS / append EOS as the model wants. parse_special: recognise special and
   // added tokens written in the text (e.g. "<|im_start|>"), as HF does by default.
-  // Invalid UTF-8 input is never an error: bytes are handled as the reference tokenizers do.
+  // Invalid UTF-8 input is never an error: each ill-formed subsequence is replaced by U+FFFD first
+  // (HF tokenizers only accept valid strings; Python's errors="replace" gives the same text).
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const = 0;
   // Concatenated bytes of the tokens (may end mid-character). skip_special drops control tokens.
+  // Like HF decode, a SentencePiece-style tokenizer drops the one space its encoder prepended.
+  // Ids out of range are skipped.
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
   // The raw piece of one token (bytes it decodes to, for the "pieces" view).
   virtual std::string token_to_piece(int32_t id) const = 0;
@@ -64,6 +72,8 @@ class Tokenizer {
 // character completes; invalid sequences become U+FFFD.
 class StreamDecoder {
  public:
+  // Pieces are emitted as token_to_piece gives them (no leading-space stripping: generated text
+  // continues a prompt).
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = true) : tok_(tok), skip_special_(skip_special) {}
   std::string push(int32_t id);  // text that is now complete (may be empty)
   std::string flush();           // whatever remains, invalid tails replaced by U+FFFD
@@ -82,9 +92,14 @@ enum class ChatFamily { ChatML, Llama3, Llama2, Mistral, Unknown };
 ChatFamily detect_chat_family(std::string_view template_text);
 const char* chat_family_name(ChatFamily f);
 
-// Renders with the model's own template (recognised from its text). Unknown template → error
-// naming it. An empty template falls back to ChatML only when the vocabulary has <|im_start|>.
+// Renders with the model's own template (recognised from its text), as transformers'
+// apply_chat_template would (bos_token/eos_token from tok, or the family's usual ones without it).
+// Unknown template → error naming it. An empty template falls back to ChatML only when the
+// vocabulary has <|im_start|>. The rendered text contains the BOS text where the template puts it:
+// encode it with add_special=false. date_string: for templates that print today's date
+// (Llama 3.1+); empty means the template's default, or today when it asks for strftime_now.
 Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt, const Tokenizer* tok = nullptr);
+                                  bool add_generation_prompt, const Tokenizer* tok = nullptr,
+                                  std::string_view date_string = {});
 
 }  // namespace ss::tok

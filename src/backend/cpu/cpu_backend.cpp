@@ -1,0 +1,541 @@
+// CPU forward pass: embedding -> per layer [RMSNorm, Q/K/V, (bias | q/k norm), RoPE, paged KV write,
+// causal GQA attention, O, residual+RMSNorm, SwiGLU FFN, residual] -> final norm + lm_head for the
+// requested rows only.
+//
+// Threading: the matmuls split output rows across the pool (kernels.h); the per-token stages run one
+// pool dispatch each (rows split evenly) or inline when the batch is too small to pay for a
+// dispatch; attention is one dispatch per layer whose threads pull (query tile, head) items from an
+// atomic counter, costliest first.
+//
+// Batch invariance: each token row goes through the same per-row code whatever else is in the batch
+// (norms, RoPE, SwiGLU are per row; attention is per (row, head) with a fixed 16-key online-softmax
+// step; the matmuls guarantee it per (t, o)), so logits are bit-identical alone or batched.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numbers>
+#include <thread>
+
+#include <time.h>
+
+namespace ss::backend {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Per-token stages below this many floats of work run inline (a pool dispatch costs ~10 us).
+constexpr int64_t kParallelMinWork = 1 << 15;
+
+std::string shape_str(const model::Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < std::max(1, t.n_dims); ++i) s += (i ? " x " : "") + std::to_string(t.ne[i]);
+  return s + "]";
+}
+
+Status check_matrix(const model::Tensor& t, int64_t rows, int64_t cols, const std::string& what) {
+  if (!t.valid()) return make_error(what + ": tensor missing");
+  if (t.rows() != rows || t.cols() != cols)
+    return make_error(what + " (" + t.name + "): expected " + std::to_string(rows) + " rows x " +
+                      std::to_string(cols) + " columns, got ne " + shape_str(t));
+  return {};
+}
+
+Expected<std::vector<float>> to_f32(const model::Tensor& t, int64_t n, const std::string& what) {
+  if (!t.valid()) return make_error(what + ": tensor missing");
+  if (t.numel() != n)
+    return make_error(what + " (" + t.name + "): expected " + std::to_string(n) + " elements, got " + shape_str(t));
+  if (t.type != model::DType::F32 && t.type != model::DType::F16 && t.type != model::DType::BF16)
+    return make_error(what + " (" + t.name + "): type " + std::string(model::dtype_name(t.type)) +
+                      " not supported for a 1-D weight (want F32, F16 or BF16)");
+  std::vector<float> v(static_cast<size_t>(n));
+  model::dequantize_row(t.type, t.data, v.data(), n);
+  return v;
+}
+
+// Inverse RoPE frequencies as Hugging Face computes them (float32 arithmetic), with scaling.
+std::vector<float> rope_inv_freq(const model::ModelConfig& c, int rope_dim) {
+  std::vector<float> inv(rope_dim / 2);
+  const float base = c.rope_theta;
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(rope_dim);
+    inv[i] = 1.0f / std::pow(base, e);
+  }
+  const auto& rs = c.rope_scaling;
+  if (rs.kind == model::RopeScaling::Kind::Linear && rs.factor > 0) {
+    for (float& f : inv) f /= rs.factor;
+  } else if (rs.kind == model::RopeScaling::Kind::Llama3) {
+    const float old_ctx = static_cast<float>(rs.original_max_position);
+    const float low_wavelen = old_ctx / rs.low_freq_factor;
+    const float high_wavelen = old_ctx / rs.high_freq_factor;
+    for (float& f : inv) {
+      const float wavelen = 2.0f * std::numbers::pi_v<float> / f;
+      if (wavelen > low_wavelen) {
+        f = f / rs.factor;
+      } else if (!(wavelen < high_wavelen)) {
+        const float smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0f - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+class Stopwatch {
+ public:
+  Stopwatch(bool on, bool cpu_time) : on_(on), cpu_(cpu_time) {
+    if (on_) t_ = now();
+  }
+  void lap(double& acc) {
+    if (!on_) return;
+    const double n = now();
+    acc += n - t_;
+    t_ = n;
+  }
+
+ private:
+  double now() const {
+    if (cpu_) {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    }
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  }
+  bool on_, cpu_;
+  double t_ = 0;
+};
+
+}  // namespace
+
+void CpuBackend::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+CpuBackend::CpuBackend(const model::Model& model, const BackendOptions& opts, int threads)
+    : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads) {}
+
+CpuBackend::~CpuBackend() = default;
+
+Expected<std::unique_ptr<CpuBackend>> CpuBackend::create(const model::Model& model, const BackendOptions& opts) {
+  int threads = opts.threads;
+  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::unique_ptr<CpuBackend> be(new CpuBackend(model, opts, threads));
+  SS_TRY(be->init());
+  return be;
+}
+
+std::string CpuBackend::name() const {
+  return std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa()) + ")";
+}
+
+Status CpuBackend::init() {
+  const auto& c = cfg_;
+  const auto& w = model_.weights;
+  if (c.n_layers <= 0 || c.hidden_size <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.vocab_size <= 0 ||
+      c.intermediate_size <= 0)
+    return make_error("cpu backend: model config incomplete (layers, hidden, heads, kv heads, vocab, ffn size)");
+  if (c.n_heads % c.n_kv_heads != 0)
+    return make_error("cpu backend: " + std::to_string(c.n_heads) + " heads is not a multiple of " +
+                      std::to_string(c.n_kv_heads) + " KV heads");
+  H_ = c.hidden_size;
+  nh_ = c.n_heads;
+  nkv_ = c.n_kv_heads;
+  hd_ = c.head_dim > 0 ? c.head_dim : H_ / nh_;
+  I_ = c.intermediate_size;
+  V_ = c.vocab_size;
+  rope_dim_ = c.rope_dim > 0 ? c.rope_dim : hd_;
+  if (rope_dim_ % 2 != 0 || rope_dim_ > hd_)
+    return make_error("cpu backend: rope_dim " + std::to_string(rope_dim_) + " must be even and <= head_dim " +
+                      std::to_string(hd_));
+  if (static_cast<int>(w.layers.size()) != c.n_layers)
+    return make_error("cpu backend: config has " + std::to_string(c.n_layers) + " layers, weights have " +
+                      std::to_string(w.layers.size()));
+
+  SS_TRY(check_matrix(w.token_embd, V_, H_, "token_embd"));
+  const model::Tensor& out = w.output.valid() ? w.output : w.token_embd;
+  SS_TRY(check_matrix(out, V_, H_, "output"));
+  SS_ASSIGN(output_norm_, to_f32(w.output_norm, H_, "output_norm"));
+  const int qd = nh_ * hd_, kvd = nkv_ * hd_;
+  layer_consts_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& L = w.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    SS_TRY(check_matrix(L.wq, qd, H_, p + "attn_q"));
+    SS_TRY(check_matrix(L.wk, kvd, H_, p + "attn_k"));
+    SS_TRY(check_matrix(L.wv, kvd, H_, p + "attn_v"));
+    SS_TRY(check_matrix(L.wo, H_, qd, p + "attn_output"));
+    SS_TRY(check_matrix(L.w_gate, I_, H_, p + "ffn_gate"));
+    SS_TRY(check_matrix(L.w_up, I_, H_, p + "ffn_up"));
+    SS_TRY(check_matrix(L.w_down, H_, I_, p + "ffn_down"));
+    auto& lc = layer_consts_[l];
+    SS_ASSIGN(lc.attn_norm, to_f32(L.attn_norm, H_, p + "attn_norm"));
+    SS_ASSIGN(lc.ffn_norm, to_f32(L.ffn_norm, H_, p + "ffn_norm"));
+    if (c.qkv_bias) {
+      SS_ASSIGN(lc.bq, to_f32(L.bq, qd, p + "attn_q.bias"));
+      SS_ASSIGN(lc.bk, to_f32(L.bk, kvd, p + "attn_k.bias"));
+      SS_ASSIGN(lc.bv, to_f32(L.bv, kvd, p + "attn_v.bias"));
+    }
+    if (c.qk_norm) {
+      SS_ASSIGN(lc.q_norm, to_f32(L.q_norm, hd_, p + "attn_q_norm"));
+      SS_ASSIGN(lc.k_norm, to_f32(L.k_norm, hd_, p + "attn_k_norm"));
+    }
+  }
+  inv_freq_ = rope_inv_freq(c, rope_dim_);
+
+  // KV cache.
+  if (kv_.block_size <= 0) return make_error("cpu backend: kv.block_size must be positive");
+  if (kv_.num_blocks <= 0) {
+    const int ctx = std::min(c.max_context > 0 ? c.max_context : 4096, 4096);
+    kv_.num_blocks = (ctx + kv_.block_size - 1) / kv_.block_size;
+  }
+  bs_pad_ = (kv_.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
+  block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
+  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
+  const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
+  // calloc: zero pages are mapped lazily, and never-written padding slots read as finite zeros.
+  k_cache_.reset(static_cast<unsigned char*>(std::calloc(per_kind, kv_elem_)));
+  v_cache_.reset(static_cast<unsigned char*>(std::calloc(per_kind, kv_elem_)));
+  if (!k_cache_ || !v_cache_)
+    return make_error("cpu backend: cannot allocate the KV cache (" + std::to_string(2 * per_kind * kv_elem_) +
+                      " bytes for " + std::to_string(kv_.num_blocks) + " blocks of " +
+                      std::to_string(kv_.block_size) + " tokens); lower kv.num_blocks");
+
+  max_position_ = std::max(c.max_context, kv_.num_blocks * kv_.block_size);
+  attn_scratch_stride_ = (cpu::ops::attn_scratch_floats(hd_) + 15) / 16 * 16;
+  attn_scratch_.assign(attn_scratch_stride_ * pool_.size(), 0.0f);
+  ensure_rows(std::max(1, opts_.max_batch_tokens));
+  ensure_rope(std::min(c.max_context > 0 ? c.max_context : 4096, 4096));
+  return {};
+}
+
+void CpuBackend::ensure_rows(int rows) {
+  if (rows <= cap_rows_) return;
+  cap_rows_ = rows;
+  const size_t n = static_cast<size_t>(rows);
+  const size_t qd = static_cast<size_t>(nh_) * hd_, kvd = static_cast<size_t>(nkv_) * hd_;
+  x_.resize(n * H_);
+  xn_.resize(n * H_);
+  xg_.resize(n * H_);
+  tmp_.resize(n * H_);
+  q_.resize(n * qd);
+  att_.resize(n * qd);
+  k_.resize(n * kvd);
+  v_.resize(n * kvd);
+  gate_.resize(n * I_);
+  up_.resize(n * I_);
+
+  size_t mm = 0;
+  auto need = [&](const model::Tensor& t) { mm = std::max(mm, cpu::matmul_scratch_bytes(t.type, t.cols(), rows)); };
+  for (const auto& L : model_.weights.layers) {
+    need(L.wq), need(L.wk), need(L.wv), need(L.wo), need(L.w_gate), need(L.w_up), need(L.w_down);
+  }
+  need(model_.weights.output.valid() ? model_.weights.output : model_.weights.token_embd);
+  mm_scratch_.resize(mm + 64);
+
+  order_.resize(n);
+  tiles_.reserve(n + 64);
+  items_.reserve((n + 64) * nh_);
+  slot_keys_.resize(n);
+}
+
+void CpuBackend::ensure_rope(int len) {
+  if (len <= rope_len_) return;
+  len = std::max(len, 2 * rope_len_);
+  const int half = rope_dim_ / 2;
+  rope_cs_.resize(static_cast<size_t>(len) * rope_dim_);
+  for (int p = rope_len_; p < len; ++p) {
+    float* cs = rope_cs_.data() + static_cast<size_t>(p) * rope_dim_;
+    for (int i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * inv_freq_[i];  // fp32 product, as HF does
+      cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      cs[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  rope_len_ = len;
+}
+
+void CpuBackend::matmul(const model::Tensor& W, const float* x, int n, int64_t ldx, float* y, int64_t ldy) {
+  cpu::MatmulScratch s{mm_scratch_.data(), mm_scratch_.size()};
+  cpu::matmul(W, x, n, ldx, y, ldy, s, pool_);
+}
+
+template <class Fn>
+void CpuBackend::for_rows(int n, int64_t work_per_row, const Fn& fn) {
+  const int nt = pool_.size();
+  if (nt == 1 || n < 2 || static_cast<int64_t>(n) * work_per_row < kParallelMinWork) {
+    fn(0, n);
+    return;
+  }
+  struct Ctx {
+    const Fn* fn;
+    int n, nt;
+  } ctx{&fn, n, nt};
+  // One pointer captured: fits std::function's small buffer, so no allocation.
+  pool_.run([c = &ctx](int t) {
+    const int b = static_cast<int>(static_cast<int64_t>(c->n) * t / c->nt);
+    const int e = static_cast<int>(static_cast<int64_t>(c->n) * (t + 1) / c->nt);
+    if (b < e) (*c->fn)(b, e);
+  });
+}
+
+Status CpuBackend::validate(const StepBatch& b, const float* logits) {
+  const size_t T = b.tokens.size();
+  if (b.positions.size() != T || b.seq_index.size() != T)
+    return make_error("StepBatch: " + std::to_string(T) + " tokens but " + std::to_string(b.positions.size()) +
+                      " positions and " + std::to_string(b.seq_index.size()) + " sequence indices");
+  const int S = static_cast<int>(b.block_tables.size());
+  const int bs = kv_.block_size;
+  seq_max_pos_.assign(S, -1);
+  // Messages are built only on failure: the happy path allocates nothing.
+  auto row = [](size_t i) { return "StepBatch row " + std::to_string(i); };
+  for (size_t i = 0; i < T; ++i) {
+    if (b.tokens[i] < 0 || b.tokens[i] >= V_)
+      return make_error(row(i) + ": token id " + std::to_string(b.tokens[i]) + " is outside the vocabulary [0, " +
+                        std::to_string(V_) + ")");
+    const int s = b.seq_index[i];
+    if (s < 0 || s >= S)
+      return make_error(row(i) + ": sequence index " + std::to_string(s) + " but the batch has " + std::to_string(S) +
+                        " block tables");
+    const int p = b.positions[i];
+    if (p < 0) return make_error(row(i) + ": negative position " + std::to_string(p));
+    if (p >= max_position_)
+      return make_error(row(i) + ": position " + std::to_string(p) + " is past the model's context and the KV cache (" +
+                        std::to_string(max_position_) + " positions)");
+    if (p / bs >= static_cast<int>(b.block_tables[s].size()))
+      return make_error(row(i) + ": position " + std::to_string(p) + " needs block " + std::to_string(p / bs) +
+                        " of sequence " + std::to_string(s) + ", whose block table has " +
+                        std::to_string(b.block_tables[s].size()) + " entries");
+    seq_max_pos_[s] = std::max(seq_max_pos_[s], p);
+  }
+  for (int s = 0; s < S; ++s) {
+    if (seq_max_pos_[s] < 0) continue;
+    const auto& tab = b.block_tables[s];
+    for (int j = 0; j <= seq_max_pos_[s] / bs; ++j)
+      if (tab[j] < 0 || tab[j] >= kv_.num_blocks)
+        return make_error("StepBatch: block table of sequence " + std::to_string(s) + ", entry " + std::to_string(j) +
+                          ": block " + std::to_string(tab[j]) + " is outside the KV cache [0, " +
+                          std::to_string(kv_.num_blocks) + ")");
+  }
+  for (size_t r = 0; r < b.logits_rows.size(); ++r)
+    if (b.logits_rows[r] < 0 || static_cast<size_t>(b.logits_rows[r]) >= T)
+      return make_error("StepBatch: logits_rows[" + std::to_string(r) + "] = " + std::to_string(b.logits_rows[r]) +
+                        " is not a row of the " + std::to_string(T) + "-token batch");
+  if (!b.logits_rows.empty() && logits == nullptr) return make_error("forward: logits rows requested but no buffer");
+  // Two rows writing the same KV slot would race and leave the cache ambiguous.
+  if (slot_keys_.size() < T) slot_keys_.resize(T);
+  for (size_t i = 0; i < T; ++i) {
+    const int p = b.positions[i];
+    const int64_t blk = b.block_tables[b.seq_index[i]][p / bs];
+    slot_keys_[i] = (blk * bs + p % bs) * static_cast<int64_t>(T) + static_cast<int64_t>(i);
+  }
+  std::sort(slot_keys_.begin(), slot_keys_.begin() + T);
+  for (size_t i = 1; i < T; ++i)
+    if (slot_keys_[i] / static_cast<int64_t>(T) == slot_keys_[i - 1] / static_cast<int64_t>(T)) {
+      const int64_t a = slot_keys_[i - 1] % static_cast<int64_t>(T), c = slot_keys_[i] % static_cast<int64_t>(T);
+      const int64_t key = slot_keys_[i] / static_cast<int64_t>(T);
+      return make_error("StepBatch: rows " + std::to_string(a) + " and " + std::to_string(c) +
+                        " write the same KV slot (block " + std::to_string(key / bs) + ", slot " +
+                        std::to_string(key % bs) + ")");
+    }
+  return {};
+}
+
+void CpuBackend::plan_attention(const StepBatch& b) {
+  const int T = static_cast<int>(b.tokens.size());
+  const int S = static_cast<int>(b.block_tables.size());
+  seq_count_.assign(S, 0);
+  seq_start_.assign(S + 1, 0);
+  for (int i = 0; i < T; ++i) ++seq_count_[b.seq_index[i]];
+  for (int s = 0; s < S; ++s) seq_start_[s + 1] = seq_start_[s] + seq_count_[s];
+  for (int s = 0; s < S; ++s) seq_count_[s] = seq_start_[s];  // reuse as fill cursor
+  for (int i = 0; i < T; ++i) order_[seq_count_[b.seq_index[i]]++] = i;
+
+  tiles_.clear();
+  for (int s = 0; s < S; ++s) {
+    for (int t0 = seq_start_[s]; t0 < seq_start_[s + 1]; t0 += cpu::ops::kAttnTile) {
+      const int n = std::min(cpu::ops::kAttnTile, seq_start_[s + 1] - t0);
+      int max_pos = 0;
+      for (int i = t0; i < t0 + n; ++i) max_pos = std::max(max_pos, b.positions[order_[i]]);
+      tiles_.push_back(Tile{t0, n, s, n * (max_pos + 1)});
+    }
+  }
+  std::sort(tiles_.begin(), tiles_.end(), [](const Tile& a, const Tile& c) {
+    return a.cost != c.cost ? a.cost > c.cost : a.begin < c.begin;
+  });
+  items_.clear();
+  for (int t = 0; t < static_cast<int>(tiles_.size()); ++t)
+    for (int h = 0; h < nh_; ++h) items_.push_back(t * nh_ + h);
+}
+
+Status CpuBackend::forward(const StepBatch& b, float* logits) {
+  Stopwatch sw(profiling_, profile_cpu_time_);
+  CpuProfile& pf = profile_;
+  SS_TRY(validate(b, logits));
+  const int T = static_cast<int>(b.tokens.size());
+  const int R = static_cast<int>(b.logits_rows.size());
+  if (T == 0) return {};
+  int max_pos = 0;
+  for (int p : b.positions) max_pos = std::max(max_pos, p);
+  ensure_rows(std::max(T, R));
+  ensure_rope(max_pos + 1);
+  plan_attention(b);
+  if (profiling_) {
+    ++pf.forwards;
+    pf.tokens += T;
+  }
+
+  const auto& ops = cpu::ops::ops_for(cpu::active_isa());
+  const auto& W = model_.weights;
+  const float eps = cfg_.rms_norm_eps;
+  const int qd = nh_ * hd_, kvd = nkv_ * hd_, bs = kv_.block_size;
+  const int64_t bsp = bs_pad_;
+  const bool interleaved = cfg_.rope_style == model::RopeStyle::Interleaved;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  const int64_t layer_bytes = static_cast<int64_t>(kv_.num_blocks) * block_stride_ * static_cast<int64_t>(kv_elem_);
+  const int64_t block_bytes = block_stride_ * static_cast<int64_t>(kv_elem_);
+  const bool kv_f16 = kv_elem_ == 2;
+
+  // Embedding + first RMSNorm.
+  for_rows(T, 2 * H_, [&](int r0, int r1) {
+    for (int t = r0; t < r1; ++t) {
+      float* xt = x_.data() + static_cast<size_t>(t) * H_;
+      cpu::get_row(W.token_embd, b.tokens[t], xt);
+      ops.rmsnorm(xt, layer_consts_[0].attn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
+    }
+  });
+  sw.lap(pf.other_s);
+
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const auto& L = W.layers[l];
+    const auto& lc = layer_consts_[l];
+    const bool last = l + 1 == cfg_.n_layers;
+    unsigned char* kc = k_cache_.get() + l * layer_bytes;
+    unsigned char* vc = v_cache_.get() + l * layer_bytes;
+
+    matmul(L.wq, xn_.data(), T, H_, q_.data(), qd);
+    matmul(L.wk, xn_.data(), T, H_, k_.data(), kvd);
+    matmul(L.wv, xn_.data(), T, H_, v_.data(), kvd);
+    sw.lap(pf.matmul_s);
+
+    // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
+    for_rows(T, 4 * (qd + kvd), [&](int r0, int r1) {
+      for (int t = r0; t < r1; ++t) {
+        float* qt = q_.data() + static_cast<size_t>(t) * qd;
+        float* kt = k_.data() + static_cast<size_t>(t) * kvd;
+        float* vt = v_.data() + static_cast<size_t>(t) * kvd;
+        if (cfg_.qkv_bias) {
+          ops.add(qt, lc.bq.data(), qd);
+          ops.add(kt, lc.bk.data(), kvd);
+          ops.add(vt, lc.bv.data(), kvd);
+        }
+        if (cfg_.qk_norm) {
+          for (int h = 0; h < nh_; ++h) ops.rmsnorm(qt + h * hd_, lc.q_norm.data(), qt + h * hd_, hd_, eps);
+          for (int h = 0; h < nkv_; ++h) ops.rmsnorm(kt + h * hd_, lc.k_norm.data(), kt + h * hd_, hd_, eps);
+        }
+        const int p = b.positions[t];
+        const float* cs = rope_cs_.data() + static_cast<size_t>(p) * rope_dim_;
+        ops.rope(qt, nh_, hd_, rope_dim_, cs, interleaved, q_scale);
+        ops.rope(kt, nkv_, hd_, rope_dim_, cs, interleaved, 1.0f);
+        const int64_t blk = b.block_tables[b.seq_index[t]][p / bs];
+        ops.store_kv(kt, vt, kc + blk * block_bytes, vc + blk * block_bytes, nkv_, hd_, bsp, p % bs, kv_f16);
+      }
+    });
+    sw.lap(pf.rope_kv_s);
+    if (last && R == 0) break;  // nothing more is needed than this layer's K/V
+
+    // Attention: (query tile, head) items pulled from a shared counter, costliest first.
+    {
+      cpu::ops::AttnLayer A{q_.data(), qd,  att_.data(), qd,         kc,
+                            vc,        block_stride_, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16};
+      struct Ctx {
+        CpuBackend* self;
+        const cpu::ops::AttnLayer* A;
+        const StepBatch* b;
+        const cpu::ops::OpsTable* ops;
+        std::atomic<int> next{0};
+        int n_items;
+      } ctx{this, &A, &b, &ops, {}, static_cast<int>(items_.size())};
+      auto work = [c = &ctx](int thread) {
+        CpuBackend& s = *c->self;
+        float* scratch = s.attn_scratch_.data() + s.attn_scratch_stride_ * thread;
+        for (;;) {
+          const int it = c->next.fetch_add(1, std::memory_order_relaxed);
+          if (it >= c->n_items) break;
+          const int item = s.items_[it];
+          const Tile& tile = s.tiles_[item / s.nh_];
+          c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
+                            c->b->block_tables[tile.seq].data(), scratch);
+        }
+      };
+      int64_t work_total = 0;
+      for (const Tile& t : tiles_) work_total += static_cast<int64_t>(t.cost) * nh_ * hd_;
+      if (pool_.size() == 1 || work_total < 8 * kParallelMinWork)
+        work(0);
+      else
+        pool_.run(work);
+    }
+    sw.lap(pf.attention_s);
+
+    // After the last attention only the rows whose logits are wanted matter: gather them.
+    float* xr = x_.data();
+    const float* ar = att_.data();
+    int n = T;
+    if (last) {
+      for (int i = 0; i < R; ++i) {
+        const int r = b.logits_rows[i];
+        std::memcpy(xg_.data() + static_cast<size_t>(i) * H_, x_.data() + static_cast<size_t>(r) * H_,
+                    sizeof(float) * H_);
+        std::memcpy(q_.data() + static_cast<size_t>(i) * qd, att_.data() + static_cast<size_t>(r) * qd,
+                    sizeof(float) * qd);
+      }
+      xr = xg_.data();
+      ar = q_.data();
+      n = R;
+      sw.lap(pf.other_s);
+    }
+
+    matmul(L.wo, ar, n, qd, tmp_.data(), H_);
+    sw.lap(pf.matmul_s);
+    for_rows(n, 3 * H_, [&](int r0, int r1) {
+      for (int t = r0; t < r1; ++t)
+        ops.add_rmsnorm(xr + static_cast<size_t>(t) * H_, tmp_.data() + static_cast<size_t>(t) * H_,
+                        lc.ffn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
+    });
+    sw.lap(pf.other_s);
+    matmul(L.w_gate, xn_.data(), n, H_, gate_.data(), I_);
+    matmul(L.w_up, xn_.data(), n, H_, up_.data(), I_);
+    sw.lap(pf.matmul_s);
+    for_rows(n, 8 * I_, [&](int r0, int r1) {
+      for (int t = r0; t < r1; ++t)
+        ops.silu_mul(gate_.data() + static_cast<size_t>(t) * I_, up_.data() + static_cast<size_t>(t) * I_, I_);
+    });
+    sw.lap(pf.other_s);
+    matmul(L.w_down, gate_.data(), n, I_, tmp_.data(), H_);
+    sw.lap(pf.matmul_s);
+    // Residual, then the next RMSNorm (the next layer's, or the final one before lm_head).
+    const float* next_norm = last ? output_norm_.data() : layer_consts_[l + 1].attn_norm.data();
+    for_rows(n, 3 * H_, [&](int r0, int r1) {
+      for (int t = r0; t < r1; ++t)
+        ops.add_rmsnorm(xr + static_cast<size_t>(t) * H_, tmp_.data() + static_cast<size_t>(t) * H_, next_norm,
+                        xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
+    });
+    sw.lap(pf.other_s);
+  }
+
+  if (R > 0) {
+    matmul(W.output.valid() ? W.output : W.token_embd, xn_.data(), R, H_, logits, V_);
+    sw.lap(pf.lm_head_s);
+  }
+  return {};
+}
+
+Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts) {
+  SS_ASSIGN(auto be, CpuBackend::create(model, opts));
+  return std::unique_ptr<Backend>(std::move(be));
+}
+
+}  // namespace ss::backend

@@ -1,0 +1,113 @@
+// The CPU implementation of backend::Backend: Llama / Qwen2 / Qwen3 forward pass over a paged fp32
+// KV cache it owns. make_cpu_backend() (backend.h) is the way in; this header is for callers that
+// want the CPU-only extras (the per-stage profile used by benchmarks).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels.h"
+#include "common/thread_pool.h"
+#include "model/model.h"
+
+namespace ss::backend {
+
+// Time per stage, summed over forward() calls while profiling is on: wall time, or the calling
+// thread's CPU time (meaningful with 1 thread on a busy machine).
+struct CpuProfile {
+  double matmul_s = 0;     // every projection except lm_head (includes activation quantization)
+  double lm_head_s = 0;    // final norm + output projection
+  double attention_s = 0;  // the attention stage (scores, softmax, weighted V)
+  double rope_kv_s = 0;    // bias, q/k norm, RoPE, K/V cache writes
+  double other_s = 0;      // embedding, RMSNorm + residual, SwiGLU, gathers, validation
+  int64_t forwards = 0;
+  int64_t tokens = 0;
+  double total() const { return matmul_s + lm_head_s + attention_s + rope_kv_s + other_s; }
+};
+
+class CpuBackend final : public Backend {
+ public:
+  static Expected<std::unique_ptr<CpuBackend>> create(const model::Model& model, const BackendOptions& opts);
+
+  std::string name() const override;
+  const KvCacheConfig& kv_config() const override { return kv_; }
+  Status forward(const StepBatch& batch, float* logits) override;
+
+  void set_profiling(bool on, bool thread_cpu_time = false) {
+    profiling_ = on;
+    profile_cpu_time_ = thread_cpu_time;
+  }
+  const CpuProfile& profile() const { return profile_; }
+  void reset_profile() { profile_ = CpuProfile{}; }
+  int threads() const { return pool_.size(); }
+
+  ~CpuBackend() override;
+
+ private:
+  CpuBackend(const model::Model& model, const BackendOptions& opts, int threads);
+  Status init();
+  Status validate(const StepBatch& batch, const float* logits);
+  void ensure_rows(int rows);
+  void ensure_rope(int max_pos);
+  void plan_attention(const StepBatch& batch);
+  void matmul(const model::Tensor& W, const float* x, int n, int64_t ldx, float* y, int64_t ldy);
+  // Runs fn(begin, end) over [0, n) rows: on the pool when the work is big enough to pay for the
+  // dispatch, else inline. Either way each row is computed by the same code.
+  template <class Fn>
+  void for_rows(int n, int64_t work_per_row, const Fn& fn);
+
+  struct FloatBuf {
+    float* p = nullptr;
+    size_t n = 0;
+  };
+  struct LayerConsts {  // 1-D weights converted to fp32 once
+    std::vector<float> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
+  };
+
+  const model::Model& model_;
+  const model::ModelConfig& cfg_;
+  BackendOptions opts_;
+  KvCacheConfig kv_;
+  ThreadPool pool_;
+  bool profiling_ = false;
+  bool profile_cpu_time_ = false;
+  CpuProfile profile_;
+
+  int H_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, I_ = 0, V_ = 0, rope_dim_ = 0, bs_pad_ = 0;
+  int max_position_ = 0;      // positions past this are rejected (max of context and KV capacity)
+  int64_t block_stride_ = 0;  // elements per KV block per layer
+  size_t kv_elem_ = 4;        // bytes per cached element (fp32 or fp16)
+  std::vector<LayerConsts> layer_consts_;
+  std::vector<float> output_norm_;
+  std::vector<float> inv_freq_;
+
+  // KV cache, one allocation per K and per V covering all layers (calloc: pages commit on first use).
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<unsigned char, FreeDeleter> k_cache_, v_cache_;
+
+  // Scratch sized for cap_rows_ token rows; grown (never shrunk) when a bigger batch arrives.
+  int cap_rows_ = 0;
+  std::vector<float> x_, xn_, xg_, q_, k_, v_, att_, tmp_, gate_, up_;
+  std::vector<unsigned char> mm_scratch_;
+  std::vector<float> rope_cs_;  // [rope_len_][rope_dim] (cos half, sin half)
+  int rope_len_ = 0;
+  std::vector<float> attn_scratch_;  // per thread
+  size_t attn_scratch_stride_ = 0;
+
+  // Attention plan for the current batch (capacity reserved up front).
+  std::vector<int32_t> order_;       // token indices grouped by sequence, batch order inside
+  std::vector<int32_t> seq_count_, seq_start_, seq_max_pos_;
+  struct Tile {
+    int32_t begin, n, seq, cost;
+  };
+  std::vector<Tile> tiles_;
+  std::vector<int32_t> items_;       // tile * n_heads + head, most expensive first
+  std::vector<int64_t> slot_keys_;   // validation: written (block, slot) pairs
+};
+
+}  // namespace ss::backend

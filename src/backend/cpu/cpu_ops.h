@@ -1,0 +1,73 @@
+// Private to cpu/: the forward pass's non-matmul kernels (attention, norms, activation, RoPE), built
+// once per ISA from cpu_ops_impl.h and picked at run time like the matmul kernels.
+//
+// Batch invariance: every function computes each token row (and each (token, head) pair of the
+// attention) with an operation order that depends only on that row's data and position, never on
+// how many rows are processed together or where the row sits in a tile.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/kernels.h"
+
+namespace ss::cpu::ops {
+
+constexpr int kAttnTile = 32;   // query rows of one sequence sharing each K/V block read
+constexpr int kKeyChunk = 16;   // keys per score vector; blocks are padded to a multiple
+constexpr int kPassChunks = 128;  // key chunks per softmax pass (longer contexts rescale between passes)
+
+// Per layer: where q, the output and this layer's paged K/V cache live.
+// K cache: [num_blocks][n_kv][head_dim][bs_pad] (transposed so 16 keys fill one vector);
+// V cache: [num_blocks][n_kv][bs_pad][head_dim]; bs_pad = block_size rounded up to kKeyChunk.
+// Elements are fp32, or fp16 (IEEE, round to nearest even) when kv_f16.
+struct AttnLayer {
+  const float* q;          // q[t * q_stride + h * head_dim + d], RoPE'd and pre-scaled by 1/sqrt(hd)
+  int64_t q_stride;
+  float* out;              // out[t * out_stride + h * head_dim + d]
+  int64_t out_stride;
+  const void* k_cache;
+  const void* v_cache;
+  int64_t block_stride;    // elements per block (n_kv * head_dim * bs_pad), same for K and V
+  int head_dim;
+  int block_size;
+  int bs_pad;
+  int n_rep;               // query heads per KV head (GQA)
+  const int32_t* positions;  // by token index
+  bool kv_f16;
+};
+
+// Attention of query rows `rows[0..n_rows)` (token indices of one sequence, n_rows <= kAttnTile)
+// for query head `head`, over positions 0..positions[row] through `block_table`.
+// scratch: attn_scratch_floats(head_dim) floats, private to the calling thread.
+using AttnFn = void (*)(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* block_table,
+                        float* scratch);
+size_t attn_scratch_floats(int head_dim);
+
+struct OpsTable {
+  const char* name;
+  // out = x / rms(x) * w
+  void (*rmsnorm)(const float* x, const float* w, float* out, int n, float eps);
+  // x += d; out = x / rms(x) * w
+  void (*add_rmsnorm)(float* x, const float* d, const float* w, float* out, int n, float eps);
+  // x += d
+  void (*add)(float* x, const float* d, int n);
+  // g = silu(g) * u
+  void (*silu_mul)(float* g, const float* u, int n);
+  // In-place rotation of n_heads heads of `head_dim` (stride head_dim) over the first rope_dim dims.
+  // cs: [rope_dim/2 cos][rope_dim/2 sin] for this token's position. interleaved: pairs (2i, 2i+1),
+  // else pairs (i, i + rope_dim/2). Then every element is multiplied by `scale`.
+  void (*rope)(float* x, int n_heads, int head_dim, int rope_dim, const float* cs, bool interleaved, float scale);
+  AttnFn attention;
+  // One token's K and V (n_kv heads of head_dim each) into `slot` of their blocks (block bases).
+  void (*store_kv)(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int head_dim,
+                   int64_t bs_pad, int slot, bool f16);
+};
+
+const OpsTable& ops_for(Isa isa);
+
+// One table per ISA (defined in cpu_ops.cpp / cpu_ops_avx2.cpp / cpu_ops_avx512.cpp).
+const OpsTable& ops_scalar();
+const OpsTable& ops_avx2();
+const OpsTable& ops_avx512();
+
+}  // namespace ss::cpu::ops

@@ -1,0 +1,483 @@
+// Private to cpu/: the body of cpu_ops.h's kernels, included by exactly one .cpp per ISA
+// (cpu_ops.cpp: baseline, cpu_ops_avx2.cpp, cpu_ops_avx512.cpp; CMake gives the last two their -m
+// flags). Everything sits in an anonymous namespace so the per-ISA copies never meet at link time;
+// for the same reason this file uses no out-of-line standard-library templates.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_ops.h"
+#include "model/quant.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+// GCC 12 flags the deliberately undefined vectors inside AVX-512 intrinsics (_mm512_undefined_ps).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#endif
+
+namespace ss::cpu::ops {
+namespace {
+
+#define SS_INLINE inline __attribute__((always_inline))
+
+// ---- a minimal vector vocabulary: vf has W lanes ------------------------------------------------
+#if defined(__AVX512F__)
+using vf = __m512;
+constexpr int W = 16;
+constexpr int kRows = 8;  // query rows per QK micro-tile: 8 accumulators + 1 key vector
+SS_INLINE vf vzero() { return _mm512_setzero_ps(); }
+SS_INLINE vf vset(float a) { return _mm512_set1_ps(a); }
+SS_INLINE vf vload(const float* p) { return _mm512_loadu_ps(p); }
+SS_INLINE void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
+SS_INLINE vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+SS_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+SS_INLINE vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+SS_INLINE vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+SS_INLINE vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+SS_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+SS_INLINE vf vload(const uint16_t* p) {  // fp16
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// fp32 -> fp16 (round to nearest even), n <= W values.
+SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
+  const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+  const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm256_mask_storeu_epi16(dst, m, h);
+}
+SS_INLINE float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
+SS_INLINE float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
+// exp(x), Cephes polynomial (~1 ulp); exact 0 below -87.3 (and for -inf).
+SS_INLINE vf vexp(vf x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365478515625f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)), _mm512_set1_ps(88.0f));
+  const vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  vf p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~tiny), p, _mm512_castsi512_ps(e));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+using vf = __m256;
+constexpr int W = 8;
+constexpr int kRows = 4;  // 4 rows x 2 vectors = 8 accumulators of 16 ymm registers
+SS_INLINE vf vzero() { return _mm256_setzero_ps(); }
+SS_INLINE vf vset(float a) { return _mm256_set1_ps(a); }
+SS_INLINE vf vload(const float* p) { return _mm256_loadu_ps(p); }
+SS_INLINE void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
+SS_INLINE vf vload(const uint16_t* p) {  // fp16
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
+  alignas(16) uint16_t tmp[8];
+  alignas(32) float in[8] = {};
+  for (int i = 0; i < n; ++i) in[i] = src[i];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), _mm256_cvtps_ph(_mm256_load_ps(in), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (int i = 0; i < n; ++i) dst[i] = tmp[i];
+}
+SS_INLINE vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+SS_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+SS_INLINE vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+SS_INLINE vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+SS_INLINE vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+SS_INLINE vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+SS_INLINE float vhsum(vf a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+SS_INLINE float vhmax(vf a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+SS_INLINE vf vexp(vf x) {
+  const vf tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)), _mm256_set1_ps(88.0f));
+  const vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  vf p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#else
+using vf = float;
+constexpr int W = 1;
+constexpr int kRows = 4;
+SS_INLINE vf vzero() { return 0.0f; }
+SS_INLINE vf vset(float a) { return a; }
+SS_INLINE vf vload(const float* p) { return *p; }
+SS_INLINE vf vload(const uint16_t* p) { return model::fp16_to_fp32(*p); }
+SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = model::fp32_to_fp16(src[i]);
+}
+SS_INLINE void vstore(float* p, vf a) { *p = a; }
+SS_INLINE vf vfma(vf a, vf b, vf c) { return a * b + c; }
+SS_INLINE vf vadd(vf a, vf b) { return a + b; }
+SS_INLINE vf vsub(vf a, vf b) { return a - b; }
+SS_INLINE vf vmul(vf a, vf b) { return a * b; }
+SS_INLINE vf vdiv(vf a, vf b) { return a / b; }
+SS_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
+SS_INLINE float vhsum(vf a) { return a; }
+SS_INLINE float vhmax(vf a) { return a; }
+SS_INLINE vf vexp(vf x) { return std::exp(x); }
+#endif
+
+constexpr int NV = kKeyChunk / W;  // vectors per key chunk
+SS_INLINE float vload_scalar(const float* p) { return *p; }
+SS_INLINE float vload_scalar(const uint16_t* p) { return model::fp16_to_fp32(*p); }
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+SS_INLINE float sum_squares(const float* x, int n) {
+  vf a = vzero();
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    const vf v = vload(x + i);
+    a = vfma(v, v, a);
+  }
+  float s = vhsum(a);
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+SS_INLINE void scale_mul(const float* x, float inv, const float* w, float* out, int n) {
+  const vf vi = vset(inv);
+  int i = 0;
+  for (; i + W <= n; i += W) vstore(out + i, vmul(vmul(vload(x + i), vi), vload(w + i)));
+  for (; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void rmsnorm_impl(const float* x, const float* w, float* out, int n, float eps) {
+  const float inv = 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
+  scale_mul(x, inv, w, out, n);
+}
+
+void add_impl(float* x, const float* d, int n) {
+  int i = 0;
+  for (; i + W <= n; i += W) vstore(x + i, vadd(vload(x + i), vload(d + i)));
+  for (; i < n; ++i) x[i] += d[i];
+}
+
+void add_rmsnorm_impl(float* x, const float* d, const float* w, float* out, int n, float eps) {
+  add_impl(x, d, n);
+  rmsnorm_impl(x, w, out, n, eps);
+}
+
+void silu_mul_impl(float* g, const float* u, int n) {
+  const vf one = vset(1.0f), zero = vzero();
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    const vf x = vload(g + i);
+    vstore(g + i, vmul(vdiv(x, vadd(one, vexp(vsub(zero, x)))), vload(u + i)));
+  }
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void rope_impl(float* x, int n_heads, int head_dim, int rope_dim, const float* cs, bool interleaved, float scale) {
+  const int half = rope_dim / 2;
+  const float* c = cs;
+  const float* s = cs + half;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<int64_t>(h) * head_dim;
+    if (interleaved) {
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c[i] - x1 * s[i];
+        v[2 * i + 1] = x1 * c[i] + x0 * s[i];
+      }
+    } else {
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * c[i] - x1 * s[i];
+        v[i + half] = x1 * c[i] + x0 * s[i];
+      }
+    }
+    if (scale != 1.0f)
+      for (int i = 0; i < head_dim; ++i) v[i] *= scale;
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+// A micro-tile of up to kRows query rows (one head, one sequence) is processed on its own, in passes
+// of up to kPassChunks key chunks (a chunk = 16 padded slots of one KV block):
+//   1. S = q . K for every chunk of the pass (one FMA chain over d per score);
+//   2. mask keys past each row's position (-inf), row max over the pass;
+//   3. P = exp(S - max), row sum;  4. O = O * exp(old max - new max) + P V;  finally O / sum.
+// Only a context longer than one pass (2048 keys at block_size 16) rescales. Every step is per row
+// and walks keys in one fixed order, so a row's result does not depend on which rows share its
+// micro-tile, tile or batch (decode, chunked prefill and prefill agree bit for bit).
+
+constexpr int kSStride = kPassChunks * kKeyChunk;  // floats per row of S
+
+template <class KT>
+struct Chunk {
+  const KT* K;  // transposed [hd][bs_pad] at this chunk's first slot
+  const KT* V;  // [slot][hd] at this chunk's first slot
+  int key0;        // position of slot 0
+  int len;         // slots that exist in the block (< 16 only when block_size % 16 != 0)
+};
+
+// S[r * kSStride + c * 16 + lane] = q_r . K_c[:, lane] for NR rows and NC chunks; each score is one
+// FMA chain over d whatever NR and NC, so decode (one row) gets its parallel chains from chunks.
+// qt: the NR query rows transposed, qt[d * NR + r].
+template <class KT, int NR, int NC>
+__attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, int64_t bs_pad, int hd, float* S) {
+  vf acc[NR][NC][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c)
+      for (int v = 0; v < NV; ++v) acc[r][c][v] = vzero();
+  const KT* kp[NC];
+  for (int c = 0; c < NC; ++c) kp[c] = ch[c].K;
+  for (int d = 0; d < hd; ++d) {
+    vf kv[NC][NV];
+    for (int c = 0; c < NC; ++c) {
+      for (int v = 0; v < NV; ++v) kv[c][v] = vload(kp[c] + v * W);
+      kp[c] += bs_pad;
+    }
+    for (int r = 0; r < NR; ++r) {
+      const vf qb = vset(qt[d * NR + r]);
+      for (int c = 0; c < NC; ++c)
+        for (int v = 0; v < NV; ++v) acc[r][c][v] = vfma(qb, kv[c][v], acc[r][c][v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c)
+      for (int v = 0; v < NV; ++v) vstore(S + r * kSStride + c * kKeyChunk + v * W, acc[r][c][v]);
+}
+
+// o[r][d0 .. d0 + NVEC*W) = o * corr[r] + sum over keys of P[r][key] V[key] for NR rows (P rows
+// kSStride apart, o rows hd apart) sharing each V load. One FMA chain per element in key order,
+// whatever NR; keys a row cannot see have P = 0 exactly and add nothing.
+template <class KT, int NR, int NVEC>
+SS_INLINE void pv_block(float* o, const float* P, const float* corr, const Chunk<KT>* ch, const int* nk, int n_chunks,
+                        int hd, int d0) {
+  vf a[NR][NVEC];
+  for (int r = 0; r < NR; ++r) {
+    const vf c = vset(corr[r]);
+    for (int v = 0; v < NVEC; ++v) a[r][v] = vmul(vload(o + r * hd + d0 + v * W), c);
+  }
+  for (int c = 0; c < n_chunks; ++c) {
+    const KT* V = ch[c].V + d0;
+    const float* Pc = P + c * kKeyChunk;
+    const int n = nk[c];
+    for (int i = 0; i < n; ++i) {
+      vf x[NVEC];
+      for (int v = 0; v < NVEC; ++v) x[v] = vload(V + static_cast<int64_t>(i) * hd + v * W);
+      for (int r = 0; r < NR; ++r) {
+        const vf p = vset(Pc[r * kSStride + i]);
+        for (int v = 0; v < NVEC; ++v) a[r][v] = vfma(p, x[v], a[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NVEC; ++v) vstore(o + r * hd + d0 + v * W, a[r][v]);
+}
+
+// Accumulator budget: NR * NVEC vectors (16 on AVX-512, 8 on AVX2).
+template <class KT, int NR>
+__attribute__((noinline)) void pv_rows(float* o, const float* P, const float* corr, const Chunk<KT>* ch, const int* nk,
+                                       int n_chunks, int hd) {
+  constexpr int kAcc = W == 16 ? 16 : 8;
+  constexpr int NVEC = kAcc / NR >= 4 ? 4 : kAcc / NR >= 2 ? 2 : 1;
+  int d = 0;
+  for (; d + NVEC * W <= hd; d += NVEC * W) pv_block<KT, NR, NVEC>(o, P, corr, ch, nk, n_chunks, hd, d);
+  for (; d + W <= hd; d += W) pv_block<KT, NR, 1>(o, P, corr, ch, nk, n_chunks, hd, d);
+  for (; d < hd; ++d)  // only when hd % W != 0
+    for (int r = 0; r < NR; ++r) {
+      float a = o[r * hd + d] * corr[r];
+      for (int c = 0; c < n_chunks; ++c)
+        for (int i = 0; i < nk[c]; ++i)
+          a += P[r * kSStride + c * kKeyChunk + i] * vload_scalar(ch[c].V + static_cast<int64_t>(i) * hd + d);
+      o[r * hd + d] = a;
+    }
+}
+
+// Rows r0 .. r0+nr (nr <= kRows) of one head; q/pos indexed by row; O/Msc/Lsc per row in scratch.
+template <class KT, int NR, int NC>
+void attend_microtile(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr,
+                      int64_t k_head, int64_t v_head, float* scratch) {
+  const int hd = L.head_dim, bs = L.block_size;
+  const int cpb = L.bs_pad / kKeyChunk;  // chunks per block
+  float* S = scratch;                                  // [kRows][kSStride]
+  float* O = S + static_cast<int64_t>(kRows) * kSStride;  // [kRows][hd], then q transposed [hd][kRows]
+  float m[kRows], l[kRows];
+  int last_chunk[kRows];
+  int last = 0;
+  for (int r = 0; r < nr; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+    last_chunk[r] = (pos[r] / bs) * cpb + (pos[r] % bs) / kKeyChunk;
+    last = last_chunk[r] > last ? last_chunk[r] : last;
+  }
+  std::memset(O, 0, sizeof(float) * static_cast<size_t>(NR) * hd);
+  float* qt = O + static_cast<int64_t>(kRows) * hd;  // [hd][NR]; padding rows repeat row 0 (discarded)
+  for (int d = 0; d < hd; ++d)
+    for (int r = 0; r < NR; ++r) qt[d * NR + r] = q[r < nr ? r : 0][d];
+
+  Chunk<KT> ch[kPassChunks];
+  const KT* kbase = static_cast<const KT*>(L.k_cache);
+  const KT* vbase = static_cast<const KT*>(L.v_cache);
+  int nk[kPassChunks];
+  for (int p0 = 0; p0 <= last; p0 += kPassChunks) {
+    const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
+    for (int c = 0; c < n_chunks; ++c) {
+      const int i = p0 + c;
+      const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
+      const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
+      ch[c] = Chunk<KT>{kbase + base + k_head + c0, vbase + base + v_head + static_cast<int64_t>(c0) * hd, j * bs + c0,
+                        bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
+    }
+    // 1. scores, NC chunks per pass over K (the tail one chunk at a time).
+    for (int c = 0; c < n_chunks; c += NC) {
+      if (c + NC <= n_chunks) {
+        qk_group<KT, NR, NC>(qt, ch + c, L.bs_pad, hd, S + c * kKeyChunk);
+      } else {
+        for (int cc = c; cc < n_chunks; ++cc) qk_group<KT, NR, 1>(qt, ch + cc, L.bs_pad, hd, S + cc * kKeyChunk);
+      }
+    }
+    // 2-3. mask, max, exp, sum: per row.
+    float corr[kRows];
+    for (int r = nr; r < NR; ++r)  // padding rows: P = 0
+      std::memset(S + static_cast<int64_t>(r) * kSStride, 0, sizeof(float) * n_chunks * kKeyChunk);
+    for (int r = 0; r < nr; ++r) {
+      float* Sr = S + static_cast<int64_t>(r) * kSStride;
+      vf mx = vset(kNegInf);
+      for (int c = 0; c < n_chunks; ++c) {
+        float* sc = Sr + c * kKeyChunk;
+        int valid = pos[r] - ch[c].key0 + 1;
+        valid = valid < 0 ? 0 : valid > ch[c].len ? ch[c].len : valid;
+        for (int i = valid; i < kKeyChunk; ++i) sc[i] = kNegInf;
+        for (int v = 0; v < NV; ++v) mx = vmax(mx, vload(sc + v * W));
+      }
+      const float m_pass = vhmax(mx);
+      const float m_new = m[r] > m_pass ? m[r] : m_pass;
+      corr[r] = m[r] == kNegInf ? 0.0f : m_new != m[r] ? std::exp(m[r] - m_new) : 1.0f;
+      const vf mv = vset(m_new);
+      vf sum = vzero();
+      for (int c = 0; c < n_chunks; ++c)
+        for (int v = 0; v < NV; ++v) {
+          float* sp = Sr + c * kKeyChunk + v * W;
+          const vf e = vexp(vsub(vload(sp), mv));
+          vstore(sp, e);
+          sum = vadd(sum, e);
+        }
+      l[r] = l[r] * corr[r] + vhsum(sum);
+      m[r] = m_new;
+    }
+    // 4. O = O * corr + P V, all rows sharing each V load; per chunk, the slots any row can see.
+    for (int c = 0; c < n_chunks; ++c) {
+      int n = 0;
+      for (int r = 0; r < nr; ++r) {
+        int valid = pos[r] - ch[c].key0 + 1;
+        valid = valid < 0 ? 0 : valid > ch[c].len ? ch[c].len : valid;
+        n = valid > n ? valid : n;
+      }
+      nk[c] = n;
+    }
+    for (int r = nr; r < NR; ++r) corr[r] = 0.0f;  // padding rows: O rows beyond nr are scratch
+    pv_rows<KT, NR>(O, S, corr, ch, nk, n_chunks, hd);
+  }
+  // Normalised rows go back into O; the caller copies them out.
+  for (int r = 0; r < nr; ++r) {
+    float* o = O + static_cast<int64_t>(r) * hd;
+    const vf vi = vset(1.0f / l[r]);
+    int d = 0;
+    for (; d + W <= hd; d += W) vstore(o + d, vmul(vload(o + d), vi));
+    for (; d < hd; ++d) o[d] = o[d] * (1.0f / l[r]);
+  }
+}
+
+template <class KT>
+void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
+                     float* scratch) {
+  const int hd = L.head_dim;
+  const int64_t bs_pad = L.bs_pad;
+  const int g = head / L.n_rep;
+  const int64_t k_head = static_cast<int64_t>(g) * hd * bs_pad, v_head = static_cast<int64_t>(g) * bs_pad * hd;
+  float* O = scratch + static_cast<int64_t>(kRows) * kSStride;
+  static_assert(kRows == 8 || kRows == 4);
+  for (int r0 = 0; r0 < n_rows; r0 += kRows) {
+    const int nr = n_rows - r0 < kRows ? n_rows - r0 : kRows;
+    const float* q[kRows];
+    int32_t pos[kRows];
+    for (int r = 0; r < nr; ++r) {
+      q[r] = L.q + rows[r0 + r] * L.q_stride + static_cast<int64_t>(head) * hd;
+      pos[r] = L.positions[rows[r0 + r]];
+    }
+    if (nr == 1)
+      attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else if (nr == 2)
+      attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else if (nr <= 4)
+      attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else
+      attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    for (int r = 0; r < nr; ++r)
+      std::memcpy(L.out + rows[r0 + r] * L.out_stride + static_cast<int64_t>(head) * hd,
+                  O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
+  }
+}
+
+void attention_impl(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
+                    float* scratch) {
+  if (L.kv_f16)
+    attention_typed<uint16_t>(L, rows, n_rows, head, table, scratch);
+  else
+    attention_typed<float>(L, rows, n_rows, head, table, scratch);
+}
+
+// One token's K (n_kv heads of hd, contiguous) into its slot of the transposed block layout, and V.
+void store_kv_impl(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int hd, int64_t bs_pad,
+                   int slot, bool f16) {
+  for (int g = 0; g < n_kv; ++g) {
+    const float* ks = k + static_cast<int64_t>(g) * hd;
+    const float* vs = v + static_cast<int64_t>(g) * hd;
+    const int64_t kofs = static_cast<int64_t>(g) * hd * bs_pad + slot;
+    const int64_t vofs = (static_cast<int64_t>(g) * bs_pad + slot) * hd;
+    if (f16) {
+      uint16_t* kd = static_cast<uint16_t*>(k_block) + kofs;
+      alignas(64) uint16_t tmp[16];
+      for (int d0 = 0; d0 < hd; d0 += 16) {
+        const int n = hd - d0 < 16 ? hd - d0 : 16;
+        store_f16(tmp, ks + d0, n < W ? n : W);
+        if (W < 16)
+          for (int d1 = W; d1 < n; d1 += W) store_f16(tmp + d1, ks + d0 + d1, n - d1 < W ? n - d1 : W);
+        for (int i = 0; i < n; ++i) kd[(d0 + i) * bs_pad] = tmp[i];
+      }
+      uint16_t* vd = static_cast<uint16_t*>(v_block) + vofs;
+      for (int d0 = 0; d0 < hd; d0 += W) store_f16(vd + d0, vs + d0, hd - d0 < W ? hd - d0 : W);
+    } else {
+      float* kd = static_cast<float*>(k_block) + kofs;
+      for (int d = 0; d < hd; ++d) kd[d * bs_pad] = ks[d];
+      std::memcpy(static_cast<float*>(v_block) + vofs, vs, sizeof(float) * hd);
+    }
+  }
+}
+
+OpsTable make_table(const char* name) {
+  return OpsTable{name, rmsnorm_impl, add_rmsnorm_impl, add_impl, silu_mul_impl, rope_impl, attention_impl,
+                  store_kv_impl};
+}
+
+}  // namespace
+}  // namespace ss::cpu::ops

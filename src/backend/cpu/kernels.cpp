@@ -1,0 +1,117 @@
+// Run-time ISA selection and the public entry points.
+#include "backend/cpu/kernels.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cpu/kernels_internal.h"
+
+namespace ss::cpu {
+
+namespace {
+
+Isa detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+std::atomic<int> g_forced{-1};
+
+}  // namespace
+
+Isa detected_isa() {
+  static const Isa isa = detect();
+  return isa;
+}
+
+Isa active_isa() {
+  const int f = g_forced.load(std::memory_order_relaxed);
+  return f < 0 ? detected_isa() : static_cast<Isa>(f);
+}
+
+void force_isa(Isa isa) {
+  // Never run code the CPU cannot execute: clamp to what was detected.
+  const Isa d = detected_isa();
+  g_forced.store(static_cast<int>(static_cast<int>(isa) <= static_cast<int>(d) ? isa : d),
+                 std::memory_order_relaxed);
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+size_t matmul_scratch_bytes(model::DType wtype, int64_t cols, int n_tok) {
+  if (detail::is_float_type(wtype) || n_tok <= 0) return 0;
+  return detail::qacts_bytes(cols, n_tok);
+}
+
+namespace {
+
+const detail::KernelSet* kernel_set(Isa isa) {
+  static const detail::KernelSet avx512{detail::avx512::act_group, detail::avx512::quantize,
+                                        detail::avx512::rows_q32, detail::avx512::rows_qk,
+                                        detail::avx512::rows_f};
+  static const detail::KernelSet avx2{detail::avx2::act_group, detail::avx2::quantize, detail::avx2::rows_q32,
+                                      detail::avx2::rows_qk, detail::avx2::rows_f};
+  switch (isa) {
+    case Isa::Avx512: return &avx512;
+    case Isa::Avx2: return &avx2;
+    default: return nullptr;
+  }
+}
+
+// Rows per work unit: a multiple of every kernel's row tile (at most 16), so threads never share a tile.
+constexpr int64_t kRowGrain = 16;
+// Below this many activation values one thread quantizes; waking the pool costs more.
+constexpr int64_t kParallelQuantize = 1 << 15;
+
+}  // namespace
+
+void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
+            MatmulScratch scratch, ThreadPool& pool) {
+  if (n_tok <= 0 || W.rows() <= 0) return;
+  const detail::KernelSet* ks = kernel_set(active_isa());
+  if (!ks) return detail::matmul_scalar(W, x, n_tok, ldx, y, ldy, scratch, pool);
+  const model::DType wt = W.type;
+  const int64_t rows = W.rows();
+  if (detail::is_float_type(wt)) {
+    pool.parallel_for(rows, kRowGrain,
+                      [&](int64_t r0, int64_t r1, int) { ks->rows_f(W, x, ldx, n_tok, y, ldy, r0, r1); });
+    return;
+  }
+  if (scratch.bytes < matmul_scratch_bytes(wt, W.cols(), n_tok)) {  // a caller bug: fail loudly, never overrun
+    std::fprintf(stderr, "ss::cpu::matmul(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n", W.name.c_str(),
+                 scratch.bytes, matmul_scratch_bytes(wt, W.cols(), n_tok));
+    std::abort();
+  }
+  const bool k = detail::is_k_type(wt);
+  const detail::QActs a =
+      detail::carve_qacts(scratch.buf, W.cols(), n_tok, ks->act_group(wt, n_tok), k ? model::QK_K : 32);
+  if (n_tok * W.cols() < kParallelQuantize) {
+    ks->quantize(wt, x, ldx, 0, a.n_pad(), a);
+  } else {
+    pool.parallel_for(a.n_pad(), a.group, [&](int64_t t0, int64_t t1, int) {
+      ks->quantize(wt, x, ldx, static_cast<int>(t0), static_cast<int>(t1), a);
+    });
+  }
+  const auto rows_fn = k ? ks->rows_qk : ks->rows_q32;
+  pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) { rows_fn(W, a, y, ldy, r0, r1); });
+}
+
+void get_row(const model::Tensor& W, int64_t row, float* out) {
+  model::dequantize_row(W.type, W.row(row), out, W.cols());
+}
+
+}  // namespace ss::cpu

@@ -1,0 +1,65 @@
+// Private to cpu/: what each ISA file provides to the dispatcher in kernels.cpp.
+//
+// The batch-invariance contract every quantized SIMD kernel follows, per output (t, o): walk the
+// weight blocks b in order with one fp32 accumulator (starting at 0):
+//   32-value blocks: I = exact integer sum_i wq_i * aq_i;  acc = fma(dw*da, float(I), acc);
+//                    Q4_1/Q5_1 then acc = fma(mw, d*sum(aq), acc).
+//   Q4_K: acc = fma(d*da, float(sum_j sc_j I_j), acc); acc = fnmadd(dmin*da, float(sum_j m_j S_j), acc).
+//   Q6_K: acc = fma(d*da, float(sum_j sc_j I_j), acc) with I_j over the signed 6-bit values.
+// Integers are exact however they are computed, so a tile, an edge tile or the 1-token path (and any
+// thread) produce the same bits; only the lane a (t, o) occupies differs, and lanes do not interact.
+// Float weights: 16 (AVX-512) or 8 (AVX2) lane accumulators, lane l summing i = l mod width in order,
+// then one fixed horizontal reduction.
+#pragma once
+#include <cstdint>
+
+#include "backend/cpu/act_quant.h"
+#include "backend/cpu/kernels.h"
+
+namespace ss::cpu::detail {
+
+// Same contract as ss::cpu::matmul. Dequantize-and-dot in fp32; the portable fallback.
+void matmul_scalar(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
+                   MatmulScratch scratch, ThreadPool& pool);
+
+// One ISA's kernels, picked by kernels.cpp.
+struct KernelSet {
+  // Token-interleave group of the activations (1 = row-major, for the per-token kernels).
+  int (*act_group)(model::DType wtype, int n_tok);
+  // Quantizes tokens [t0, t1) (t1 <= a.n_pad(); tokens >= a.n_tok become zeros).
+  void (*quantize)(model::DType wtype, const float* x, int64_t ldx, int t0, int t1, const QActs& a);
+  // y rows [r0, r1) for all a.n_tok tokens: 32-value block types, K types.
+  void (*rows_q32)(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+  void (*rows_qk)(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+  // Float weights (F32/F16/BF16), straight from x.
+  void (*rows_f)(const model::Tensor& W, const float* x, int64_t ldx, int n_tok, float* y, int64_t ldy,
+                 int64_t r0, int64_t r1);
+};
+
+#define SS_DECLARE_ISA(ns)                                                                              \
+  namespace ns {                                                                                        \
+  int act_group(model::DType wtype, int n_tok);                                                         \
+  void quantize(model::DType wtype, const float* x, int64_t ldx, int t0, int t1, const QActs& a);      \
+  void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1); \
+  void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);  \
+  void rows_f(const model::Tensor& W, const float* x, int64_t ldx, int n_tok, float* y, int64_t ldy,    \
+              int64_t r0, int64_t r1);                                                                  \
+  }
+SS_DECLARE_ISA(avx2)
+SS_DECLARE_ISA(avx512)
+#undef SS_DECLARE_ISA
+
+// Unaligned little-endian loads (mapped tensor data is only 2-byte aligned).
+template <class T>
+inline T load_as(const void* p) {
+  T v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline bool is_k_type(model::DType t) { return t == model::DType::Q4_K || t == model::DType::Q6_K; }
+inline bool is_float_type(model::DType t) {
+  return t == model::DType::F32 || t == model::DType::F16 || t == model::DType::BF16;
+}
+
+}  // namespace ss::cpu::detail

@@ -1,0 +1,308 @@
+// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX-512 VNNI. vpdpbusd multiplies unsigned
+// weight bytes by signed activation bytes, so weights are used as w + C (nibbles as stored, Q8_0 as
+// w ^ 0x80) and the quantizer's C * sum(aq) comes off the integer dot.
+//
+// Two kernels, chosen by n_tok, bit-identical per (t, o) (contract: kernels_internal.h):
+//  - per token (decode): lanes are 16 weight rows. Each row's dot over two blocks is one vpdpbusd;
+//    a transpose-and-add tree turns 16 such vectors into per-block sums with lanes = rows, so the
+//    weights stream from memory once per token with no staging.
+//  - tiled (prefill): lanes are 16 tokens (activations interleaved by 4 bytes). 16 weight rows are
+//    unpacked once to bytes; each 4-byte weight broadcast feeds 16 tokens and each activation vector
+//    feeds 8 rows, so the loop is mostly vpdpbusd (8 per block and row, plus 4 ops of block_step).
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "backend/cpu/kernels_internal.h"
+
+namespace ss::cpu::detail::avx512 {
+
+namespace {
+
+using model::DType;
+
+// Block layout: bytes per block, offsets of qs and qh; nib: 4-bit values (else Q8_0 bytes); five: a 5th
+// bit in qh; min: has the m term; zp: the kernel's integer dot needs the C * sum(aq) correction.
+struct Layout {
+  int bytes, qs, qh;
+  bool nib, five, min, zp;
+};
+template <DType T>
+constexpr Layout kFmt{};
+template <> constexpr Layout kFmt<DType::Q4_0>{18, 2, 0, true, false, false, true};
+template <> constexpr Layout kFmt<DType::Q4_1>{20, 4, 0, true, false, true, false};
+template <> constexpr Layout kFmt<DType::Q5_0>{22, 6, 2, true, true, false, true};
+template <> constexpr Layout kFmt<DType::Q5_1>{24, 8, 4, true, true, true, false};
+template <> constexpr Layout kFmt<DType::Q8_0>{34, 2, 0, false, false, false, true};
+
+// One block as 32 unsigned bytes in element order.
+template <DType T>
+inline __m256i unpack_block(const uint8_t* blk) {
+  constexpr Layout F = kFmt<T>;
+  if constexpr (F.nib) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + F.qs));
+    __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1),
+                                 _mm256_set1_epi8(0x0F));
+    if constexpr (F.five) v = _mm256_mask_add_epi8(v, load_as<uint32_t>(blk + F.qh), v, _mm256_set1_epi8(16));
+    return v;
+  } else {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + F.qs)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+}
+
+// Two blocks as 64 unsigned bytes. Nibble types come out as 128-bit quarters [b lo, b1 lo, b hi, b1 hi]
+// (no shuffle needed; the activations are permuted to match once per block pair), Q8_0 as [b, b1].
+template <DType T>
+inline __m512i unpack_pair(const uint8_t* blk0, const uint8_t* blk1) {
+  constexpr Layout F = kFmt<T>;
+  if constexpr (F.nib) {
+    const __m256i x = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk0 + F.qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk1 + F.qs)), 1);
+    __m512i v = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 4), 1),
+                                 _mm512_set1_epi8(0x0F));
+    if constexpr (F.five) {
+      const uint64_t h0 = load_as<uint32_t>(blk0 + F.qh), h1 = load_as<uint32_t>(blk1 + F.qh);
+      const uint64_t m = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
+      v = _mm512_mask_add_epi8(v, m, v, _mm512_set1_epi8(16));
+    }
+    return v;
+  } else {
+    const __m512i x = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk0 + F.qs))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk1 + F.qs)), 1);
+    return _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+}
+
+// p[r]: row r's 16 dword partial dots over two blocks. Returns per-block sums with lanes = rows.
+// kSplit: the 128-bit quarters of block b (b1 the others) are {0, 2} for nibble types, {0, 1} for Q8_0.
+template <bool kNib>
+inline void reduce_rows(const __m512i* p, __m512i& out0, __m512i& out1) {
+  __m512i u[4];
+  for (int q = 0; q < 4; ++q) {
+    const __m512i* s = p + 4 * q;
+    // Within each quarter: [r0, r1, r0, r1] pairwise sums, then the 4 rows' quarter totals.
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+    u[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  }
+  // Combine quarters per block: x = [rows 0-3 of b, rows 0-3 of b1, rows 4-7 of b, rows 4-7 of b1].
+  constexpr int kA = kNib ? _MM_SHUFFLE(1, 0, 1, 0) : _MM_SHUFFLE(2, 0, 2, 0);
+  constexpr int kB = kNib ? _MM_SHUFFLE(3, 2, 3, 2) : _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512i x01 = _mm512_add_epi32(_mm512_shuffle_i64x2(u[0], u[1], kA), _mm512_shuffle_i64x2(u[0], u[1], kB));
+  const __m512i x23 = _mm512_add_epi32(_mm512_shuffle_i64x2(u[2], u[3], kA), _mm512_shuffle_i64x2(u[2], u[3], kB));
+  out0 = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(2, 0, 2, 0));
+  out1 = _mm512_shuffle_i64x2(x01, x23, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+// The per-block float step of the contract; both kernels call exactly this, lane for lane.
+template <DType T>
+inline __m512 block_step(__m512 acc, __m512i I, __m512 dw, __m512 mw, __m512 da, __m512 sa, __m512i corr) {
+  if constexpr (kFmt<T>.zp) I = _mm512_sub_epi32(I, corr);
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(I), acc);
+  if constexpr (kFmt<T>.min) acc = _mm512_fmadd_ps(mw, sa, acc);
+  return acc;
+}
+
+template <DType T>
+void rows_per_token(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr Layout F = kFmt<T>;
+  const int64_t nb = W.cols() / 32;
+  const int64_t rs = static_cast<int64_t>(W.row_stride());
+  const auto* base = static_cast<const uint8_t*>(W.data);
+  for (int64_t o0 = r0; o0 < r1; o0 += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, r1 - o0));
+    const uint8_t* row[16];
+    alignas(64) int32_t off[16];
+    for (int r = 0; r < 16; ++r) {  // rows past the end repeat the last one; their lanes are dropped
+      off[r] = static_cast<int32_t>(std::min(r, nr - 1) * rs);
+      row[r] = base + o0 * rs + off[r];
+    }
+    const __m512i vidx = _mm512_load_si512(off);
+    const uint8_t* grp = base + o0 * rs;
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    // Block headers of 16 rows: (d | m << 16) as fp16 pairs.
+    auto header = [&](int64_t b, __m512& dw, __m512& mw) {
+      const __m512i h = _mm512_i32gather_epi32(vidx, grp + b * F.bytes, 1);
+      dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+      mw = F.min ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))) : dw;
+    };
+    for (int t = 0; t < a.n_tok; ++t) {
+      const int8_t* at = a.qs + a.qidx(t, 0);
+      const int64_t s0 = a.sidx(t, 0);
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t b = 0; b < nb; b += 2) {
+        const int64_t b1 = std::min(b + 1, nb - 1);  // an odd last block pairs with itself; dropped
+        __m512i av = _mm512_loadu_si512(at + 32 * b);  // may read 32 bytes past the row: scratch tail
+        if constexpr (F.nib) av = _mm512_shuffle_i64x2(av, av, _MM_SHUFFLE(3, 1, 2, 0));
+        __m512i p[16];
+        for (int r = 0; r < 16; ++r)
+          p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                     unpack_pair<T>(row[r] + b * F.bytes, row[r] + b1 * F.bytes), av);
+        __m512i i0, i1;
+        reduce_rows<F.nib>(p, i0, i1);
+        __m512 dw, mw;
+        header(b, dw, mw);
+        acc = block_step<T>(acc, i0, dw, mw, _mm512_set1_ps(a.d[s0 + b]), _mm512_set1_ps(a.s[s0 + b]),
+                            _mm512_set1_epi32(a.corr[s0 + b]));
+        if (b1 != b) {
+          header(b1, dw, mw);
+          acc = block_step<T>(acc, i1, dw, mw, _mm512_set1_ps(a.d[s0 + b1]), _mm512_set1_ps(a.s[s0 + b1]),
+                              _mm512_set1_epi32(a.corr[s0 + b1]));
+        }
+      }
+      _mm512_mask_storeu_ps(y + t * ldy + o0, keep, acc);
+    }
+  }
+}
+
+// Values of a row staged per pass: 16 rows x kChunk bytes (32 KiB) on the stack. Longer rows carry the
+// accumulators through y between passes (a float round trip is exact, so the contract holds).
+constexpr int64_t kChunk = 2048;
+constexpr int64_t kL2Bytes = 1024 * 1024;  // activation bytes per token block
+
+// Activations of one 16-token group within the staged chunk.
+struct GroupActs {
+  const int8_t* q;  // 8 x 64 bytes per block
+  const float* d;
+  const float* s;
+  const int32_t* corr;
+};
+
+// R rows x NG groups of 16 tokens over blocks [0, nb) of the staged chunk; acc holds the running sums.
+// Each 4-byte weight broadcast feeds NG x 16 tokens, each activation vector R rows.
+template <DType T, int R, int NG>
+[[gnu::always_inline]] inline void tile_rows(const uint8_t (*wq)[kChunk], const float (*dw)[kChunk / 32],
+                                             const float (*mw)[kChunk / 32], const GroupActs* ga, int64_t nb,
+                                             __m512 (&acc)[NG][R]) {
+  constexpr int G = 16;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[NG][R];
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[g][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      __m512i av[NG];
+#pragma GCC unroll 8
+      for (int g = 0; g < NG; ++g) av[g] = _mm512_load_si512(ga[g].q + b * 8 * 64 + 64 * k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_set1_epi32(load_as<int32_t>(wq[r] + 32 * b + 4 * k));
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; ++g) isum[g][r] = _mm512_dpbusd_epi32(isum[g][r], w, av[g]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) {
+      const __m512 vda = _mm512_load_ps(ga[g].d + b * G), vsa = _mm512_load_ps(ga[g].s + b * G);
+      const __m512i vcorr = _mm512_load_si512(ga[g].corr + b * G);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        acc[g][r] = block_step<T>(acc[g][r], isum[g][r], _mm512_set1_ps(dw[r][b]), _mm512_set1_ps(mw[r][b]), vda,
+                                  vsa, vcorr);
+    }
+  }
+}
+
+// 16 rows at a time, in sub-tiles of R rows x NG groups of 16 tokens; each 16 x 16 result tile is
+// transposed so each token's 16 outputs go to y as one store (y rows can be far apart, e.g. the
+// 49152-wide lm_head).
+template <DType T, int R, int NG>
+void rows_tiled(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr Layout F = kFmt<T>;
+  constexpr int G = 16, RB = 16;
+  const int64_t cols = W.cols();
+  const int64_t rs = static_cast<int64_t>(W.row_stride());
+  const auto* base = static_cast<const uint8_t*>(W.data);
+  const int ng = a.n_pad() / G;
+  alignas(64) uint8_t wq[RB][kChunk];
+  alignas(64) float dw[RB][kChunk / 32], mw[RB][kChunk / 32];
+  alignas(64) float tile[NG][RB][G];  // [group][row][token]
+  const __m512i col_idx = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+
+  // Token blocks whose activations stay in L2 while every row block passes over them.
+  const int gb = static_cast<int>(std::max<int64_t>(NG, kL2Bytes / (cols * G) / NG * NG));
+  for (int gb0 = 0; gb0 < ng; gb0 += gb)
+  for (int64_t o0 = r0; o0 < r1; o0 += RB) {
+    const int nr = static_cast<int>(std::min<int64_t>(RB, r1 - o0));
+    const int nsub = (nr + R - 1) / R;
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+      const int64_t b0 = c0 / 32, nbc = (std::min(cols, c0 + kChunk) - c0) / 32;
+      for (int r = 0; r < nsub * R; ++r) {  // rows past the end repeat the last one; never stored
+        const uint8_t* row = base + (o0 + std::min(r, nr - 1)) * rs + b0 * F.bytes;
+        for (int64_t b = 0; b < nbc; ++b) {
+          const uint8_t* blk = row + b * F.bytes;
+          _mm256_store_si256(reinterpret_cast<__m256i*>(wq[r] + 32 * b), unpack_block<T>(blk));
+          dw[r][b] = _cvtsh_ss(load_as<uint16_t>(blk));
+          mw[r][b] = F.min ? _cvtsh_ss(load_as<uint16_t>(blk + 2)) : 0.0f;
+        }
+      }
+      const int g_end = std::min(ng, gb0 + gb);
+      for (int g0 = gb0; g0 < g_end; g0 += NG) {
+        // A last odd group runs with a duplicate (same lanes, same ops); only real groups are stored.
+        const int nreal = std::min(NG, g_end - g0);
+        GroupActs ga[NG];
+        for (int j = 0; j < NG; ++j) {
+          const int g = g0 + std::min(j, nreal - 1);
+          const int64_t si = a.sidx(g * G, b0);
+          ga[j] = {a.qs + a.qidx(g * G, c0), a.d + si, a.s + si, a.corr + si};
+          const int nt = std::min(G, a.n_tok - g * G);
+          if (c0 > 0)  // resume: tile[j][r][l] = y[token l][row r]
+            for (int l = 0; l < nt; ++l) {
+              const __m512 v = _mm512_maskz_loadu_ps(keep, y + (g * G + l) * ldy + o0);
+              _mm512_mask_i32scatter_ps(&tile[j][0][l], keep, col_idx, v, 4);
+            }
+        }
+        for (int sub = 0; sub < nsub; ++sub) {
+          __m512 acc[NG][R];
+          for (int j = 0; j < NG; ++j)
+            for (int r = 0; r < R; ++r)
+              acc[j][r] = c0 > 0 ? _mm512_load_ps(tile[j][sub * R + r]) : _mm512_setzero_ps();
+          tile_rows<T, R, NG>(wq + sub * R, dw + sub * R, mw + sub * R, ga, nbc, acc);
+          for (int j = 0; j < NG; ++j)
+            for (int r = 0; r < R; ++r) _mm512_store_ps(tile[j][sub * R + r], acc[j][r]);
+        }
+        for (int j = 0; j < nreal; ++j) {
+          const int g = g0 + j, nt = std::min(G, a.n_tok - g * G);
+          for (int l = 0; l < nt; ++l)
+            _mm512_mask_storeu_ps(y + (g * G + l) * ldy + o0, keep,
+                                  _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, col_idx, &tile[j][0][l], 4));
+        }
+      }
+    }
+  }
+}
+
+// 8 rows x 1 group: 8 accumulators + 8 integer sums in registers. Measured (bench_kernels, 576x1536
+// Q4_1, 512 tokens): 8x1 ~400 GFLOP/s, 4x2 ~400, 4x1 ~350, 8x2 ~390 (spills), 16x1 ~190 (spills).
+constexpr int kTileRows = 8, kTileGroups = 1;
+
+template <DType T>
+void rows_t(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (a.group == 1) rows_per_token<T>(W, a, y, ldy, r0, r1);
+  else rows_tiled<T, kTileRows, kTileGroups>(W, a, y, ldy, r0, r1);
+}
+
+}  // namespace
+
+// The tiled kernel stages every weight row once per call; below ~5 tokens the per-token kernel wins
+// (measured: docs/perf/cpu-kernels.md).
+int act_group(model::DType wtype, int n_tok) { return is_k_type(wtype) || n_tok < 5 ? 1 : 16; }
+
+void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  switch (W.type) {
+    case DType::Q4_0: return rows_t<DType::Q4_0>(W, a, y, ldy, r0, r1);
+    case DType::Q4_1: return rows_t<DType::Q4_1>(W, a, y, ldy, r0, r1);
+    case DType::Q5_0: return rows_t<DType::Q5_0>(W, a, y, ldy, r0, r1);
+    case DType::Q5_1: return rows_t<DType::Q5_1>(W, a, y, ldy, r0, r1);
+    case DType::Q8_0: return rows_t<DType::Q8_0>(W, a, y, ldy, r0, r1);
+    default: return;
+  }
+}
+
+}  // namespace ss::cpu::detail::avx512

@@ -1,0 +1,127 @@
+// selfserve generate: stream a completion (or a chat reply) to stdout; stats on stderr.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ss::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  std::string system;
+  bool chat = false;
+  int max_tokens = 256;
+  float temperature = 0.8f;
+  float top_p = 0.95f;
+  int top_k = 40;
+  float min_p = 0.05f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int64_t seed = -1;
+  int threads = 0;
+  int ctx = 0;
+  bool quiet = false;
+};
+
+void run_generate(const GenerateArgs& a) {
+  auto m = open_model(a.model, {}, a.quiet);
+  if (!m.ok()) return fail(m.message());
+  model::Model& model = **m;
+  const tok::Tokenizer& tk = *model.tokenizer;
+
+  std::string text = a.prompt;
+  if (a.chat) {
+    std::vector<tok::ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system});
+    msgs.push_back({"user", a.prompt});
+    auto rendered = tok::render_chat(model.chat_template, msgs, true, &tk);
+    if (!rendered.ok()) return fail(rendered.message());
+    text = *rendered;
+  }
+  // A template that already begins with the BOS text must not get a second BOS.
+  bool add_special = tk.add_bos();
+  if (a.chat && tk.bos_id() >= 0 && text.rfind(std::string(tk.token_text(tk.bos_id())), 0) == 0) add_special = false;
+  const std::vector<int32_t> ids = tk.encode(text, add_special, /*parse_special=*/true);
+  if (ids.empty()) return fail("the prompt is empty");
+
+  const int max_ctx = model.config.max_context > 0 ? model.config.max_context : 4096;
+  int ctx = a.ctx > 0 ? a.ctx : std::min<int>(max_ctx, static_cast<int>(ids.size()) + a.max_tokens);
+  if (static_cast<int>(ids.size()) >= ctx)
+    return fail("the prompt has " + std::to_string(ids.size()) + " tokens; the context holds " + std::to_string(ctx) +
+                " (raise --ctx, at most " + std::to_string(max_ctx) + ")");
+  backend::BackendOptions bo;
+  bo.threads = a.threads;
+  bo.kv.block_size = 16;
+  bo.kv.num_blocks = (ctx + bo.kv.block_size - 1) / bo.kv.block_size;
+  auto be = backend::make_cpu_backend(model, bo);
+  if (!be.ok()) return fail(be.message());
+
+  engine::SamplingParams sp;
+  sp.temperature = a.temperature;
+  sp.top_p = a.top_p;
+  sp.top_k = a.top_k;
+  sp.min_p = a.min_p;
+  sp.repetition_penalty = a.repetition_penalty;
+  sp.presence_penalty = a.presence_penalty;
+  sp.frequency_penalty = a.frequency_penalty;
+  sp.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
+  if (auto st = sp.validate(); !st.ok()) return fail(st.message());
+
+  engine::GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  go.stop_ids = tk.eog_ids();
+  tok::StreamDecoder dec(tk);
+  auto st = engine::generate(**be, model.config.vocab_size, ids, sp, go, [&](int32_t id) {
+    const std::string piece = dec.push(id);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  const std::string tail = dec.flush();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!st.ok()) return fail(st.message());
+  const auto& s = *st;
+  const double decode_tps = s.generated_tokens > 1 ? (s.generated_tokens - 1) / s.decode_seconds : 0.0;
+  std::fprintf(stderr,
+               "prompt: %d tokens, prefill %.1f tok/s | generated: %d tokens, decode %.1f tok/s | peak RSS %.1f MiB\n",
+               s.prompt_tokens, s.prompt_tokens / s.prefill_seconds, s.generated_tokens, decode_tps,
+               peak_rss_bytes() / 1048576.0);
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  auto* c = app.add_subcommand("generate", "Generate text from a prompt, streamed to stdout");
+  c->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the embedded SmolLM2-135M)");
+  c->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
+  c->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+  c->add_option("--system", a->system, "System message (with --chat)");
+  c->add_option("--max-tokens,-n", a->max_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--temperature,-t", a->temperature, "Sampling temperature (0: greedy)");
+  c->add_option("--top-p", a->top_p, "Nucleus sampling mass (1: off)");
+  c->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0: off)");
+  c->add_option("--min-p", a->min_p, "Drop tokens below min-p times the top probability (0: off)");
+  c->add_option("--repetition-penalty", a->repetition_penalty, "CTRL-style repetition penalty (1: off)");
+  c->add_option("--presence-penalty", a->presence_penalty, "OpenAI presence penalty");
+  c->add_option("--frequency-penalty", a->frequency_penalty, "OpenAI frequency penalty");
+  c->add_option("--seed,-s", a->seed, "Random seed (same seed, same text); default random");
+  c->add_option("--threads", a->threads, "CPU threads (default: all cores)");
+  c->add_option("--ctx", a->ctx, "Context size in tokens (default: prompt + max-tokens)");
+  c->add_flag("--quiet,-q", a->quiet, "No progress output");
+  c->callback([a] { run_generate(*a); });
+}
+
+}  // namespace ss::cli

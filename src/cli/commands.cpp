@@ -1,0 +1,26 @@
+#include "cli/commands.h"
+
+#include <cstdio>
+
+namespace ss::cli {
+
+namespace {
+int g_exit_code = 0;
+}
+
+void set_exit_code(int code) { g_exit_code = code; }
+int exit_code() { return g_exit_code; }
+void fail(const std::string& message) {
+  std::fprintf(stderr, "selfserve: %s\n", message.c_str());
+  g_exit_code = 1;
+}
+
+void register_commands(CLI::App& app) {
+  register_generate(app);
+  register_tokenize(app);
+  register_inspect(app);
+  register_fetch(app);
+  register_bench(app);
+}
+
+}  // namespace ss::cli

@@ -1,0 +1,227 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ss::engine {
+
+namespace {
+constexpr int kMaxLogprobs = 64;
+
+// Log-softmax of one row (post-penalty, pre-temperature): the chosen token's value and the k most
+// likely tokens (ties by lower id, the same order argmax uses).
+void row_logprobs(const float* logits, int vocab, int32_t chosen, int k, float& chosen_lp,
+                  std::vector<std::pair<int32_t, float>>& top) {
+  float mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
+  const double lse = static_cast<double>(mx) + std::log(z);
+  chosen_lp = static_cast<float>(logits[chosen] - lse);
+  top.clear();
+  k = std::min(k, vocab);
+  if (k <= 0) return;
+  // Insertion into a short sorted list: one pass, O(vocab) when k is small.
+  auto before = [](float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); };
+  for (int i = 0; i < vocab; ++i) {
+    const float v = logits[i];
+    if (static_cast<int>(top.size()) == k && !before(v, i, top.back().second, top.back().first)) continue;
+    if (static_cast<int>(top.size()) == k) top.pop_back();
+    auto it = top.end();
+    while (it != top.begin() && before(v, i, (it - 1)->second, (it - 1)->first)) --it;
+    top.insert(it, {i, v});
+  }
+  for (auto& [id, v] : top) v = static_cast<float>(v - lse);
+}
+}  // namespace
+
+Expected<std::unique_ptr<Engine>> Engine::create(backend::Backend& be, const EngineConfig& cfg) {
+  SS_TRY(cfg.scheduler.validate());
+  if (cfg.vocab_size < 1) return make_error("vocab_size must be >= 1, got " + std::to_string(cfg.vocab_size));
+  const auto& kv = be.kv_config();
+  if (kv.num_blocks < 1 || kv.block_size < 1)
+    return make_error("backend " + be.name() + " has an empty KV cache (" + std::to_string(kv.num_blocks) +
+                      " blocks of " + std::to_string(kv.block_size) + " tokens)");
+  return std::unique_ptr<Engine>(new Engine(be, cfg, kv.num_blocks, kv.block_size));
+}
+
+Engine::Engine(backend::Backend& be, const EngineConfig& cfg, int num_blocks, int block_size)
+    : be_(be), cfg_(cfg), sched_(cfg.scheduler, num_blocks, block_size, cfg.vocab_size) {
+  if (!cfg_.clock) cfg_.clock = [] { return Clock::now(); };
+  // Pooled up front: at most one logits row per scheduled sequence.
+  logits_.resize(static_cast<size_t>(cfg.scheduler.max_num_seqs) * cfg.vocab_size);
+  sampled_.resize(cfg.scheduler.max_num_seqs);
+  logprobs_.resize(cfg.scheduler.max_num_seqs);
+  refresh_stats();
+}
+
+Engine::~Engine() { stop(); }
+
+Expected<RequestId> Engine::add_request(Request req) {
+  SS_TRY(sched_.check(req));  // reads only immutable config
+  if (req.logprobs > kMaxLogprobs)
+    return make_error("logprobs must be <= " + std::to_string(kMaxLogprobs) + ", got " + std::to_string(req.logprobs));
+  std::lock_guard<std::mutex> lk(mu_);
+  if (req.id == 0) {
+    while (next_id_ == 0 || live_.count(next_id_)) ++next_id_;
+    req.id = next_id_++;
+  } else if (live_.count(req.id)) {
+    return make_error("request id " + std::to_string(req.id) + " is already in use");
+  }
+  const RequestId id = req.id;
+  live_.insert(id);
+  inbox_.push_back(std::move(req));
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::abort(RequestId id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  aborts_.push_back(id);
+  cv_.notify_one();
+}
+
+bool Engine::has_work() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return !live_.empty();
+}
+
+Status Engine::step() {
+  if (in_step_.exchange(true)) return make_error("step() is already running on another thread");
+  struct Clear {
+    std::atomic<bool>& f;
+    ~Clear() { f = false; }
+  } clear{in_step_};
+
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    taken_.swap(inbox_);
+    taken_aborts_.swap(aborts_);
+  }
+  emissions_.clear();
+  for (Request& r : taken_) sched_.add(std::move(r));
+  taken_.clear();
+  for (RequestId id : taken_aborts_) sched_.abort(id, FinishReason::Abort, emissions_);
+  taken_aborts_.clear();
+
+  sched_.schedule(cfg_.clock(), plan_, emissions_);
+  Status result;
+  if (!plan_.seqs.empty()) {
+    Status st = be_.forward(plan_.batch, logits_.data());
+    if (!st.ok()) {
+      result = make_error("backend " + be_.name() + ": " + st.message());
+      sched_.fail(plan_, result.message(), emissions_);
+    } else {
+      // Each row uses its own request's sampler: batch composition never changes what is drawn.
+      const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
+      bool any_logprobs = false;
+      for (size_t i = 0; i < plan_.seqs.size(); ++i) {
+        const ScheduledSeq& d = plan_.seqs[i];
+        if (d.logits_row < 0) continue;
+        Sequence* s = d.seq;
+        float* row = logits_.data() + d.logits_row * vocab;
+        sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
+        if (s->req.logprobs >= 0) {  // the sampler left the penalized logits in row
+          row_logprobs(row, cfg_.vocab_size, sampled_[i], s->req.logprobs, logprobs_[i].chosen, logprobs_[i].top);
+          any_logprobs = true;
+        }
+      }
+      const size_t first = emissions_.size();
+      sched_.update(plan_, sampled_, emissions_);
+      if (any_logprobs) {
+        // update() emits one event per sampled row, in plan order; match them by sequence.
+        size_t e = first;
+        for (size_t i = 0; i < plan_.seqs.size() && e < emissions_.size(); ++i) {
+          const ScheduledSeq& d = plan_.seqs[i];
+          if (d.logits_row < 0) continue;
+          while (e < emissions_.size() && emissions_[e].seq != d.seq) ++e;
+          if (e == emissions_.size()) break;
+          TokenEvent& ev = emissions_[e++].event;
+          if (d.seq->req.logprobs < 0 || ev.token < 0) continue;
+          ev.has_logprob = true;
+          ev.logprob = logprobs_[i].chosen;
+          ev.top_logprobs = logprobs_[i].top;
+        }
+      }
+    }
+  }
+  for (const Emission& e : emissions_)
+    if (e.seq->req.on_event) e.seq->req.on_event(e.event);
+  emissions_.clear();
+  released_.clear();
+  sched_.release_finished(released_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (RequestId id : released_) live_.erase(id);
+    if (!result.ok()) stats_.last_error = result.message();
+  }
+  refresh_stats();
+  return result;
+}
+
+void Engine::refresh_stats() {
+  const auto& kv = sched_.kv();
+  const auto& c = sched_.counters();
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats& s = stats_;
+  s.num_running = sched_.num_running();
+  s.num_waiting = sched_.num_waiting() + static_cast<int>(inbox_.size());
+  s.kv_blocks_total = kv.num_blocks();
+  s.kv_blocks_used = kv.pool().num_used();
+  s.kv_blocks_cached = kv.pool().num_cached();
+  s.kv_usage = kv.usage();
+  s.prefix_queried_tokens = kv.prefix_stats().queried_tokens;
+  s.prefix_hit_tokens = kv.prefix_stats().hit_tokens;
+  s.prefix_hit_rate = kv.prefix_stats().hit_rate();
+  s.preemptions = c.preemptions;
+  s.prompt_tokens = c.prompt_tokens;
+  s.generation_tokens = c.generation_tokens;
+  s.computed_tokens = c.computed_tokens;
+  s.finished_requests = c.finished;
+  s.steps = c.steps;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+Status Engine::check_invariants() {
+  if (looping_) return make_error("check_invariants() needs the run loop stopped");
+  return sched_.check_invariants();
+}
+
+Status Engine::start() {
+  if (looping_.exchange(true)) return make_error("the engine loop is already running");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_requested_ = false;
+  }
+  thread_ = std::thread([this] { loop(); });
+  return {};
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  looping_ = false;
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      // live_ covers queued, running, and aborted-but-not-yet-reaped requests.
+      cv_.wait(lk, [&] { return stop_requested_ || !live_.empty(); });
+      if (stop_requested_) return;
+    }
+    // A backend error has already failed that step's requests (and is in stats); keep serving.
+    (void)step();
+  }
+}
+
+}  // namespace ss::engine

@@ -1,0 +1,396 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+#include <climits>
+
+namespace ss::engine {
+
+Status SchedulerConfig::validate() const {
+  if (max_num_seqs < 1) return make_error("max_num_seqs must be >= 1, got " + std::to_string(max_num_seqs));
+  if (max_num_batched_tokens < max_num_seqs)
+    return make_error("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
+                      ") must be >= max_num_seqs (" + std::to_string(max_num_seqs) +
+                      ") so every running sequence can decode each step");
+  if (long_prompt_threshold < 1)
+    return make_error("long_prompt_threshold must be >= 1, got " + std::to_string(long_prompt_threshold));
+  if (max_long_prefill_tokens < 0)
+    return make_error("max_long_prefill_tokens must be >= 0, got " + std::to_string(max_long_prefill_tokens));
+  if (max_wait_steps < 1) return make_error("max_wait_steps must be >= 1, got " + std::to_string(max_wait_steps));
+  if (max_wait_time.count() < 0) return make_error("max_wait_time must be >= 0");
+  if (max_model_len < 0) return make_error("max_model_len must be >= 0, got " + std::to_string(max_model_len));
+  return {};
+}
+
+Sequence::Sequence(Request r, int vocab_size) : req(std::move(r)), sampler(req.sampling, vocab_size) {
+  tokens = std::move(req.prompt);
+  req.prompt.clear();
+  num_prompt = static_cast<int>(tokens.size());
+  tokens.reserve(static_cast<size_t>(num_prompt) + std::max(0, req.max_tokens));
+}
+
+void StepPlan::clear() {
+  batch.tokens.clear();
+  batch.positions.clear();
+  batch.seq_index.clear();
+  batch.logits_rows.clear();
+  seqs.clear();
+  num_decode_tokens = num_prefill_tokens = num_preempted = 0;
+}
+
+void StepPlan::resize_tables(size_t n) {
+  auto& t = batch.block_tables;
+  while (t.size() > n) {
+    spare_tables_.push_back(std::move(t.back()));
+    t.pop_back();
+  }
+  while (t.size() < n) {
+    if (spare_tables_.empty()) {
+      t.emplace_back();
+    } else {
+      t.push_back(std::move(spare_tables_.back()));
+      spare_tables_.pop_back();
+    }
+  }
+}
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size, int vocab_size)
+    : cfg_(cfg), vocab_(vocab_size), kv_(num_blocks, block_size, cfg.enable_prefix_caching) {
+  const int capacity = num_blocks * block_size;
+  max_len_ = cfg.max_model_len > 0 ? std::min(cfg.max_model_len, capacity) : capacity;
+  long_cap_ = cfg.max_long_prefill_tokens > 0 ? cfg.max_long_prefill_tokens
+                                              : std::max(1, cfg.max_num_batched_tokens / 2);
+  running_.reserve(cfg.max_num_seqs);
+  decisions_.reserve(cfg.max_num_seqs);
+}
+
+Status Scheduler::check(const Request& r) const {
+  if (r.prompt.empty()) return make_error("the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab_)
+      return make_error("prompt token " + std::to_string(r.prompt[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+  SS_TRY(r.sampling.validate());
+  if (r.max_tokens < 1) return make_error("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (total > max_len_) {
+    std::string why = "the prompt (" + std::to_string(r.prompt.size()) + " tokens) plus max_tokens (" +
+                      std::to_string(r.max_tokens) + ") needs " + std::to_string(total) + " tokens of context; ";
+    if (cfg_.max_model_len > 0 && cfg_.max_model_len <= kv_.num_blocks() * kv_.block_size())
+      why += "the engine allows " + std::to_string(max_len_);
+    else
+      why += "the whole KV cache holds " + std::to_string(max_len_) + " (" + std::to_string(kv_.num_blocks()) +
+             " blocks of " + std::to_string(kv_.block_size()) + ")";
+    return make_error(why);
+  }
+  return {};
+}
+
+void Scheduler::add(Request r) {
+  const RequestId id = r.id;
+  auto seq = std::make_unique<Sequence>(std::move(r), vocab_);
+  Sequence* s = seq.get();
+  s->lane = s->num_prompt >= cfg_.long_prompt_threshold ? Lane::Long : Lane::Short;
+  s->arrival_order = next_arrival_++;
+  s->arrival_step = counters_.steps;
+  s->queue = s->lane == Lane::Long ? Sequence::Queue::Long : Sequence::Queue::Short;
+  (s->lane == Lane::Long ? long_ : short_).push_back(s);
+  seqs_.emplace(id, std::move(seq));
+}
+
+void Scheduler::abort(RequestId id, FinishReason why, std::vector<Emission>& out) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second->state == Sequence::State::Finished) return;
+  finish(it->second.get(), why, -1, out);
+}
+
+void Scheduler::remove_running(Sequence* s) {
+  auto it = std::find(running_.begin(), running_.end(), s);
+  assert(it != running_.end());
+  running_.erase(it);
+}
+
+void Scheduler::pop_waiting(Sequence* s) {
+  std::deque<Sequence*>* q = nullptr;
+  switch (s->queue) {
+    case Sequence::Queue::Resumed: q = &resumed_; break;
+    case Sequence::Queue::Short: q = &short_; break;
+    case Sequence::Queue::Long: q = &long_; break;
+    case Sequence::Queue::None: return;
+  }
+  if (!q->empty() && q->front() == s) {
+    q->pop_front();
+  } else {
+    auto it = std::find(q->begin(), q->end(), s);
+    assert(it != q->end());
+    q->erase(it);
+  }
+  s->queue = Sequence::Queue::None;
+}
+
+void Scheduler::finish(Sequence* s, FinishReason why, int32_t token, std::vector<Emission>& out, std::string error) {
+  kv_.free(s->kv);
+  if (s->state == Sequence::State::Running) remove_running(s);
+  else if (s->state == Sequence::State::Waiting) pop_waiting(s);
+  s->state = Sequence::State::Finished;
+  s->finish = why;
+  out.push_back(Emission{s, TokenEvent{s->req.id, token, why, std::move(error)}});
+  finished_.push_back(s);
+  ++counters_.finished;
+}
+
+void Scheduler::reap(Clock::time_point now, std::vector<Emission>& out) {
+  auto due = [&](const Sequence* s) -> FinishReason {
+    if (s->req.cancel && s->req.cancel->load(std::memory_order_relaxed)) return FinishReason::Abort;
+    if (s->req.deadline && now >= *s->req.deadline) return FinishReason::Timeout;
+    return FinishReason::None;
+  };
+  // Collect first: finish() edits the containers being walked.
+  auto sweep = [&](auto& container) {
+    for (size_t i = 0; i < container.size();) {
+      Sequence* s = container[i];
+      const FinishReason why = due(s);
+      if (why == FinishReason::None) {
+        ++i;
+        continue;
+      }
+      finish(s, why, -1, out);  // removes container[i]
+    }
+  };
+  sweep(running_);
+  sweep(resumed_);
+  sweep(short_);
+  sweep(long_);
+}
+
+void Scheduler::preempt(Sequence* victim) {
+  kv_.free(victim->kv);
+  victim->num_computed = 0;
+  remove_running(victim);
+  for (size_t i = 0; i < decisions_.size(); ++i) {
+    if (decisions_[i].seq != victim) continue;
+    budget_ += decisions_[i].num_tokens;
+    if (decisions_[i].long_charged) long_left_ += decisions_[i].num_tokens;
+    decisions_.erase(decisions_.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+  victim->state = Sequence::State::Waiting;
+  victim->queue = Sequence::Queue::Resumed;
+  resumed_.push_front(victim);  // the older ones, preempted later, end up first
+  ++victim->num_preemptions;
+  ++counters_.preemptions;
+  preempted_this_step_ = true;
+}
+
+int Scheduler::reserve(Sequence* s, int want, bool is_decode) {
+  for (;;) {
+    const int fit = kv_.fit_tokens(s->kv, s->num_computed, {});
+    const int n = std::min(want, fit);  // a prefill chunk shrinks to the memory there is
+    if (n > 0) {
+      const bool ok = kv_.allocate(s->kv, {}, s->num_computed + n);
+      assert(ok);
+      (void)ok;
+      return n;
+    }
+    // Out of blocks: the newest running sequence gives its blocks back, unless that is s.
+    Sequence* victim = running_.back();
+    if (victim != s) {
+      preempt(victim);
+      continue;
+    }
+    if (is_decode) preempt(s);  // frees its blocks for the older ones; recomputed later
+    return 0;
+  }
+}
+
+bool Scheduler::waited_too_long(const Sequence* s, Clock::time_point now) const {
+  if (counters_.steps - s->arrival_step >= cfg_.max_wait_steps) return true;
+  return cfg_.max_wait_time.count() > 0 && now - s->req.arrival >= cfg_.max_wait_time;
+}
+
+Sequence* Scheduler::peek_waiting(Clock::time_point now, bool allow_long) const {
+  if (!resumed_.empty() && (allow_long || resumed_.front()->lane == Lane::Short)) return resumed_.front();
+  Sequence* sh = short_.empty() ? nullptr : short_.front();
+  Sequence* lg = (!allow_long || long_.empty()) ? nullptr : long_.front();
+  Sequence* promoted = nullptr;
+  for (Sequence* c : {sh, lg})
+    if (c && waited_too_long(c, now) && (!promoted || c->arrival_order < promoted->arrival_order)) promoted = c;
+  if (promoted) return promoted;
+  return sh ? sh : lg;
+}
+
+void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emission>& out) {
+  plan.clear();
+  decisions_.clear();
+  ++counters_.steps;
+  preempted_this_step_ = false;
+  reap(now, out);
+
+  const int max_seqs = cfg_.max_num_seqs;
+  budget_ = cfg_.max_num_batched_tokens;
+  // Cap long prefills only while short prompts are pending: waiting with a seat free, or admitted
+  // and still prefilling (else the older long prompt would take the budget first in (2)).
+  bool shorts_pending = !short_.empty() && static_cast<int>(running_.size()) < max_seqs;
+  for (const Sequence* s : running_)
+    shorts_pending |= s->lane == Lane::Short && s->num_tokens() - s->num_computed > 1;
+  long_left_ = shorts_pending ? long_cap_ : INT_MAX;
+
+  // (1) Decodes (one token to go), oldest first. A sequence preempted below is always newer than
+  // the one asking, so indices before i stay put.
+  for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
+    Sequence* s = running_[i];
+    if (s->num_tokens() - s->num_computed != 1) continue;
+    if (reserve(s, 1, /*is_decode=*/true) == 0) continue;
+    decisions_.push_back({s, 1, false});
+    budget_ -= 1;
+  }
+  // (2) Running prefills (chunked), oldest first, with the budget left.
+  for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
+    Sequence* s = running_[i];
+    const int remaining = s->num_tokens() - s->num_computed;
+    if (remaining <= 1) continue;
+    const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
+    const int want = std::min({remaining, budget_, charged ? long_left_ : INT_MAX});
+    if (want <= 0) continue;
+    const int n = reserve(s, want, /*is_decode=*/false);
+    if (n == 0) continue;
+    decisions_.push_back({s, n, charged});
+    budget_ -= n;
+    if (charged) long_left_ -= n;
+  }
+  // (3) Admissions. Not after a preemption: memory is short, and the preempted go first next step.
+  while (!preempted_this_step_ && static_cast<int>(running_.size()) < max_seqs && budget_ > 0) {
+    Sequence* s = peek_waiting(now, long_left_ > 0);
+    if (!s) break;
+    const int cached = kv_.match_prefix(s->tokens, s->kv, hits_);
+    const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
+    const int want = std::min({s->num_tokens() - cached, budget_, charged ? long_left_ : INT_MAX});
+    const int n = std::min(want, kv_.fit_tokens(s->kv, cached, hits_));
+    if (n <= 0) break;  // head of line waits for memory; skipping it could starve it
+    pop_waiting(s);
+    const bool ok = kv_.allocate(s->kv, hits_, cached + n);
+    assert(ok);
+    (void)ok;
+    s->num_computed = cached;
+    s->state = Sequence::State::Running;
+    s->admit_order = ++next_admit_;
+    if (!s->prefix_counted) {
+      s->prefix_counted = true;
+      kv_.count_query(s->num_tokens(), cached);
+      counters_.prompt_tokens += s->num_prompt;
+    }
+    running_.push_back(s);
+    decisions_.push_back({s, n, charged});
+    budget_ -= n;
+    if (charged) long_left_ -= n;
+  }
+  build_batch(plan);
+}
+
+void Scheduler::build_batch(StepPlan& plan) {
+  auto& b = plan.batch;
+  plan.resize_tables(decisions_.size());
+  for (size_t i = 0; i < decisions_.size(); ++i) {
+    Sequence* s = decisions_[i].seq;
+    const int c = s->num_computed, n = decisions_[i].num_tokens;
+    for (int p = c; p < c + n; ++p) {
+      b.tokens.push_back(s->tokens[p]);
+      b.positions.push_back(p);
+      b.seq_index.push_back(static_cast<int32_t>(i));
+    }
+    b.block_tables[i].assign(s->kv.table.begin(), s->kv.table.end());
+    ScheduledSeq ss{s, n, -1};
+    if (c + n == s->num_tokens()) {
+      ss.logits_row = static_cast<int>(b.logits_rows.size());
+      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    }
+    if (n == 1 && c >= s->num_prompt) ++plan.num_decode_tokens;
+    else plan.num_prefill_tokens += n;
+    plan.seqs.push_back(ss);
+  }
+  plan.num_preempted = preempted_this_step_ ? 1 : 0;
+}
+
+void Scheduler::update(const StepPlan& plan, std::span<const int32_t> sampled, std::vector<Emission>& out) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& d = plan.seqs[i];
+    Sequence* s = d.seq;
+    s->num_computed += d.num_tokens;
+    counters_.computed_tokens += d.num_tokens;
+    kv_.publish(s->kv, s->tokens, s->num_computed);
+    if (d.logits_row < 0) continue;
+    const int32_t tok = sampled[i];
+    s->tokens.push_back(tok);
+    ++counters_.generation_tokens;
+    FinishReason why = FinishReason::None;
+    if (std::find(s->req.stop_ids.begin(), s->req.stop_ids.end(), tok) != s->req.stop_ids.end())
+      why = FinishReason::Stop;
+    else if (s->req.stop_hook && s->req.stop_hook(s->output()))
+      why = FinishReason::Stop;
+    else if (s->num_output() >= s->req.max_tokens || s->num_tokens() >= max_len_)
+      why = FinishReason::Length;
+    if (why != FinishReason::None) finish(s, why, tok, out);
+    else out.push_back(Emission{s, TokenEvent{s->req.id, tok, FinishReason::None, {}}});
+  }
+}
+
+void Scheduler::fail(const StepPlan& plan, const std::string& error, std::vector<Emission>& out) {
+  for (const ScheduledSeq& d : plan.seqs)
+    if (d.seq->state != Sequence::State::Finished) finish(d.seq, FinishReason::Error, -1, out, error);
+}
+
+void Scheduler::release_finished(std::vector<RequestId>& released) {
+  for (Sequence* s : finished_) {
+    released.push_back(s->req.id);
+    seqs_.erase(s->req.id);
+  }
+  finished_.clear();
+}
+
+Status Scheduler::check_invariants() const {
+  SS_TRY(kv_.pool().check());
+  const int bs = kv_.block_size();
+  std::vector<int> refs(kv_.num_blocks(), 0);
+  size_t running = 0, waiting = 0;
+  for (const auto& [id, sp] : seqs_) {
+    const Sequence& s = *sp;
+    const std::string who = "request " + std::to_string(id) + ": ";
+    for (BlockId b : s.kv.table) {
+      if (b < 0 || b >= kv_.num_blocks()) return make_error(who + "bad block id " + std::to_string(b));
+      ++refs[b];
+    }
+    switch (s.state) {
+      case Sequence::State::Running:
+        ++running;
+        if (static_cast<int>(s.kv.table.size()) != (s.num_computed + bs - 1) / bs)
+          return make_error(who + "has " + std::to_string(s.kv.table.size()) + " blocks for " +
+                            std::to_string(s.num_computed) + " computed tokens");
+        if (s.num_computed >= s.num_tokens()) return make_error(who + "has no token left to compute");
+        if (std::find(running_.begin(), running_.end(), &s) == running_.end())
+          return make_error(who + "running but not in the running list");
+        break;
+      case Sequence::State::Waiting: {
+        ++waiting;
+        if (!s.kv.table.empty() || s.num_computed != 0) return make_error(who + "waiting but holds KV");
+        const auto& q = s.queue == Sequence::Queue::Resumed ? resumed_ : s.queue == Sequence::Queue::Short ? short_ : long_;
+        if (s.queue == Sequence::Queue::None || std::find(q.begin(), q.end(), &s) == q.end())
+          return make_error(who + "waiting but in no queue");
+        break;
+      }
+      case Sequence::State::Finished:
+        if (!s.kv.table.empty()) return make_error(who + "finished but holds KV");
+        break;
+    }
+  }
+  if (running != running_.size() || waiting != static_cast<size_t>(num_waiting()))
+    return make_error("queue sizes do not match sequence states");
+  for (size_t i = 1; i < running_.size(); ++i)
+    if (running_[i - 1]->admit_order >= running_[i]->admit_order) return make_error("running list out of admission order");
+  for (int b = 0; b < kv_.num_blocks(); ++b)
+    if (refs[b] != kv_.pool().ref_count(b))
+      return make_error("block " + std::to_string(b) + " has ref count " + std::to_string(kv_.pool().ref_count(b)) +
+                        " but " + std::to_string(refs[b]) + " tables hold it");
+  return {};
+}
+
+}  // namespace ss::engine

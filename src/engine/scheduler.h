@@ -1,0 +1,175 @@
+// Plans each engine step (which sequences, how many tokens each) over the paged KV cache; the
+// plan's StepBatch is all the backend sees. Engine-thread only. See docs/engine.md.
+//
+// One step: (1) finish cancelled / timed-out requests; (2) one token for every running decode,
+// oldest first; (3) a chunk for every running, unfinished prefill with the token budget left;
+// (4) admit waiting requests (preempted first, then any request waiting too long, then the short
+// lane, then the long lane) with what is left. When KV blocks run out, the newest running
+// sequence is preempted (blocks freed, recomputed later from prompt + output).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+
+namespace ss::engine {
+
+struct SchedulerConfig {
+  int max_num_seqs = 64;              // sequences per step
+  int max_num_batched_tokens = 2048;  // tokens per step (decodes + prefill chunks); >= max_num_seqs
+  int long_prompt_threshold = 512;    // prompts this long or longer wait in the long lane
+  // While short prompts wait or prefill, long-lane prefills take at most this many tokens per
+  // step, so a long prompt cannot hold the whole budget. 0: max_num_batched_tokens / 2.
+  int max_long_prefill_tokens = 0;
+  // A waiting request older than this (steps since it arrived, or wall time if > 0) is admitted
+  // before any other lane: neither lane can starve the other.
+  int max_wait_steps = 32;
+  std::chrono::milliseconds max_wait_time{0};
+  bool enable_prefix_caching = true;
+  int max_model_len = 0;  // prompt + max_tokens limit; 0: the whole KV cache
+
+  Status validate() const;
+};
+
+enum class Lane : uint8_t { Short, Long };
+
+// A request inside the engine. Owned by the Scheduler; the Engine reads it to sample.
+struct Sequence {
+  enum class State : uint8_t { Waiting, Running, Finished };
+  enum class Queue : uint8_t { None, Resumed, Short, Long };
+
+  Sequence(Request r, int vocab_size);
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_output() const { return num_tokens() - num_prompt; }
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(num_prompt)}; }
+  std::span<const int32_t> output() const {
+    return {tokens.data() + num_prompt, static_cast<size_t>(num_output())};
+  }
+
+  Request req;                  // prompt moved out into tokens
+  std::vector<int32_t> tokens;  // prompt, then sampled ids
+  int num_prompt = 0;
+  int num_computed = 0;         // leading tokens whose K/V is in the cache
+  SeqBlocks kv;
+  Sampler sampler;              // per request: its RNG never depends on the batch
+  Lane lane = Lane::Short;
+  State state = State::Waiting;
+  Queue queue = Queue::None;
+  uint64_t arrival_order = 0;   // lower: older
+  uint64_t admit_order = 0;     // on (re)admission; the highest running one is preempted first
+  int64_t arrival_step = 0;
+  int num_preemptions = 0;
+  bool prefix_counted = false;  // hit-rate counters see each request once
+  FinishReason finish = FinishReason::None;
+};
+
+// One sequence's part in a step, in the same order as batch.block_tables.
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int num_tokens = 0;   // fed this step, from seq->num_computed on
+  int logits_row = -1;  // >= 0: this step ends at the last known token, so a token is sampled
+};
+
+struct StepPlan {
+  backend::StepBatch batch;
+  std::vector<ScheduledSeq> seqs;
+  int num_decode_tokens = 0;
+  int num_prefill_tokens = 0;
+  int num_preempted = 0;
+  void clear();
+  void resize_tables(size_t n);  // keeps dropped tables' memory for later steps
+
+ private:
+  std::vector<std::vector<int32_t>> spare_tables_;
+};
+
+// An event for the Engine to deliver after the step (outside any lock).
+struct Emission {
+  Sequence* seq;  // alive until Scheduler::release_finished
+  TokenEvent event;
+};
+
+struct SchedulerCounters {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;      // prompt lengths of admitted requests (first admission)
+  int64_t generation_tokens = 0;  // sampled tokens
+  int64_t computed_tokens = 0;    // tokens run through the backend, recomputation included
+  int64_t finished = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size, int vocab_size);
+
+  // Admission control: a clear error if the request is malformed or could never fit the cache.
+  Status check(const Request& r) const;
+  void add(Request r);  // r passed check(); its id is unique among live requests
+  // Finishes a live request now (no-op for an unknown id).
+  void abort(RequestId id, FinishReason why, std::vector<Emission>& out);
+  // Plans the next step into plan (reusing its buffers).
+  void schedule(Clock::time_point now, StepPlan& plan, std::vector<Emission>& out);
+  // Applies a completed forward: sampled[i] is the token for plan.seqs[i] if it has a logits row.
+  void update(const StepPlan& plan, std::span<const int32_t> sampled, std::vector<Emission>& out);
+  // The forward failed: every sequence in the plan finishes with FinishReason::Error.
+  void fail(const StepPlan& plan, const std::string& error, std::vector<Emission>& out);
+  // Deletes sequences finished since the last call (call after delivering their events).
+  void release_finished(std::vector<RequestId>& released);
+
+  bool has_work() const { return !seqs_.empty(); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(resumed_.size() + short_.size() + long_.size()); }
+  const KvCacheManager& kv() const { return kv_; }
+  const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerConfig& config() const { return cfg_; }
+  int max_model_len() const { return max_len_; }
+  // Every block's ref count equals the number of tables holding it, tables match computed
+  // lengths, queues match states (tests, debugging; O(blocks + tokens)).
+  Status check_invariants() const;
+
+ private:
+  struct Decision {
+    Sequence* seq;
+    int num_tokens;
+    bool long_charged;  // counted against long_left_
+  };
+  void reap(Clock::time_point now, std::vector<Emission>& out);
+  void finish(Sequence* s, FinishReason why, int32_t token, std::vector<Emission>& out,
+              std::string error = {});
+  // Slots for `want` more tokens of running s; preempts newer sequences if needed. Returns the
+  // tokens granted: want, fewer for a prefill when memory is short, 0 if s got nothing.
+  int reserve(Sequence* s, int want, bool is_decode);
+  void preempt(Sequence* victim);
+  Sequence* peek_waiting(Clock::time_point now, bool allow_long) const;
+  void pop_waiting(Sequence* s);
+  void remove_running(Sequence* s);
+  bool waited_too_long(const Sequence* s, Clock::time_point now) const;
+  void build_batch(StepPlan& plan);
+
+  SchedulerConfig cfg_;
+  int vocab_;
+  int max_len_;
+  int long_cap_;
+  KvCacheManager kv_;
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;  // every live request
+  std::vector<Sequence*> running_;                                 // admission order
+  std::deque<Sequence*> resumed_, short_, long_;                   // waiting lanes
+  std::vector<Sequence*> finished_;
+  std::vector<Decision> decisions_;
+  std::vector<BlockId> hits_;
+  uint64_t next_arrival_ = 0, next_admit_ = 0;
+  int budget_ = 0, long_left_ = 0;
+  bool preempted_this_step_ = false;
+  SchedulerCounters counters_;
+};
+
+}  // namespace ss::engine

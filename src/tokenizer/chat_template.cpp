@@ -1,0 +1,239 @@
+// Chat templates: the family is recognised from the template text and rendered by hand, byte for
+// byte as transformers' apply_chat_template renders the real Jinja templates (trim_blocks and
+// lstrip_blocks on, bos_token/eos_token as strings). Tested against jinja2 renders of the real
+// templates (tests/data/tokenizer/chat_*.json).
+#include <ctime>
+#include <string>
+
+#include "tokenizer/tokenizer.h"
+
+namespace ss::tok {
+namespace {
+
+bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
+// Concatenation by appends (g++ 12 warns falsely on "literal" + std::string chains).
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::string out;
+  (out.append(std::string_view(parts)), ...);
+  return out;
+}
+
+// Python's str.strip() / Jinja's trim: strips characters for which str.isspace() is true.
+bool py_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+// Decodes the code point starting at s[i] (valid UTF-8 assumed; a stray byte decodes as itself).
+uint32_t cp_at(std::string_view s, size_t i, size_t* n) {
+  auto c = static_cast<unsigned char>(s[i]);
+  int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+  if (i + len > s.size()) len = 1;
+  *n = size_t(len);
+  if (len == 1) return c;
+  uint32_t cp = c & (0x7F >> len);
+  for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+std::string py_strip(std::string_view s) {
+  size_t b = 0, n = 0;
+  while (b < s.size() && py_space(cp_at(s, b, &n))) b += n;
+  size_t e = s.size();
+  while (e > b) {
+    size_t k = e - 1;
+    while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+    if (!py_space(cp_at(s, k, &n))) break;
+    e = k;
+  }
+  return std::string(s.substr(b, e - b));
+}
+
+// The default system prompt a ChatML template writes when the conversation has none:
+// the literal after '<|im_start|>system\n' (newline written raw or as \n) up to '<|im_end|>'.
+std::string chatml_default_system(std::string_view t) {
+  for (std::string_view head : {std::string_view("<|im_start|>system\n"), std::string_view("<|im_start|>system\\n")}) {
+    size_t p = 0;
+    while ((p = t.find(head, p)) != std::string_view::npos) {
+      p += head.size();
+      size_t e = t.find("<|im_end|>", p);
+      if (e == std::string_view::npos) break;
+      std::string_view lit = t.substr(p, e - p);
+      if (lit.empty() || contains(lit, "'") || contains(lit, "\"") || contains(lit, "{") || contains(lit, "+")) continue;
+      std::string out;  // undo Jinja string-literal escapes
+      for (size_t i = 0; i < lit.size(); ++i) {
+        if (lit[i] == '\\' && i + 1 < lit.size()) {
+          char c = lit[++i];
+          out.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
+        } else {
+          out.push_back(lit[i]);
+        }
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+std::string token_or(const Tokenizer* tok, int32_t id, const char* fallback) {
+  if (tok && id >= 0) return std::string(tok->token_text(id));
+  return tok ? std::string() : std::string(fallback);
+}
+
+Expected<std::string> render_chatml(std::string_view t, const std::vector<ChatMessage>& msgs, bool gen) {
+  if (contains(t, "<think>") || contains(t, "reasoning_content"))
+    return make_error("chat template: ChatML with reasoning blocks (Qwen3-style <think>) is not supported");
+  std::string def = chatml_default_system(t);
+  std::string out;
+  if (!def.empty() && !msgs.empty() && msgs[0].role != "system")
+    out += cat("<|im_start|>system\n", def, "<|im_end|>\n");
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    if (m.role == "tool" && contains(t, "<tool_response>")) {  // Qwen2.5: tool results in a user turn
+      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
+      out += cat("\n<tool_response>\n", m.content, "\n</tool_response>");
+      if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      continue;
+    }
+    out += cat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+  }
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+std::string today() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return buf;
+}
+
+Expected<std::string> render_llama3(std::string_view t, const std::vector<ChatMessage>& msgs, bool gen,
+                                    const std::string& bos, std::string_view date_string) {
+  std::string out = bos;
+  size_t first = 0;
+  if (contains(t, "Cutting Knowledge Date")) {  // Llama 3.1 / 3.2 / 3.3: a system block always
+    std::string date(date_string);
+    if (date.empty()) {
+      const std::string_view key = "set date_string = \"";
+      size_t p = t.find(key);
+      if (contains(t, "strftime_now") || p == std::string_view::npos) {
+        date = today();
+      } else {
+        p += key.size();
+        date = std::string(t.substr(p, t.find('"', p) - p));
+      }
+    }
+    std::string sys;
+    if (!msgs.empty() && msgs[0].role == "system") {
+      sys = py_strip(msgs[0].content);
+      first = 1;
+    }
+    out += cat("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ", date,
+               "\n\n", sys, "<|eot_id|>");
+  }
+  for (size_t i = first; i < msgs.size(); ++i) {
+    out += cat("<|start_header_id|>", msgs[i].role, "<|end_header_id|>\n\n", py_strip(msgs[i].content), "<|eot_id|>");
+  }
+  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+Expected<std::string> render_llama2(const std::vector<ChatMessage>& msgs, const std::string& bos,
+                                    const std::string& eos) {
+  size_t first = 0;
+  bool has_sys = !msgs.empty() && msgs[0].role == "system";
+  if (has_sys) first = 1;
+  std::string out;
+  for (size_t i = first; i < msgs.size(); ++i) {
+    size_t k = i - first;
+    const ChatMessage& m = msgs[i];
+    if ((m.role == "user") != (k % 2 == 0))
+      return make_error("chat template: conversation roles must alternate user/assistant/user/assistant/...");
+    std::string content = (k == 0 && has_sys) ? cat("<<SYS>>\n", msgs[0].content, "\n<</SYS>>\n\n", m.content) : m.content;
+    if (m.role == "user") {
+      out += cat(bos, "[INST] ", py_strip(content), " [/INST]");
+    } else if (m.role == "assistant") {
+      out += cat(" ", py_strip(content), " ", eos);
+    }
+  }
+  return out;
+}
+
+Expected<std::string> render_mistral(std::string_view t, const std::vector<ChatMessage>& msgs, const std::string& bos,
+                                     const std::string& eos) {
+  if (!contains(t, "' [/INST]'") || contains(t, "system_message"))
+    return make_error("chat template: this Mistral [INST] variant is not supported (only the v0.1 / Mixtral one)");
+  std::string out = bos;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    if ((m.role == "user") != (i % 2 == 0))
+      return make_error("chat template: conversation roles must alternate user/assistant/user/assistant/...");
+    if (m.role == "user") {
+      out += cat("[INST] ", m.content, " [/INST]");
+    } else if (m.role == "assistant") {
+      out += cat(m.content, eos);
+    } else {
+      return make_error("chat template: only user and assistant roles are supported by this template");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ChatFamily detect_chat_family(std::string_view t) {
+  if (contains(t, "<|im_start|>")) return ChatFamily::ChatML;
+  if (contains(t, "<|start_header_id|>")) return ChatFamily::Llama3;
+  if (contains(t, "[INST]")) return contains(t, "<<SYS>>") ? ChatFamily::Llama2 : ChatFamily::Mistral;
+  return ChatFamily::Unknown;
+}
+
+const char* chat_family_name(ChatFamily f) {
+  switch (f) {
+    case ChatFamily::ChatML: return "chatml";
+    case ChatFamily::Llama3: return "llama3";
+    case ChatFamily::Llama2: return "llama2";
+    case ChatFamily::Mistral: return "mistral";
+    case ChatFamily::Unknown: break;
+  }
+  return "unknown";
+}
+
+Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt, const Tokenizer* tok, std::string_view date_string) {
+  std::string_view t = template_text;
+  if (t.empty()) {
+    bool has_chatml = false;
+    if (tok) {
+      for (int32_t id = 0; id < tok->vocab_size() && !has_chatml; ++id) has_chatml = tok->token_text(id) == "<|im_start|>";
+    }
+    if (!has_chatml) return make_error("chat template: the model has none, and its vocabulary has no <|im_start|> for ChatML");
+    return render_chatml("", messages, add_generation_prompt);
+  }
+  ChatFamily f = detect_chat_family(t);
+  switch (f) {
+    case ChatFamily::ChatML: return render_chatml(t, messages, add_generation_prompt);
+    case ChatFamily::Llama3:
+      return render_llama3(t, messages, add_generation_prompt,
+                           token_or(tok, tok ? tok->bos_id() : -1, "<|begin_of_text|>"), date_string);
+    case ChatFamily::Llama2:
+      return render_llama2(messages, token_or(tok, tok ? tok->bos_id() : -1, "<s>"),
+                           token_or(tok, tok ? tok->eos_id() : -1, "</s>"));
+    case ChatFamily::Mistral:
+      return render_mistral(t, messages, token_or(tok, tok ? tok->bos_id() : -1, "<s>"),
+                            token_or(tok, tok ? tok->eos_id() : -1, "</s>"));
+    case ChatFamily::Unknown: break;
+  }
+  std::string head(t.substr(0, 80));
+  for (char& c : head) {
+    if (c == '\n') c = ' ';
+  }
+  return make_error("chat template not recognised (none of ChatML, Llama-3, Llama-2, Mistral): \"" + head +
+                    (t.size() > 80 ? "...\"" : "\""));
+}
+
+}  // namespace ss::tok

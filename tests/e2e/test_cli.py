@@ -1,0 +1,78 @@
+"""End-to-end checks of the selfserve CLI on the real default model."""
+import json
+import os
+import re
+
+STATS = re.compile(
+    rb"prompt: (\d+) tokens, prefill ([\d.]+) tok/s \| generated: (\d+) tokens, decode ([\d.]+) tok/s \| peak RSS ([\d.]+) MiB"
+)
+
+
+def test_generate_same_seed_same_text(selfserve, default_model):
+    args = ["generate", "--prompt", "The capital of France is", "--max-tokens", "24", "--seed", "5", "--quiet"]
+    a = selfserve(*args)
+    b = selfserve(*args)
+    assert a.stdout == b.stdout
+    assert len(a.stdout.strip()) > 0
+    m = STATS.search(a.stderr)
+    assert m, a.stderr
+    assert int(m.group(3)) <= 24
+
+
+def test_greedy_chat_is_deterministic_and_answers(selfserve, default_model):
+    args = ["generate", "--chat", "--prompt", "What is the capital of France?", "--temperature", "0",
+            "--max-tokens", "32", "--quiet"]
+    a = selfserve(*args)
+    b = selfserve(*args)
+    assert a.stdout == b.stdout
+    assert b"Paris" in a.stdout
+
+
+def test_peak_rss_under_twice_the_file(selfserve, default_model):
+    r = selfserve("generate", "--prompt", "Hello", "--max-tokens", "8", "--quiet")
+    m = STATS.search(r.stderr)
+    assert m, r.stderr
+    rss = float(m.group(5)) * 1048576
+    assert rss < 2 * os.path.getsize(default_model), f"peak RSS {rss / 1e6:.1f} MB"
+
+
+def test_tokenize_round_trip(selfserve, default_model):
+    text = "Hello, world! 你好 🌍 1234567 \t  code: x += 1;\n"
+    r = selfserve("tokenize", "--json", input=text.encode())
+    j = json.loads(r.stdout)
+    assert len(j["ids"]) == len(j["pieces"]) > 5
+    d = selfserve("tokenize", "--decode", input=" ".join(map(str, j["ids"])).encode())
+    assert d.stdout.decode() == text
+
+
+def test_tokenize_decode_rejects_bad_ids(selfserve, default_model):
+    r = selfserve("tokenize", "--decode", input=b"1 2 999999999", check=False)
+    assert r.returncode != 0
+    assert b"out of range" in r.stderr
+
+
+def test_inspect_default_model(selfserve, default_model):
+    r = selfserve("inspect", default_model)
+    out = r.stdout.decode()
+    assert "llama" in out and "Q4_1" in out and "blk.29.ffn_down.weight" in out
+
+
+def test_inspect_bad_file_exits_nonzero_with_one_line(selfserve, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTAGGUF" + b"\0" * 64)
+    r = selfserve("inspect", str(bad), check=False)
+    assert r.returncode != 0
+    assert str(bad).encode() in r.stdout + r.stderr
+
+
+def test_generate_missing_model_is_a_clear_error(selfserve, tmp_path):
+    r = selfserve("generate", "--model", str(tmp_path / "nope.gguf"), "--prompt", "x", check=False)
+    assert r.returncode != 0
+    assert b"nope.gguf" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_verify_sha256_mismatch(selfserve, default_model):
+    r = selfserve("inspect", default_model, "--verify-sha256", "0" * 64, check=False)
+    assert r.returncode != 0
+    assert b"sha256" in r.stdout + r.stderr

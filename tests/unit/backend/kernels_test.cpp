@@ -1,0 +1,346 @@
+// CPU kernels against an independent reference: fresh random blocks every run (the seed is printed;
+// set SS_KERNEL_SEED to replay), every weight type, every ISA path the machine supports.
+//
+// Tolerances (per output y[t][o], S = sum_i |w_i * x_i|, the dot computed in double on the exact
+// fp32 weights of the private dequantizer below):
+//  - Scalar path: fp32 recursive summation, |err| <= gamma(n) * S with gamma(n) = n u / (1 - n u),
+//    u = 2^-24 (Higham, Accuracy and Stability, 3.1). Weights dequantize to the same floats.
+//  - SIMD paths quantize each activation block to int8 with step d = amax/127, rounding to nearest,
+//    so |x_i - q_i d| <= d/2; hence |err| <= sum_i |w_i| * amax(block of i) / 254 + gamma(n) * S'.
+//    Everything after the int8 rounding is exact integer math plus a few fp32 roundings per block,
+//    which gamma covers. We check against 1.01x that bound (a worst case: it proves the error is the
+//    quantization's, not that the code is right) and, tightly, against a double dot with the very
+//    activations the kernel used (the quantization rule of cpu/act_quant.h replayed here):
+//    |err| <= 8 (nb + 8) u * sum_i |w_i xq_i|, nb blocks per row. One wrong nibble fails that.
+#include "backend/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using ss::ThreadPool;
+using ss::cpu::Isa;
+using ss::model::DType;
+namespace m = ss::model;
+
+uint32_t seed() {
+  static const uint32_t s = [] {
+    const char* e = std::getenv("SS_KERNEL_SEED");
+    const uint32_t v = e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10))
+                         : static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("kernels_test seed: %u (SS_KERNEL_SEED=%u to replay)\n", v, v);
+    return v;
+  }();
+  return s;
+}
+
+// ---- private reference: ggml-common.h layouts, ggml-quants.c arithmetic, written independently ----
+float h2f(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, mnt = h & 1023;
+  double v = e == 0 ? std::ldexp(mnt, -24) : std::ldexp(1024 + mnt, e - 25);
+  if (e == 31) v = mnt ? NAN : INFINITY;
+  return static_cast<float>(s ? -v : v);
+}
+float bf2f(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t rd16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// Dequantizes one row of `cols` elements stored at p.
+std::vector<float> ref_row(DType t, const uint8_t* p, int64_t cols) {
+  std::vector<float> y(cols);
+  switch (t) {
+    case DType::F32: std::memcpy(y.data(), p, cols * 4); break;
+    case DType::F16: for (int64_t i = 0; i < cols; ++i) y[i] = h2f(rd16(p + 2 * i)); break;
+    case DType::BF16: for (int64_t i = 0; i < cols; ++i) y[i] = bf2f(rd16(p + 2 * i)); break;
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: {
+      const bool has_m = t == DType::Q4_1 || t == DType::Q5_1, five = t == DType::Q5_0 || t == DType::Q5_1;
+      const int bb = static_cast<int>(m::info(t).block_bytes);
+      for (int64_t b = 0; b < cols / 32; ++b, p += bb) {
+        const float d = h2f(rd16(p)), mn = has_m ? h2f(rd16(p + 2)) : 0.0f;
+        const uint8_t* q = p + (has_m ? 4 : 2);
+        uint32_t qh = 0;
+        if (five) { std::memcpy(&qh, q, 4); q += 4; }
+        for (int j = 0; j < 32; ++j) {
+          int v = j < 16 ? (q[j] & 15) : (q[j - 16] >> 4);
+          if (five) v |= ((qh >> j) & 1) << 4;
+          if (!has_m) v -= five ? 16 : 8;
+          y[b * 32 + j] = has_m ? v * d + mn : v * d;
+        }
+      }
+      break;
+    }
+    case DType::Q8_0:
+      for (int64_t b = 0; b < cols / 32; ++b, p += 34)
+        for (int j = 0; j < 32; ++j) y[b * 32 + j] = static_cast<int8_t>(p[2 + j]) * h2f(rd16(p));
+      break;
+    case DType::Q4_K:
+      for (int64_t b = 0; b < cols / 256; ++b, p += 144) {
+        const float d = h2f(rd16(p)), dmin = h2f(rd16(p + 2));
+        const uint8_t* s = p + 4;
+        const uint8_t* q = p + 16;
+        for (int j = 0; j < 8; ++j) {  // sub-block j: 32 values, nibble half j%2 of bytes 32*(j/2)..
+          int sc, mn;
+          if (j < 4) { sc = s[j] & 63; mn = s[j + 4] & 63; }
+          else { sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+          const float d1 = d * sc, m1 = dmin * mn;
+          for (int l = 0; l < 32; ++l) {
+            const int v = (j & 1) ? q[32 * (j / 2) + l] >> 4 : q[32 * (j / 2) + l] & 15;
+            y[b * 256 + 32 * j + l] = d1 * v - m1;
+          }
+        }
+      }
+      break;
+    case DType::Q6_K:
+      for (int64_t b = 0; b < cols / 256; ++b, p += 210) {
+        const uint8_t* ql = p;
+        const uint8_t* qh = p + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+        const float d = h2f(rd16(p + 208));
+        for (int i = 0; i < 256; ++i) {  // element i: half h = i/128, quarter r = (i%128)/32, l = i%32
+          const int h = i / 128, r = (i % 128) / 32, l = i % 32;
+          const uint8_t lo = ql[64 * h + 32 * (r & 1) + l];
+          const int v = ((r < 2 ? lo & 15 : lo >> 4) | (((qh[32 * h + l] >> (2 * r)) & 3) << 4)) - 32;
+          y[b * 256 + i] = d * sc[8 * h + 2 * r + l / 16] * v;
+        }
+      }
+      break;
+    default: ADD_FAILURE() << "no reference for type"; break;
+  }
+  return y;
+}
+
+// ---- random tensors ----
+struct RandTensor {
+  m::Tensor t;
+  std::vector<uint8_t> bytes;
+};
+
+uint16_t f2h(float f) { return m::fp32_to_fp16(f); }
+
+RandTensor make_tensor(DType type, int64_t rows, int64_t cols, std::mt19937& g) {
+  RandTensor r;
+  const auto& ti = m::info(type);
+  const size_t rb = cols / ti.block_size * ti.block_bytes;
+  r.bytes.resize(rows * rb + 64);  // the +64 tail stays untouched: kernels must not need it
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& b : r.bytes) b = static_cast<uint8_t>(byte(g));
+  // Overwrite scales with sane values (random bits would be NaN/Inf).
+  uint8_t* p = r.bytes.data();
+  auto put16 = [](uint8_t* q, uint16_t v) { q[0] = v & 255; q[1] = v >> 8; };
+  const int64_t nblk = rows * (cols / ti.block_size);
+  for (int64_t b = 0; b < nblk; ++b) {
+    uint8_t* q = p + b * ti.block_bytes;
+    switch (type) {
+      case DType::F32: { const float f = u(g); std::memcpy(q, &f, 4); break; }
+      case DType::F16: put16(q, f2h(u(g))); break;
+      case DType::BF16: put16(q, m::fp32_to_bf16(u(g))); break;
+      case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: put16(q, f2h(u(g) * 0.05f)); break;
+      case DType::Q4_1: case DType::Q5_1: put16(q, f2h(u(g) * 0.05f)); put16(q + 2, f2h(u(g) * 0.5f)); break;
+      case DType::Q4_K: put16(q, f2h(u(g) * 0.01f)); put16(q + 2, f2h(u(g) * 0.01f)); break;
+      case DType::Q6_K: put16(q + 208, f2h(u(g) * 0.005f)); break;
+      default: break;
+    }
+  }
+  r.t.name = "rand";
+  r.t.type = type;
+  r.t.n_dims = 2;
+  r.t.ne[0] = cols;
+  r.t.ne[1] = rows;
+  r.t.data = r.bytes.data();
+  r.t.nbytes = rows * rb;
+  return r;
+}
+
+std::vector<float> rand_acts(int n_tok, int64_t ld, std::mt19937& g) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(n_tok * ld);
+  for (auto& v : x) v = n(g);
+  for (int i = 0; i < 32 && i < ld; ++i) x[i] = 0.0f;  // an all-zero block: scale 0 must not divide by 0
+  return x;
+}
+
+const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
+                           DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q6_K};
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> v{Isa::Scalar};
+  if (ss::cpu::detected_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (ss::cpu::detected_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+struct IsaGuard {
+  explicit IsaGuard(Isa i) { ss::cpu::force_isa(i); }
+  ~IsaGuard() { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+};
+
+// Runs matmul with a poisoned output and exactly-sized scratch (plus a guard tail checked afterwards).
+std::vector<float> run_matmul(const m::Tensor& W, const std::vector<float>& x, int n_tok, int64_t ldx,
+                              ThreadPool& pool) {
+  const int64_t ldy = W.rows() + 3;  // a stride != rows checks the ldy handling
+  std::vector<float> y(n_tok * ldy, NAN);
+  const size_t sb = ss::cpu::matmul_scratch_bytes(W.type, W.cols(), n_tok);
+  std::vector<uint8_t> scratch(sb + 64, 0xA5);
+  ss::cpu::matmul(W, x.data(), n_tok, ldx, y.data(), ldy, {scratch.data(), sb}, pool);
+  for (size_t i = sb; i < scratch.size(); ++i) EXPECT_EQ(scratch[i], 0xA5) << "scratch overrun";
+  std::vector<float> out(n_tok * W.rows());
+  for (int t = 0; t < n_tok; ++t)
+    for (int64_t o = 0; o < W.rows(); ++o) {
+      out[t * W.rows() + o] = y[t * ldy + o];
+      for (int64_t pad = W.rows(); pad < ldy; ++pad) EXPECT_TRUE(std::isnan(y[t * ldy + pad]));
+    }
+  return out;
+}
+
+// The activation quantization rule documented in cpu/act_quant.h, replayed here so the SIMD paths can
+// also be checked tightly against a dot with exactly the activations they use.
+std::vector<float> fake_quantize(const float* x, int64_t cols, int qblock) {
+  std::vector<float> out(cols);
+  for (int64_t b = 0; b < cols; b += qblock) {
+    float amax = 0;
+    for (int i = 0; i < qblock; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < qblock; ++i) out[b + i] = std::nearbyint(x[b + i] * id) * d;
+  }
+  return out;
+}
+
+void check_against_reference(DType type, Isa isa, int64_t rows, int64_t cols, int n_tok, ThreadPool& pool,
+                             std::mt19937& g) {
+  SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " rows=" << rows
+                                  << " cols=" << cols << " n_tok=" << n_tok << " threads=" << pool.size());
+  IsaGuard guard(isa);
+  RandTensor w = make_tensor(type, rows, cols, g);
+  const int64_t ldx = cols + 5;
+  std::vector<float> x = rand_acts(n_tok, ldx, g);
+  std::vector<float> y = run_matmul(w.t, x, n_tok, ldx, pool);
+  const int qblock = type == DType::Q4_K || type == DType::Q6_K ? 256 : 32;
+  const bool quantized_acts = isa != Isa::Scalar && m::info(type).block_size > 1;
+  const double u = std::ldexp(1.0, -24), n = static_cast<double>(cols) + 8;
+  const double gamma = n * u / (1 - n * u);
+  // Against the activations the kernel really used: only fp32 rounding differs, a few roundings per
+  // block on top of the block sum, and the weights' own fp32 rounding (d*q+m): 8 u per term covers it.
+  const double gamma_q = (static_cast<double>(cols) / qblock + 8) * u;
+  std::vector<std::vector<float>> xq(n_tok);
+  if (quantized_acts)
+    for (int t = 0; t < n_tok; ++t) xq[t] = fake_quantize(x.data() + t * ldx, cols, qblock);
+  int bad = 0;
+  for (int64_t o = 0; o < rows; ++o) {
+    const std::vector<float> wr = ref_row(type, w.t.row(o), cols);
+    for (int t = 0; t < n_tok; ++t) {
+      const float* xt = x.data() + t * ldx;
+      double ref = 0, S = 0, qerr = 0;
+      for (int64_t i0 = 0; i0 < cols; i0 += qblock) {
+        double amax = 0, wsum = 0;
+        for (int64_t i = i0; i < std::min(cols, i0 + qblock); ++i) {
+          ref += static_cast<double>(wr[i]) * xt[i];
+          S += std::fabs(static_cast<double>(wr[i]) * xt[i]);
+          amax = std::max(amax, std::fabs(static_cast<double>(xt[i])));
+          wsum += std::fabs(static_cast<double>(wr[i]));
+        }
+        qerr += wsum * amax / 254.0;
+      }
+      const double tol = quantized_acts ? 1.01 * qerr + 2 * gamma * (S + qerr) : gamma * S;
+      const double got = y[t * rows + o];
+      if (!(std::fabs(got - ref) <= tol) && ++bad <= 5)
+        ADD_FAILURE() << "y[" << t << "][" << o << "] = " << got << ", reference " << ref << ", tol " << tol;
+      if (quantized_acts) {
+        double refq = 0, Sq = 0;
+        for (int64_t i = 0; i < cols; ++i) {
+          refq += static_cast<double>(wr[i]) * xq[t][i];
+          Sq += std::fabs(static_cast<double>(wr[i]) * xq[t][i]);
+        }
+        const double tolq = 8 * gamma_q * Sq;
+        if (!(std::fabs(got - refq) <= tolq) && ++bad <= 5)
+          ADD_FAILURE() << "y[" << t << "][" << o << "] = " << got << ", reference on quantized x " << refq
+                        << ", tol " << tolq;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Kernels, GetRowMatchesReferenceExactly) {
+  std::mt19937 g(seed());
+  for (DType type : kAllTypes) {
+    SCOPED_TRACE(m::dtype_name(type));
+    RandTensor w = make_tensor(type, 5, 512, g);
+    std::vector<float> out(512);
+    for (int64_t r = 0; r < 5; ++r) {
+      ss::cpu::get_row(w.t, r, out.data());
+      const std::vector<float> ref = ref_row(type, w.t.row(r), 512);
+      for (int i = 0; i < 512; ++i) ASSERT_EQ(out[i], ref[i]) << "row " << r << " col " << i;
+    }
+  }
+}
+
+TEST(Kernels, MatmulMatchesReference) {
+  std::mt19937 g(seed() + 1);
+  ThreadPool pool1(1), pool2(2);
+  for (Isa isa : supported_isas())
+    for (DType type : kAllTypes) {
+      const int64_t cols = m::info(type).block_size == 256 ? 512 : 576;
+      for (int n_tok : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17})
+        check_against_reference(type, isa, 37, cols, n_tok, n_tok % 2 ? pool1 : pool2, g);
+      check_against_reference(type, isa, 3, m::info(type).block_size == 256 ? 256 : 32, 5, pool2, g);
+      if (m::info(type).block_size == 1)  // float rows need not be a multiple of the vector width
+        for (int n_tok : {1, 7}) check_against_reference(type, isa, 9, 101, n_tok, pool2, g);
+    }
+}
+
+// The SmolLM2 shapes' row lengths, and rows longer than the tiled kernels' 4096-value staging chunk.
+TEST(Kernels, MatmulMatchesReferenceLongRows) {
+  std::mt19937 g(seed() + 3);
+  ThreadPool pool2(2);
+  for (Isa isa : supported_isas())
+    for (DType type : kAllTypes) {
+      check_against_reference(type, isa, 21, 1536, 20, pool2, g);
+      check_against_reference(type, isa, 13, 4608, 19, pool2, g);
+      check_against_reference(type, isa, 13, 4608, 1, pool2, g);
+    }
+}
+
+// y[t][o] must not depend on n_tok, on the tile (t, o) falls in, or on the thread split.
+TEST(Kernels, BatchInvariance) {
+  std::mt19937 g(seed() + 2);
+  ThreadPool pool1(1), pool2(2);
+  for (Isa isa : supported_isas())
+    for (DType type : kAllTypes)
+      for (int64_t cols : {m::info(type).block_size == 256 ? 768 : 576, 4608}) {  // 4608: chunked rows
+        SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " cols=" << cols);
+        IsaGuard guard(isa);
+        const int64_t rows = 53;
+        RandTensor w = make_tensor(type, rows, cols, g);
+        const int max_tok = 33;
+        std::vector<float> x = rand_acts(max_tok, cols, g);
+        // Reference: each token alone, one thread.
+        std::vector<float> single(max_tok * rows);
+        for (int t = 0; t < max_tok; ++t) {
+          std::vector<float> xt(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+          std::vector<float> yt = run_matmul(w.t, xt, 1, cols, pool1);
+          std::copy(yt.begin(), yt.end(), single.begin() + t * rows);
+        }
+        for (int n_tok : {2, 7, 16, 33})
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            std::vector<float> y = run_matmul(w.t, x, n_tok, cols, *pool);
+            for (int t = 0; t < n_tok; ++t)
+              for (int64_t o = 0; o < rows; ++o)
+                ASSERT_EQ(std::memcmp(&y[t * rows + o], &single[t * rows + o], 4), 0)
+                    << "n_tok=" << n_tok << " threads=" << pool->size() << " t=" << t << " o=" << o << ": "
+                    << y[t * rows + o] << " vs " << single[t * rows + o];
+          }
+      }
+}

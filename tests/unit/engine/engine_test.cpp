@@ -1,0 +1,343 @@
+// The engine over a fake backend: outputs equal running alone under batching, preemption and
+// prefix reuse; budgets hold on every batch; cancellation, deadlines, lanes, chunked prefill.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "engine/generator.h"
+#include "fake_backend.h"
+
+using namespace ss;
+using namespace ss::engine;
+using namespace ss::engine::testing;
+
+namespace {
+constexpr int kVocab = 97;
+
+SchedulerConfig small_config(int max_seqs, int max_tokens) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = max_seqs;
+  sc.max_num_batched_tokens = max_tokens;
+  return sc;
+}
+}  // namespace
+
+TEST(Engine, SingleRequestMatchesGenerator) {
+  std::mt19937 g(1);
+  Spec s{random_tokens(g, 37, kVocab), 20, 0.7f, 42, {}};
+  FakeBackend be(64, 16, kVocab);
+  SamplingParams sp;
+  sp.temperature = s.temperature;
+  sp.seed = s.seed;
+  GenerateOptions go;
+  go.max_tokens = s.max_tokens;
+  go.prefill_chunk = 8;
+  std::vector<int32_t> ref;
+  auto st = generate(be, kVocab, s.prompt, sp, go, [&](int32_t t) { ref.push_back(t); return true; });
+  ASSERT_TRUE(st.ok()) << st.message();
+  Outcome o = run_alone(s, kVocab);
+  EXPECT_EQ(o.tokens, ref);
+  EXPECT_EQ(o.finish, FinishReason::Length);
+  EXPECT_EQ(o.events_after_finish, 0);
+}
+
+TEST(Engine, AdmissionErrorsAreClear) {
+  FakeBackend be(4, 4, kVocab);  // 16 tokens of KV
+  auto e = make_engine(be, small_config(4, 16), kVocab);
+  auto too_big = e->add_request(make_request(spec(std::vector<int32_t>(10, 1), 7), nullptr));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.message().find("KV cache holds 16"), std::string::npos) << too_big.message();
+  EXPECT_FALSE(e->add_request(make_request(spec({}, 4), nullptr)).ok());
+  EXPECT_FALSE(e->add_request(make_request(spec({1, kVocab}, 4), nullptr)).ok());
+  EXPECT_FALSE(e->add_request(make_request(spec({1, 2}, 0), nullptr)).ok());
+  Request bad = make_request(spec({1, 2}, 4), nullptr);
+  bad.sampling.top_p = 2.0f;
+  EXPECT_FALSE(e->add_request(std::move(bad)).ok());
+  auto ok = e->add_request(make_request(spec(std::vector<int32_t>(10, 1), 6), nullptr, 77));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, 77u);
+  EXPECT_FALSE(e->add_request(make_request(spec({1}, 1), nullptr, 77)).ok()) << "duplicate live id";
+  run_all(*e);
+  EXPECT_TRUE(e->add_request(make_request(spec({1}, 1), nullptr, 77)).ok()) << "id free again once finished";
+
+  EngineConfig cfg;
+  cfg.vocab_size = kVocab;
+  cfg.scheduler = small_config(8, 4);
+  EXPECT_FALSE(Engine::create(be, cfg).ok()) << "budget below max_num_seqs";
+}
+
+TEST(Engine, SharedSystemPromptReusesCachedBlocksWithSameOutputs) {
+  std::mt19937 g(2);
+  const auto sys = random_tokens(g, 48, kVocab);  // 3 blocks of 16
+  std::vector<Spec> specs;
+  for (int i = 0; i < 6; ++i) {
+    Spec s{sys, 8, i % 2 ? 0.0f : 0.9f, static_cast<uint64_t>(i + 1), {}};
+    auto tail = random_tokens(g, 3 + 5 * i, kVocab);
+    s.prompt.insert(s.prompt.end(), tail.begin(), tail.end());
+    specs.push_back(s);
+  }
+  FakeBackend be(64, 16, kVocab);
+  be.max_tokens = 64;
+  be.max_seqs = 8;
+  auto e = make_engine(be, small_config(8, 64), kVocab);
+  Collector c;
+  std::vector<RequestId> ids;
+  ids.push_back(*e->add_request(make_request(specs[0], &c)));
+  run_all(*e);  // the first request publishes the system prompt's blocks
+  EXPECT_EQ(e->stats().prefix_hit_tokens, 0);
+  for (size_t i = 1; i < specs.size(); ++i) ids.push_back(*e->add_request(make_request(specs[i], &c)));
+  run_all(*e);
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.prefix_hit_tokens, 5 * 48);
+  EXPECT_GT(st.prefix_hit_rate, 0.5);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_GT(st.kv_blocks_cached, 3);
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(c.out[ids[i]].tokens, run_alone(specs[i], kVocab).tokens) << i;
+
+  // The very same prompt again (51 tokens) is all cached but its last token: 3 blocks reused.
+  const int64_t hits_before = st.prefix_hit_tokens;
+  const RequestId again = *e->add_request(make_request(specs[0], &c));
+  run_all(*e);
+  EXPECT_EQ(e->stats().prefix_hit_tokens - hits_before, 48);
+  EXPECT_EQ(c.out[again].tokens, c.out[ids[0]].tokens);
+}
+
+TEST(Engine, WholePromptCachedStillComputesLastToken) {
+  std::mt19937 g(3);
+  Spec s{random_tokens(g, 32, kVocab), 5, 0.0f, 0, {}};  // exactly 2 blocks
+  FakeBackend be(32, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  const RequestId a = *e->add_request(make_request(s, &c));
+  run_all(*e);
+  const RequestId b = *e->add_request(make_request(s, &c));
+  std::vector<int> fed;
+  be.on_batch = [&](const backend::StepBatch& batch) { fed.push_back(static_cast<int>(batch.tokens.size())); };
+  run_all(*e);
+  EXPECT_EQ(e->stats().prefix_hit_tokens, 16);  // block 2 holds the last token: recomputed
+  ASSERT_FALSE(fed.empty());
+  EXPECT_EQ(fed[0], 16);
+  EXPECT_EQ(c.out[b].tokens, c.out[a].tokens);
+}
+
+class Preemption : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Preemption, TinyKvBudgetStillCompletesEveryRequestExactly) {
+  std::mt19937 g(4);
+  std::vector<Spec> specs;
+  const auto shared = random_tokens(g, 8, kVocab);
+  for (int i = 0; i < 10; ++i) {
+    Spec s;
+    s.prompt = i % 3 == 0 ? shared : std::vector<int32_t>{};
+    auto tail = random_tokens(g, 4 + (i * 5) % 11, kVocab);
+    s.prompt.insert(s.prompt.end(), tail.begin(), tail.end());
+    s.max_tokens = 10 + (i * 7) % 12;
+    s.temperature = i % 2 ? 0.0f : 1.0f;
+    s.seed = 1000 + i;
+    specs.push_back(s);
+  }
+  FakeBackend be(10, 4, kVocab);  // 40 tokens of KV; each request alone needs up to 40
+  be.max_tokens = 16;
+  be.max_seqs = 6;
+  SchedulerConfig sc = small_config(6, 16);
+  sc.enable_prefix_caching = GetParam();
+  auto e = make_engine(be, sc, kVocab);
+  Collector c;
+  std::vector<RequestId> ids;
+  for (const Spec& s : specs) {
+    auto id = e->add_request(make_request(s, &c));
+    ASSERT_TRUE(id.ok()) << id.message();
+    ids.push_back(*id);
+  }
+  // The oldest request is never the victim: once it decodes, it gains a token every step.
+  size_t seen = 0;
+  bool decoding = false;
+  for (int step = 0; step < 2000 && e->has_work(); ++step) {
+    ASSERT_TRUE(e->step().ok());
+    ASSERT_TRUE(e->check_invariants().ok()) << e->check_invariants().message();
+    const Outcome& first = c.out[ids[0]];
+    if (decoding && first.finish == FinishReason::None) {
+      EXPECT_EQ(first.tokens.size(), seen + 1) << "step " << step;
+    }
+    decoding = !first.tokens.empty();
+    seen = first.tokens.size();
+  }
+  ASSERT_FALSE(e->has_work());
+  const EngineStats st = e->stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.finished_requests, 10);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Outcome& o = c.out[ids[i]];
+    EXPECT_EQ(o.finish, FinishReason::Length) << i;
+    EXPECT_EQ(o.events_after_finish, 0);
+    EXPECT_EQ(o.tokens, run_alone(specs[i], kVocab).tokens) << "request " << i;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, Preemption, ::testing::Bool());
+
+TEST(Engine, CancelFlagAndAbortFreeBlocksWithinOneStep) {
+  std::mt19937 g(5);
+  FakeBackend be(32, 4, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  Request r1 = make_request(spec(random_tokens(g, 10, kVocab), 50), &c);
+  r1.cancel = make_cancel_token();
+  CancelToken tok = r1.cancel;
+  const RequestId a = *e->add_request(std::move(r1));
+  const RequestId b = *e->add_request(make_request(spec(random_tokens(g, 10, kVocab), 50), &c));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[a].tokens.size(), 3u);
+  const int used_two = e->stats().kv_blocks_used;
+  EXPECT_GT(used_two, 0);
+  tok->store(true);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[a].finish, FinishReason::Abort);
+  EXPECT_EQ(c.out[a].tokens.size(), 3u) << "no token after the cancel";
+  EXPECT_EQ(e->stats().num_running, 1);
+  EXPECT_LT(e->stats().kv_blocks_used, used_two);
+  ASSERT_TRUE(e->check_invariants().ok());
+
+  e->abort(b);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[b].finish, FinishReason::Abort);
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  EXPECT_FALSE(e->has_work());
+
+  // Aborting a request that is still queued (never scheduled).
+  const RequestId w = *e->add_request(make_request(spec(random_tokens(g, 10, kVocab), 5), &c));
+  e->abort(w);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[w].finish, FinishReason::Abort);
+  EXPECT_TRUE(c.out[w].tokens.empty());
+  EXPECT_FALSE(e->has_work());
+  e->abort(12345);  // unknown: no-op
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[a].events_after_finish + c.out[b].events_after_finish + c.out[w].events_after_finish, 0);
+}
+
+TEST(Engine, DeadlineFinishesWithTimeout) {
+  std::mt19937 g(6);
+  FakeBackend be(32, 4, kVocab);
+  Clock::time_point now = Clock::now();
+  EngineConfig cfg;
+  cfg.scheduler = small_config(1, 8);  // one seat: the second request waits
+  cfg.vocab_size = kVocab;
+  cfg.clock = [&] { return now; };
+  auto e = std::move(Engine::create(be, cfg)).value();
+  Collector c;
+  Request r = make_request(spec(random_tokens(g, 6, kVocab), 50), &c);
+  r.deadline = now + std::chrono::milliseconds(100);
+  const RequestId a = *e->add_request(std::move(r));
+  Request w = make_request(spec(random_tokens(g, 6, kVocab), 5), &c);
+  w.deadline = now + std::chrono::milliseconds(50);
+  const RequestId b = *e->add_request(std::move(w));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[a].tokens.size(), 4u);  // the prompt in one chunk, then 3 decodes
+  EXPECT_EQ(c.out[b].finish, FinishReason::None);
+  now += std::chrono::milliseconds(60);  // the waiting one is past its deadline
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[b].finish, FinishReason::Timeout);
+  EXPECT_TRUE(c.out[b].tokens.empty());
+  EXPECT_EQ(c.out[a].finish, FinishReason::None);
+  now += std::chrono::milliseconds(40);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(c.out[a].finish, FinishReason::Timeout);
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  EXPECT_FALSE(e->has_work());
+}
+
+TEST(Engine, StopIdsAndStopHook) {
+  std::mt19937 g(7);
+  Spec s{random_tokens(g, 12, kVocab), 10, 0.0f, 0, {}};
+  const auto ref = run_alone(s, kVocab).tokens;
+  ASSERT_EQ(ref.size(), 10u);
+  FakeBackend be(32, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  Spec stop = s;
+  stop.stop_ids = {ref[3]};
+  const size_t first = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+  const RequestId a = *e->add_request(make_request(stop, &c));
+  Request hooked = make_request(s, &c);
+  hooked.stop_hook = [](std::span<const int32_t> out) { return out.size() == 2; };
+  const RequestId b = *e->add_request(std::move(hooked));
+  run_all(*e);
+  EXPECT_EQ(c.out[a].finish, FinishReason::Stop);
+  EXPECT_EQ(c.out[a].tokens, std::vector<int32_t>(ref.begin(), ref.begin() + first + 1));
+  EXPECT_EQ(c.out[b].finish, FinishReason::Stop);
+  EXPECT_EQ(c.out[b].tokens, std::vector<int32_t>(ref.begin(), ref.begin() + 2));
+}
+
+TEST(Engine, ChunkedPrefillInterleavesWithDecodes) {
+  std::mt19937 g(8);
+  FakeBackend be(64, 16, kVocab);
+  be.max_tokens = 32;
+  auto e = make_engine(be, small_config(4, 32), kVocab);
+  Collector c;
+  Spec dec{random_tokens(g, 5, kVocab), 60, 0.0f, 0, {}};
+  const RequestId a = *e->add_request(make_request(dec, &c));
+  ASSERT_TRUE(e->step().ok());  // a's prefill, first token
+  Spec big{random_tokens(g, 400, kVocab), 3, 0.0f, 0, {}};
+  const RequestId b = *e->add_request(make_request(big, &c));
+  int prefill_steps = 0;
+  while (c.out[b].tokens.empty()) {
+    const size_t before = c.out[a].tokens.size();
+    ASSERT_TRUE(e->step().ok());
+    ++prefill_steps;
+    EXPECT_EQ(c.out[a].tokens.size(), before + 1) << "the decode stalled at step " << prefill_steps;
+  }
+  EXPECT_EQ(prefill_steps, (400 + 30) / 31);  // 31 prefill tokens per step next to one decode
+  run_all(*e);
+  EXPECT_EQ(c.out[a].tokens, run_alone(dec, kVocab).tokens);
+  EXPECT_EQ(c.out[b].tokens, run_alone(big, kVocab).tokens);
+}
+
+TEST(Engine, LongPromptDoesNotStarveShortOnes) {
+  std::mt19937 g(9);
+  FakeBackend be(128, 16, kVocab);
+  SchedulerConfig sc = small_config(8, 32);
+  sc.long_prompt_threshold = 64;
+  sc.max_long_prefill_tokens = 16;
+  auto e = make_engine(be, sc, kVocab);
+  Collector c;
+  const RequestId lng = *e->add_request(make_request(spec(random_tokens(g, 600, kVocab), 4), &c));
+  ASSERT_TRUE(e->step().ok());  // nothing else waits: the long prompt takes the whole budget
+  std::vector<RequestId> shorts;
+  for (int i = 0; i < 4; ++i) shorts.push_back(*e->add_request(make_request(spec(random_tokens(g, 10, kVocab), 3), &c)));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->step().ok());
+  for (RequestId s : shorts) EXPECT_FALSE(c.out[s].tokens.empty()) << "short request waited behind the long prefill";
+  EXPECT_TRUE(c.out[lng].tokens.empty());
+  run_all(*e);
+  EXPECT_EQ(c.out[lng].finish, FinishReason::Length);
+}
+
+// Two shorts arrive every step, so the short lane never empties; returns the step at which the
+// long prompt produced its first token, or -1 if it had not within `limit` steps.
+static int steps_until_long_served(int max_wait_steps, int limit) {
+  std::mt19937 g(10);
+  FakeBackend be(512, 16, kVocab);
+  SchedulerConfig sc = small_config(8, 16);
+  sc.long_prompt_threshold = 32;
+  sc.max_wait_steps = max_wait_steps;
+  auto e = make_engine(be, sc, kVocab);
+  Collector c;
+  const RequestId lng = *e->add_request(make_request(spec(random_tokens(g, 40, kVocab), 2), &c));
+  for (int step = 0; step < limit; ++step) {
+    for (int k = 0; k < 2; ++k) (void)e->add_request(make_request(spec(random_tokens(g, 12, kVocab), 2), &c));
+    if (!e->step().ok()) return -2;
+    if (!c.out[lng].tokens.empty()) return step;
+  }
+  return -1;
+}
+
+TEST(Engine, ShortStreamDoesNotStarveLongPrompt) {
+  EXPECT_EQ(steps_until_long_served(1000, 40), -1) << "the load must starve a long prompt without promotion";
+  const int s = steps_until_long_served(6, 40);
+  EXPECT_GE(s, 0);
+  EXPECT_LE(s, 6 + 5 + 1);  // promoted after 6 steps, then 40 tokens in chunks of 8 (shorts waiting)
+}

@@ -1,0 +1,212 @@
+// Test support: a deterministic toy "model" behind backend::Backend. Its K/V cache stores the
+// (token, position) written to each slot; the logits for a row are a hash of the tokens it reads
+// back at positions 0..p through the block table. A paging mistake (wrong block, stale slot, a
+// shared block written twice) therefore changes the sampled tokens or fails the forward.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+
+namespace ss::engine::testing {
+
+inline uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+class FakeBackend : public backend::Backend {
+ public:
+  FakeBackend(int num_blocks, int block_size, int vocab) : vocab_(vocab) {
+    kv_.num_blocks = num_blocks;
+    kv_.block_size = block_size;
+    cache_.assign(static_cast<size_t>(num_blocks) * block_size, Cell{});
+  }
+  std::string name() const override { return "fake"; }
+  const backend::KvCacheConfig& kv_config() const override { return kv_; }
+
+  // Limits every batch must respect (0: unchecked).
+  int max_tokens = 0, max_seqs = 0;
+  bool fail_next = false;
+  std::function<void(const backend::StepBatch&)> on_batch;
+  int forwards = 0;
+
+  Status forward(const backend::StepBatch& b, float* logits) override {
+    ++forwards;
+    if (fail_next) {
+      fail_next = false;
+      return make_error("injected failure");
+    }
+    SS_TRY(validate(b));
+    if (on_batch) on_batch(b);
+    const int bs = kv_.block_size;
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      const auto& table = b.block_tables[b.seq_index[i]];
+      const int p = b.positions[i];
+      cache_[static_cast<size_t>(table[p / bs]) * bs + p % bs] = Cell{b.tokens[i], p};
+    }
+    for (size_t r = 0; r < b.logits_rows.size(); ++r) {
+      const int i = b.logits_rows[r];
+      const auto& table = b.block_tables[b.seq_index[i]];
+      uint64_t h = 12345;
+      for (int q = 0; q <= b.positions[i]; ++q) {
+        const Cell& c = cache_[static_cast<size_t>(table[q / bs]) * bs + q % bs];
+        if (c.pos != q)
+          return make_error("row " + std::to_string(r) + " reads position " + std::to_string(q) + " from block " +
+                            std::to_string(table[q / bs]) + ", which holds position " + std::to_string(c.pos));
+        h = mix(h ^ (static_cast<uint64_t>(c.token) << 20) ^ static_cast<uint64_t>(q));
+      }
+      float* out = logits + r * static_cast<size_t>(vocab_);
+      for (int v = 0; v < vocab_; ++v) out[v] = static_cast<float>(mix(h + v) >> 40) * (6.0f / 16777216.0f);
+    }
+    return {};
+  }
+
+ private:
+  struct Cell {
+    int32_t token = -1, pos = -1;
+  };
+  Status validate(const backend::StepBatch& b) const {
+    const size_t n = b.tokens.size();
+    if (n == 0 || b.positions.size() != n || b.seq_index.size() != n) return make_error("ragged batch");
+    if (max_tokens && static_cast<int>(n) > max_tokens)
+      return make_error("batch has " + std::to_string(n) + " tokens, budget " + std::to_string(max_tokens));
+    if (max_seqs && static_cast<int>(b.block_tables.size()) > max_seqs)
+      return make_error("batch has " + std::to_string(b.block_tables.size()) + " seqs, limit " + std::to_string(max_seqs));
+    if (b.logits_rows.size() > b.block_tables.size()) return make_error("more logits rows than sequences");
+    std::vector<int> last(b.block_tables.size(), -1);
+    std::map<int32_t, std::set<size_t>> written;  // block -> writing sequences
+    for (size_t i = 0; i < n; ++i) {
+      const int s = b.seq_index[i];
+      if (s < 0 || s >= static_cast<int>(b.block_tables.size())) return make_error("bad seq_index");
+      if (last[s] >= 0 && b.positions[i] != last[s] + 1) return make_error("positions not contiguous");
+      last[s] = b.positions[i];
+      const auto& t = b.block_tables[s];
+      const int blk = b.positions[i] / kv_.block_size;
+      if (blk >= static_cast<int>(t.size())) return make_error("position beyond the block table");
+      if (t[blk] < 0 || t[blk] >= kv_.num_blocks) return make_error("block id out of range");
+      written[t[blk]].insert(s);
+    }
+    for (size_t s = 0; s < b.block_tables.size(); ++s) {
+      if (last[s] < 0) return make_error("a sequence without tokens");
+      if (std::set<int32_t>(b.block_tables[s].begin(), b.block_tables[s].end()).size() != b.block_tables[s].size())
+        return make_error("a block twice in one table");
+    }
+    // A block written this step must belong to exactly one sequence of the batch.
+    for (const auto& [blk, writers] : written)
+      for (size_t s = 0; s < b.block_tables.size(); ++s)
+        if (!writers.count(s))
+          for (int32_t x : b.block_tables[s])
+            if (x == blk) return make_error("block " + std::to_string(blk) + " is written while shared");
+    for (int32_t r : b.logits_rows)
+      if (r < 0 || r >= static_cast<int>(n)) return make_error("logits row out of range");
+    return {};
+  }
+
+  backend::KvCacheConfig kv_;
+  int vocab_;
+  std::vector<Cell> cache_;
+};
+
+// What a test asks for; turned into a Request with a collecting callback.
+struct Spec {
+  std::vector<int32_t> prompt;
+  int max_tokens = 8;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_ids;
+};
+
+inline Spec spec(std::vector<int32_t> prompt, int max_tokens, float temperature = 0.0f, uint64_t seed = 0) {
+  Spec s;
+  s.prompt = std::move(prompt);
+  s.max_tokens = max_tokens;
+  s.temperature = temperature;
+  s.seed = seed;
+  return s;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::None;
+  int events_after_finish = 0;
+  std::string error;
+};
+
+struct Collector {
+  std::map<RequestId, Outcome> out;
+  EventCallback callback() {
+    return [this](const TokenEvent& e) {
+      Outcome& o = out[e.id];
+      if (o.finish != FinishReason::None) ++o.events_after_finish;
+      if (e.token >= 0) o.tokens.push_back(e.token);
+      o.finish = e.finish;
+      o.error = e.error;
+    };
+  }
+};
+
+inline Request make_request(const Spec& s, Collector* c, RequestId id = 0) {
+  Request r;
+  r.id = id;
+  r.prompt = s.prompt;
+  r.max_tokens = s.max_tokens;
+  r.sampling.temperature = s.temperature;
+  r.sampling.seed = s.seed;
+  r.stop_ids = s.stop_ids;
+  if (c) r.on_event = c->callback();
+  return r;
+}
+
+inline std::vector<int32_t> random_tokens(std::mt19937& g, int n, int vocab) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// Steps until nothing is live, checking the scheduler's invariants after every step.
+inline void run_all(Engine& e, int max_steps = 10000) {
+  for (int i = 0; i < max_steps && e.has_work(); ++i) {
+    Status st = e.step();
+    ASSERT_TRUE(st.ok()) << st.message();
+    Status inv = e.check_invariants();
+    ASSERT_TRUE(inv.ok()) << inv.message();
+  }
+  ASSERT_FALSE(e.has_work()) << "not done after " << max_steps << " steps";
+}
+
+inline std::unique_ptr<Engine> make_engine(backend::Backend& be, const SchedulerConfig& sc, int vocab) {
+  EngineConfig cfg;
+  cfg.scheduler = sc;
+  cfg.vocab_size = vocab;
+  auto e = Engine::create(be, cfg);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.message());
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// The request alone, on an engine with room to spare and no prefix cache.
+inline Outcome run_alone(const Spec& s, int vocab) {
+  FakeBackend be(256, 16, vocab);
+  SchedulerConfig sc;
+  sc.enable_prefix_caching = false;
+  auto e = make_engine(be, sc, vocab);
+  Collector c;
+  auto id = e->add_request(make_request(s, &c));
+  EXPECT_TRUE(id.ok());
+  run_all(*e);
+  return c.out[*id];
+}
+
+}  // namespace ss::engine::testing

@@ -1,0 +1,298 @@
+// Micro-benchmark of the CPU matmul kernels on the SmolLM2-135M shapes, plus the machine's floors.
+//
+//   bench_kernels [--isa all|scalar|avx2|avx512] [--threads 1,2] [--ntok 1,512] [--min-time 0.3]
+//                 [--floors] [--cold] [--type Q8_0] [--shape lm_head]
+//
+// Per case: median wall time of repeated calls (after warm-up), GFLOP/s = 2 rows cols n_tok / t and
+// GB/s = weight bytes / t. "matmul" is the public entry point (it picks the kernel); "per-token*"
+// forces the per-token (per-row dot) kernel at n_tok > 1, the shape of llama.cpp's vec_dot path.
+// --cold cycles through copies of the weights totalling >= 1 GiB so they come from DRAM, not cache.
+// --floors measures read bandwidth (L2-sized, 64 MiB, 1 GiB) and the vpdpbusd / FMA peak per core.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <ctime>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_internal.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ss::ThreadPool;
+using ss::cpu::Isa;
+using ss::model::DType;
+
+struct Shape {
+  const char* name;
+  int64_t in, out;
+  DType type;
+};
+
+const Shape kShapes[] = {
+    {"attn_q/o 576->576", 576, 576, DType::Q4_1},   {"attn_k/v 576->192", 576, 192, DType::Q4_1},
+    {"ffn_up/gate 576->1536", 576, 1536, DType::Q4_1}, {"ffn_down 1536->576", 1536, 576, DType::Q4_1},
+    {"lm_head 576->49152", 576, 49152, DType::Q8_0},
+};
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+// Random blocks with sane fp16 scales (random bits would be NaN/Inf).
+std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  const auto& ti = ss::model::info(t);
+  const int64_t nblk = rows * cols / ti.block_size;
+  std::vector<uint8_t> w(static_cast<size_t>(nblk * ti.block_bytes));
+  std::mt19937 g(seed);
+  for (auto& b : w) b = static_cast<uint8_t>(g());
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (int64_t b = 0; b < nblk; ++b) {  // float types: values (random bits would be NaN/Inf/denormal)
+    uint8_t* q = w.data() + b * ti.block_bytes;
+    if (t == DType::F32) {
+      const float f = nd(g);
+      std::memcpy(q, &f, 4);
+    } else if (t == DType::F16 || t == DType::BF16) {
+      const float f = nd(g);
+      const uint16_t h = t == DType::F16 ? ss::model::fp32_to_fp16(f) : ss::model::fp32_to_bf16(f);
+      std::memcpy(q, &h, 2);
+    }
+    const uint16_t d = ss::model::fp32_to_fp16(0.01f), m = ss::model::fp32_to_fp16(-0.05f);
+    if (t == DType::Q6_K) std::memcpy(q + 208, &d, 2);
+    else if (ti.block_size > 1) std::memcpy(q, &d, 2);
+    if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K) std::memcpy(q + 2, &m, 2);
+  }
+  return w;
+}
+
+struct Result {
+  double median_s, best_s;  // wall time per call
+  double cpu_s;             // median process CPU time per call / threads: wall time minus preemption
+};
+
+double cpu_now() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The machine is shared (2 cores, other builds running): wall time includes time preempted, so the
+// CPU time of the process divided by the threads is reported too; it is what an idle machine shows.
+template <class F>
+Result time_it(F&& f, double min_time, int threads) {
+  f();
+  f();
+  std::vector<double> ts, cs;
+  const auto start = Clock::now();
+  while (ts.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < min_time) {
+    const double c0 = cpu_now();
+    const auto t0 = Clock::now();
+    f();
+    ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    cs.push_back((cpu_now() - c0) / threads);
+  }
+  std::sort(ts.begin(), ts.end());
+  std::sort(cs.begin(), cs.end());
+  return {ts[ts.size() / 2], ts[0], cs[cs.size() / 2]};
+}
+
+// Forces the per-token kernel at any n_tok (benchmark-only use of the private kernel set).
+void matmul_per_token(Isa isa, const ss::model::Tensor& W, const float* x, int n_tok, float* y,
+                      void* scratch, ThreadPool& pool) {
+  namespace d = ss::cpu::detail;
+  const auto quantize = isa == Isa::Avx512 ? d::avx512::quantize : d::avx2::quantize;
+  const auto rows = isa == Isa::Avx512 ? d::avx512::rows_q32 : d::avx2::rows_q32;
+  const d::QActs a = d::carve_qacts(scratch, W.cols(), n_tok, 1, 32);
+  pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
+    quantize(W.type, x, W.cols(), static_cast<int>(t0), static_cast<int>(t1), a);
+  });
+  pool.parallel_for(W.rows(), 16, [&](int64_t r0, int64_t r1, int) { rows(W, a, y, W.rows(), r0, r1); });
+}
+
+// ---- floors ----
+__attribute__((target("avx512f"))) double sum_lines(const uint8_t* p, int64_t b, int64_t e) {
+  __m512i acc = _mm512_setzero_si512();
+  for (int64_t i = b; i < e; ++i) acc = _mm512_add_epi64(acc, _mm512_load_si512(p + i * 64));
+  alignas(64) int64_t v[8];
+  _mm512_store_si512(v, acc);
+  return static_cast<double>(v[0] + v[7]);
+}
+
+double read_bandwidth(size_t bytes, int threads, double min_time) {
+  std::vector<uint8_t> buf(bytes + 64, 1);  // vector<uint8_t> is 16-aligned: realign
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  ThreadPool pool(threads);
+  std::vector<double> sink(threads);
+  const Result r = time_it(
+      [&] {
+        pool.parallel_for(static_cast<int64_t>(bytes / 64), 1024,
+                          [&](int64_t b, int64_t e, int t) { sink[t] += sum_lines(base, b, e); });
+      },
+      min_time, threads);
+  return static_cast<double>(bytes) / r.cpu_s / 1e9;
+}
+
+// vpdpbusd zmm throughput on one core, 12 independent chains: int8 multiply-adds per second.
+// CPU time, not wall time: the machine is shared.
+__attribute__((target("avx512f,avx512vnni"))) double vnni_peak() {
+  __m512i acc[12];  // distinct and all consumed, or the compiler merges or drops chains
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_epi32(j);
+  const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+  const int64_t iters = 20'000'000;
+  const double t0 = cpu_now();
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& a : acc) a = _mm512_dpbusd_epi32(a, u, s);
+  const double t = cpu_now() - t0;
+  __m512i sum = acc[0];
+  for (int j = 1; j < 12; ++j) sum = _mm512_add_epi32(sum, acc[j]);
+  alignas(64) int32_t v[16];
+  _mm512_store_si512(v, sum);
+  if (v[0] == 42) std::puts("");
+  return iters * 12.0 * 64 / t;
+}
+
+__attribute__((target("avx512f,fma"))) double fma_peak() {
+  __m512 acc[12];  // distinct and all consumed, or the compiler merges or drops chains
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(1e-7f);
+  const int64_t iters = 20'000'000;
+  const double t0 = cpu_now();
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& a : acc) a = _mm512_fmadd_ps(a, x, y);
+  const double t = cpu_now() - t0;
+  __m512 sum = acc[0];
+  for (int j = 1; j < 12; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  alignas(64) float v[16];
+  _mm512_store_ps(v, sum);
+  if (v[0] == 42) std::puts("");
+  return iters * 12.0 * 16 / t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Isa> isas;
+  std::vector<int> threads{1, 2}, ntoks{1, 512};
+  double min_time = 0.3;
+  bool floors = false, cold = false;
+  std::string type_override, shape_filter;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--isa") {
+      const std::string v = next();
+      for (Isa x : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+        if (v == "all" || v == ss::cpu::isa_name(x)) isas.push_back(x);
+    } else if (a == "--threads") {
+      threads = parse_list(next());
+    } else if (a == "--ntok") {
+      ntoks = parse_list(next());
+    } else if (a == "--min-time") {
+      min_time = std::atof(next());
+    } else if (a == "--floors") {
+      floors = true;
+    } else if (a == "--type") {
+      type_override = next();
+    } else if (a == "--shape") {
+      shape_filter = next();
+    } else if (a == "--cold") {
+      cold = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s (see the comment at the top of tools/bench_kernels.cpp)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (isas.empty()) isas = {Isa::Avx2, Isa::Avx512};
+
+  if (floors) {
+    std::printf("read bandwidth GB/s (threads 1 / 2):\n");
+    for (size_t mb : {1, 64, 1024}) {
+      std::printf("  %5zu MiB: %7.1f / %7.1f\n", mb, read_bandwidth(mb << 20, 1, min_time),
+                  read_bandwidth(mb << 20, 2, min_time));
+    }
+    std::printf("per core: vpdpbusd zmm %.1f G int8-MAC/s, fp32 FMA zmm %.1f GFLOP/s\n", vnni_peak() / 1e9,
+                2 * fma_peak() / 1e9);
+    namespace d = ss::cpu::detail;
+    for (int64_t cols : {576, 1536}) {  // activation quantization alone (part of every quantized matmul)
+      const int n_tok = 512;
+      std::vector<float> x(static_cast<size_t>(cols * n_tok), 0.5f);
+      std::vector<uint8_t> scratch(d::qacts_bytes(cols, n_tok));
+      const d::QActs a = d::carve_qacts(scratch.data(), cols, n_tok, 16, 32);
+      const Result r = time_it([&] { d::avx512::quantize(DType::Q4_1, x.data(), cols, 0, n_tok, a); }, min_time, 1);
+      std::printf("quantize %d x %lld activations (avx512, 1 thread, 16-token groups): %.1f us\n", n_tok,
+                  static_cast<long long>(cols), r.cpu_s * 1e6);
+    }
+  }
+
+  std::printf("%-7s %3s %-22s %-5s %5s %-10s %10s %10s %10s %9s %8s\n", "isa", "thr", "shape", "type", "n_tok",
+              "path", "median_us", "best_us", "cpu_us", "GFLOP/s", "GB/s");
+  for (Isa isa : isas) {
+    if (isa > ss::cpu::detected_isa()) continue;
+    ss::cpu::force_isa(isa);
+    for (int nthr : threads) {
+      ThreadPool pool(nthr);
+      for (Shape s : kShapes) {
+        if (!shape_filter.empty() && std::string(s.name).find(shape_filter) == std::string::npos) continue;
+        for (uint32_t id = 0; id < 64 && !type_override.empty(); ++id)
+          if (const auto* ti = ss::model::dtype_info(id); ti && ti->name == type_override) s.type = DType(id);
+        if (s.in % ss::model::info(s.type).block_size != 0) continue;  // e.g. K types need 256 | in
+        const size_t wbytes = ss::model::row_bytes(s.type, s.in) * static_cast<size_t>(s.out);
+        const size_t copies = cold ? std::max<size_t>(1, (size_t{1} << 30) / wbytes) : 1;
+        std::vector<std::vector<uint8_t>> ws;
+        for (size_t c = 0; c < copies; ++c) ws.push_back(random_weights(s.type, s.out, s.in, 1234 + c));
+        ss::model::Tensor W;
+        W.name = s.name;
+        W.type = s.type;
+        W.n_dims = 2;
+        W.ne[0] = s.in;
+        W.ne[1] = s.out;
+        W.nbytes = wbytes;
+        for (int n_tok : ntoks) {
+          std::vector<float> x(static_cast<size_t>(n_tok * s.in)), y(static_cast<size_t>(n_tok * s.out));
+          std::mt19937 g(7);
+          std::normal_distribution<float> nd;
+          for (auto& v : x) v = nd(g);
+          const size_t sb = ss::cpu::matmul_scratch_bytes(s.type, s.in, n_tok);
+          std::vector<uint8_t> scratch(sb);
+          const double flops = 2.0 * static_cast<double>(s.in) * static_cast<double>(s.out) * n_tok;
+          std::vector<std::pair<const char*, bool>> paths{{"matmul", false}};
+          const bool q32 = ss::model::info(s.type).block_size == 32;
+          if (n_tok > 1 && isa != Isa::Scalar && q32) paths.push_back({"per-token*", true});
+          for (auto [path, forced] : paths) {
+            size_t c = 0;
+            const Result r = time_it(
+                [&] {
+                  W.data = ws[c].data();
+                  c = (c + 1) % copies;
+                  if (forced) matmul_per_token(isa, W, x.data(), n_tok, y.data(), scratch.data(), pool);
+                  else ss::cpu::matmul(W, x.data(), n_tok, s.in, y.data(), s.out, {scratch.data(), sb}, pool);
+                },
+                isa == Isa::Scalar && n_tok > 1 ? 0.0 : min_time, nthr);
+            // Rates from the CPU-time column (see time_it).
+            std::printf("%-7s %3d %-22s %-5s %5d %-10s %10.1f %10.1f %10.1f %9.1f %8.1f\n", ss::cpu::isa_name(isa),
+                        nthr, s.name, std::string(ss::model::dtype_name(s.type)).c_str(), n_tok, path,
+                        r.median_s * 1e6, r.best_s * 1e6, r.cpu_s * 1e6, flops / r.cpu_s / 1e9,
+                        static_cast<double>(wbytes) / r.cpu_s / 1e9);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
