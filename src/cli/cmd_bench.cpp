@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
@@ -99,6 +100,7 @@ void register_bench(CLI::App& app) {
   o->add_option("--reps", a->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   o->add_option("--json", a->json_path, "Also write results as JSON to this file");
   o->callback([a] { run_offline(*a); });
+  register_bench_serve(*b);
 }
 
 }  // namespace ss::cli

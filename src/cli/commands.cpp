@@ -21,6 +21,7 @@ void register_commands(CLI::App& app) {
   register_inspect(app);
   register_fetch(app);
   register_bench(app);
+  register_serve(app);
 }
 
 }  // namespace ss::cli

@@ -1,5 +1,7 @@
 #include "common/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,7 +27,11 @@ inline void spin_pause(int i) {
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  for (int i = 1; i < n_threads_; ++i)
+    threads_.emplace_back([this, i] {
+      pthread_setname_np(pthread_self(), "ss-cpu");
+      worker(i);
+    });
 }
 
 ThreadPool::~ThreadPool() {

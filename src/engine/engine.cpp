@@ -1,5 +1,9 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 
@@ -87,6 +91,8 @@ bool Engine::has_work() const {
 }
 
 Status Engine::step() {
+  const auto t_begin = std::chrono::steady_clock::now();
+  double forward_s = 0;
   if (in_step_.exchange(true)) return make_error("step() is already running on another thread");
   struct Clear {
     std::atomic<bool>& f;
@@ -107,7 +113,9 @@ Status Engine::step() {
   sched_.schedule(cfg_.clock(), plan_, emissions_);
   Status result;
   if (!plan_.seqs.empty()) {
+    const auto t_fwd = std::chrono::steady_clock::now();
     Status st = be_.forward(plan_.batch, logits_.data());
+    forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fwd).count();
     if (!st.ok()) {
       result = make_error("backend " + be_.name() + ": " + st.message());
       sched_.fail(plan_, result.message(), emissions_);
@@ -154,6 +162,10 @@ Status Engine::step() {
     std::lock_guard<std::mutex> lk(mu_);
     for (RequestId id : released_) live_.erase(id);
     if (!result.ok()) stats_.last_error = result.message();
+    if (!plan_.seqs.empty()) {
+      stats_.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin).count();
+      stats_.forward_seconds += forward_s;
+    }
   }
   refresh_stats();
   return result;
@@ -179,6 +191,12 @@ void Engine::refresh_stats() {
   s.computed_tokens = c.computed_tokens;
   s.finished_requests = c.finished;
   s.steps = c.steps;
+  const auto slots = sched_.kv_slots();
+  s.kv_slots_held = slots.first;
+  s.kv_slots_filled = slots.second;
+  s.kv_paging_waste = slots.first > 0 ? 1.0 - double(slots.second) / double(slots.first) : 0.0;
+  s.kv_slots_held_sum += slots.first;
+  s.kv_slots_filled_sum += slots.second;
 }
 
 EngineStats Engine::stats() const {
@@ -197,7 +215,10 @@ Status Engine::start() {
     std::lock_guard<std::mutex> lk(mu_);
     stop_requested_ = false;
   }
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "ss-engine");
+    loop();
+  });
   return {};
 }
 

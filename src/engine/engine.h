@@ -42,6 +42,17 @@ struct EngineStats {
   int64_t computed_tokens = 0;     // tokens through the backend (recomputation included)
   int64_t finished_requests = 0;
   int64_t steps = 0;
+  // Where a step's time goes (seconds, cumulative over steps that ran a batch): the backend's
+  // forward, and everything else the engine does (planning, sampling, emitting events).
+  double step_seconds = 0;
+  double forward_seconds = 0;
+  // Paging waste: slots of the blocks held by running sequences that hold no token (the tails of
+  // their last blocks), over all slots they hold. Sampled after each step.
+  int64_t kv_slots_held = 0;
+  int64_t kv_slots_filled = 0;
+  double kv_paging_waste = 0;        // 1 - filled / held (0 when nothing is held)
+  int64_t kv_slots_held_sum = 0;     // held and filled summed over steps: their ratio is the
+  int64_t kv_slots_filled_sum = 0;   // step-averaged waste under whatever load ran
   std::string last_error;          // the last backend failure, if any
 };
 

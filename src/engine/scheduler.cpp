@@ -393,4 +393,13 @@ Status Scheduler::check_invariants() const {
   return {};
 }
 
+std::pair<int64_t, int64_t> Scheduler::kv_slots() const {
+  int64_t held = 0, filled = 0;
+  for (const Sequence* s : running_) {
+    held += static_cast<int64_t>(s->kv.table.size()) * kv_.block_size();
+    filled += s->num_computed;
+  }
+  return {held, filled};
+}
+
 }  // namespace ss::engine

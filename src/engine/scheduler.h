@@ -127,6 +127,8 @@ class Scheduler {
 
   bool has_work() const { return !seqs_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }
+  // {slots in the blocks held by running sequences, slots of those holding a computed token}.
+  std::pair<int64_t, int64_t> kv_slots() const;
   int num_waiting() const { return static_cast<int>(resumed_.size() + short_.size() + long_.size()); }
   const KvCacheManager& kv() const { return kv_; }
   const SchedulerCounters& counters() const { return counters_; }

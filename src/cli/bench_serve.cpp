@@ -1,0 +1,198 @@
+// selfserve bench serve: load-test any OpenAI-compatible server (streaming /v1/completions) over a
+// concurrency sweep or Poisson arrival rates; table on stdout, JSON and a PNG plot on request.
+#include "cli/bench_serve.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "cli/commands.h"
+
+namespace ss::cli {
+namespace {
+
+struct ServeBenchArgs {
+  std::string url = "http://127.0.0.1:8000";
+  std::string model, api_key;
+  std::vector<int> concurrency{1, 2, 4, 8, 16, 32, 64};
+  std::vector<double> rates;
+  int num_requests = 100;
+  double duration_s = 120;
+  uint64_t seed = 0;
+  std::vector<double> mix{0.3, 0.5, 0.2};
+  int max_context = 0;  // 0: 8192, or the server's max_model_len when smaller
+  std::vector<int> output_tokens{16, 256};
+  double timeout_s = 300;
+  int warmup = 1;
+  bool no_ignore_eos = false, no_calibrate = false;
+  std::string json_path, plot_path;
+};
+
+void run_serve_bench(const ServeBenchArgs& a) {
+  bench::ClientConfig c;
+  auto url = bench::parse_url(a.url);
+  if (!url.ok()) return fail(url.message());
+  c.url = *url;
+  c.api_key = a.api_key;
+  if (c.api_key.empty())
+    if (const char* k = std::getenv("OPENAI_API_KEY")) c.api_key = k;
+  c.timeout_s = a.timeout_s;
+  c.ignore_eos = !a.no_ignore_eos;
+  c.model = a.model;
+  if (c.model.empty()) {
+    auto m = bench::default_model(c);
+    if (!m.ok()) return fail(m.message());
+    c.model = *m;
+  }
+  if (a.mix.size() != 3 || a.mix[0] < 0 || a.mix[1] < 0 || a.mix[2] < 0 || a.mix[0] + a.mix[1] + a.mix[2] <= 0)
+    return fail("--mix wants three non-negative fractions short,medium,long (e.g. 0.3,0.5,0.2)");
+  if (a.output_tokens.size() != 2 || a.output_tokens[0] < 1 || a.output_tokens[1] < a.output_tokens[0])
+    return fail("--output-tokens wants MIN,MAX with 1 <= MIN <= MAX");
+
+  bench::MixConfig mix;
+  mix.short_frac = a.mix[0];
+  mix.medium_frac = a.mix[1];
+  mix.long_frac = a.mix[2];
+  mix.out_min = a.output_tokens[0];
+  mix.out_max = a.output_tokens[1];
+  mix.max_context = a.max_context > 0 ? a.max_context : 8192;
+  std::string tpw_source = "estimate";
+  if (!a.no_calibrate) {
+    if (auto p = bench::probe_tokenize(c, a.seed)) {
+      mix.tokens_per_word = p->tokens_per_word;
+      tpw_source = "measured by /tokenize";
+      if (a.max_context <= 0 && p->max_model_len > 0 && p->max_model_len < mix.max_context)
+        mix.max_context = static_cast<int>(p->max_model_len);
+    }
+  }
+  if (mix.max_context <= mix.out_max + 16)
+    return fail("--max-context " + std::to_string(mix.max_context) + " leaves no room for prompts with up to " +
+                std::to_string(mix.out_max) + " output tokens");
+
+  std::vector<bench::LevelConfig> levels;
+  for (double r : a.rates) levels.push_back({0, r, a.num_requests, a.duration_s, a.seed});
+  if (a.rates.empty())
+    for (int n : a.concurrency) levels.push_back({n, 0, a.num_requests, a.duration_s, a.seed});
+
+  std::printf("server: %s  model: %s\n", a.url.c_str(), c.model.c_str());
+  std::printf("mix: %.0f%% short (<=%d tok), %.0f%% medium (<=%d), %.0f%% long (<=%d ctx); output %d-%d tokens; "
+              "%.2f tokens/word (%s); seed %llu\n",
+              100 * mix.short_frac / (a.mix[0] + a.mix[1] + a.mix[2]), mix.short_max,
+              100 * mix.medium_frac / (a.mix[0] + a.mix[1] + a.mix[2]), mix.medium_max,
+              100 * mix.long_frac / (a.mix[0] + a.mix[1] + a.mix[2]), mix.max_context, mix.out_min, mix.out_max,
+              mix.tokens_per_word, tpw_source.c_str(), static_cast<unsigned long long>(a.seed));
+  std::printf("per level: at most %d requests, none started after %.0f s; timeout %.0f s each\n\n",
+              a.num_requests, a.duration_s, a.timeout_s);
+  std::fputs(bench::table_header().c_str(), stdout);
+  std::fflush(stdout);
+
+  nlohmann::json jlevels = nlohmann::json::array();
+  int total_ok = 0;
+  if (a.warmup > 0) {  // page weights in, warm caches: short requests, results dropped
+    bench::MixConfig wm = mix;
+    wm.short_frac = 1, wm.medium_frac = 0, wm.long_frac = 0;
+    wm.out_min = wm.out_max = std::min(mix.out_min, 16);
+    bench::MixSampler ws(wm, a.seed ^ 0x5741524d55ull);
+    const auto w = bench::run_level(c, {1, 0, a.warmup, a.duration_s, 0}, ws);
+    if (w.ok == 0 && !w.error_kinds.empty())
+      std::printf("warm-up failed: %s\n", w.error_kinds.begin()->first.c_str());
+  }
+  for (size_t li = 0; li < levels.size(); ++li) {
+    const auto& lv = levels[li];
+    // Level i draws from seed+i: the same requests on every server and run, but no level reuses an
+    // earlier level's prompts (a prefix cache would flatter the later levels).
+    bench::MixSampler sampler(mix, a.seed + li);
+    const auto rep = bench::run_level(c, lv, sampler);
+    total_ok += rep.ok;
+    std::fputs(bench::table_row(rep).c_str(), stdout);
+    for (const auto& [kind, n] : rep.error_kinds) std::printf("         %d x %s\n", n, kind.c_str());
+    std::fflush(stdout);
+    jlevels.push_back(bench::to_json(rep, /*with_requests=*/true));
+  }
+
+  const nlohmann::json doc = {
+      {"tool", "selfserve bench serve"},
+      {"url", a.url},
+      {"model", c.model},
+      {"mode", a.rates.empty() ? "concurrency" : "rate"},
+      {"seed", a.seed},
+      {"mix",
+       {{"short", mix.short_frac}, {"medium", mix.medium_frac}, {"long", mix.long_frac},
+        {"max_context", mix.max_context}, {"output_tokens", {mix.out_min, mix.out_max}},
+        {"tokens_per_word", mix.tokens_per_word}, {"tokens_per_word_source", tpw_source}}},
+      {"ignore_eos", c.ignore_eos},
+      {"levels", jlevels}};
+  std::string json_path = a.json_path;
+  if (json_path.empty() && !a.plot_path.empty())
+    json_path = (std::filesystem::temp_directory_path() / ("selfserve-bench-" + std::to_string(getpid()) + ".json"))
+                    .string();
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << doc.dump(2) << "\n";
+    if (!f) return fail(json_path + ": cannot write");
+  }
+  if (!a.plot_path.empty()) {
+    auto st = bench::plot_report(json_path, a.plot_path);
+    if (a.json_path.empty()) std::filesystem::remove(json_path);
+    if (!st.ok()) return fail(st.message());
+    std::printf("plot: %s\n", a.plot_path.c_str());
+  }
+  if (total_ok == 0) return fail("no request succeeded (see the error counts above)");
+}
+
+}  // namespace
+
+void register_bench_serve(CLI::App& bench) {
+  auto a = std::make_shared<ServeBenchArgs>();
+  auto* s = bench.add_subcommand("serve", "Load-test an OpenAI-compatible server: throughput, TTFT, TPOT under load");
+  s->add_option("--url", a->url, "Server base URL (http only)")->capture_default_str();
+  s->add_option("--model", a->model, "Model name sent in requests (default: first of GET /v1/models)");
+  s->add_option("--api-key", a->api_key, "Bearer token (default: $OPENAI_API_KEY)");
+  auto* conc = s->add_option("--concurrency", a->concurrency, "Concurrent clients per level (closed loop sweep)")
+                   ->delimiter(',')
+                   ->check(CLI::Range(1, 4096))
+                   ->capture_default_str();
+  auto* rate = s->add_option("--rate", a->rates, "Poisson arrival rates in req/s (open loop sweep)")
+                   ->delimiter(',')
+                   ->check(CLI::PositiveNumber);
+  conc->excludes(rate);
+  s->add_option("--num-requests", a->num_requests, "At most this many requests per level")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  s->add_option("--duration", a->duration_s, "Start no request after this many seconds per level")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--seed", a->seed, "Seed of prompts, lengths and arrivals")->capture_default_str();
+  s->add_option("--mix", a->mix, "Fractions of short (<=128), medium (<=2048), long prompts")
+      ->delimiter(',')
+      ->expected(3)
+      ->capture_default_str();
+  s->add_option("--max-context", a->max_context,
+                "Prompt + output limit (default 8192, or the server's max_model_len when smaller)")
+      ->check(CLI::Range(64, 1 << 24));
+  s->add_option("--output-tokens", a->output_tokens, "MIN,MAX output tokens (uniform)")
+      ->delimiter(',')
+      ->expected(2)
+      ->capture_default_str();
+  s->add_option("--timeout", a->timeout_s, "Seconds per request, connect to last byte")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--warmup", a->warmup, "Short requests sent (and not counted) before the first level")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  s->add_flag("--no-ignore-eos", a->no_ignore_eos, "Do not send ignore_eos (outputs may end early)");
+  s->add_flag("--no-calibrate", a->no_calibrate, "Do not measure tokens per word with POST /tokenize");
+  s->add_option("--json", a->json_path, "Write the report (with every request) as JSON");
+  s->add_option("--plot", a->plot_path, "Write a PNG of latency and throughput against load (matplotlib)");
+  s->callback([a] { run_serve_bench(*a); });
+}
+
+}  // namespace ss::cli

@@ -1,0 +1,247 @@
+// selfserve serve: the OpenAI-compatible HTTP server. The port is bound first (so /health answers
+// 503 while the model loads and warms up), then the engine starts and the API opens.
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ss::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string served_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  int threads = 0;
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 512;
+  int block_size = 16;
+  int num_kv_blocks = 0;
+  double kv_cache_mib = 0;
+  int long_prompt_threshold = 256;
+  int max_model_len = 0;
+  int max_waiting = 256;
+  double request_timeout = 600;
+  double shutdown_timeout = 30;
+  double watchdog = 60;
+  double max_body_mib = 4;
+  bool no_prefix_caching = false;
+  bool log_requests = false;
+  bool quiet = false;
+};
+
+constexpr double kDefaultKvMib = 512;
+
+// Idle and streaming connections each hold a descriptor: lift the soft limit to the hard one.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+void run_serve(const ServeArgs& a) {
+  raise_fd_limit();
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.max_waiting = a.max_waiting;
+  so.max_num_seqs = a.max_num_seqs;
+  so.request_timeout_s = a.request_timeout;
+  so.shutdown_timeout_s = a.shutdown_timeout;
+  so.watchdog_s = a.watchdog;
+  so.max_body_bytes = static_cast<size_t>(a.max_body_mib * 1048576.0);
+  so.log_requests = a.log_requests;
+  auto srv = server::Server::create(so);
+  if (!srv.ok()) return fail(srv.message());
+  std::unique_ptr<server::Server> server = std::move(srv).value();
+  std::fprintf(stderr, "selfserve: listening on http://%s:%d (loading the model; /health is 503 until ready)\n",
+               a.host.c_str(), server->port());
+  std::thread io([&] {
+    pthread_setname_np(pthread_self(), "ss-http");  // named so its CPU time can be told apart
+    (void)server->run();
+  });
+  struct Join {
+    std::thread& t;
+    server::Server& s;
+    bool failed = false;
+    ~Join() {
+      if (failed) s.shutdown();
+      if (t.joinable()) t.join();
+    }
+  } join{io, *server};
+
+  // Model, backend, engine. Any failure stops the listener and exits 1.
+  auto m = open_model(a.model, {}, a.quiet);
+  if (!m.ok()) {
+    join.failed = true;
+    return fail(m.message());
+  }
+  std::unique_ptr<model::Model> model = std::move(m).value();
+  const model::ModelConfig& mc = model->config;
+  const int ctx = mc.max_context > 0 ? mc.max_context : 4096;
+
+  backend::BackendOptions bo;
+  bo.threads = a.threads;
+  bo.kv.block_size = a.block_size;
+  bo.max_batch_tokens = a.max_num_batched_tokens;
+  if (a.num_kv_blocks > 0) {
+    bo.kv.num_blocks = a.num_kv_blocks;
+  } else {
+    // The CPU backend stores fp32 K and V per layer, blocks padded to 16 slots.
+    const int64_t slots = (a.block_size + 15) / 16 * 16;
+    const int64_t block_bytes = static_cast<int64_t>(mc.n_layers) * 2 * mc.n_kv_heads * mc.head_dim * slots * 4;
+    const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
+    bo.kv.num_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
+  }
+  auto be = backend::make_cpu_backend(*model, bo);
+  if (!be.ok()) {
+    join.failed = true;
+    return fail(be.message());
+  }
+  std::unique_ptr<backend::Backend> backend = std::move(be).value();
+  const backend::KvCacheConfig kv = backend->kv_config();
+  const int capacity = kv.num_blocks * kv.block_size;
+  int max_len = std::min(ctx, capacity);
+  if (a.max_model_len > 0) max_len = std::min(max_len, a.max_model_len);
+
+  engine::EngineConfig ec;
+  ec.vocab_size = mc.vocab_size;
+  ec.scheduler.max_num_seqs = a.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.scheduler.long_prompt_threshold = a.long_prompt_threshold;
+  ec.scheduler.enable_prefix_caching = !a.no_prefix_caching;
+  ec.scheduler.max_model_len = max_len;
+  auto en = engine::Engine::create(*backend, ec);
+  if (!en.ok()) {
+    join.failed = true;
+    return fail(en.message());
+  }
+  std::unique_ptr<engine::Engine> engine = std::move(en).value();
+  // The engine goes first: its callbacks post into the server's event loop.
+  struct StopEngine {
+    std::unique_ptr<engine::Engine>& e;
+    ~StopEngine() {
+      if (e) e->stop();
+      e.reset();
+    }
+  } stop_engine{engine};
+  if (auto st = engine->start(); !st.ok()) {
+    join.failed = true;
+    return fail(st.message());
+  }
+
+  // Warm-up: one tiny request through the whole path (allocates the backend's scratch).
+  {
+    auto q = std::make_shared<engine::EventQueue>();
+    engine::Request r;
+    r.prompt = {model->tokenizer->bos_id() >= 0 ? model->tokenizer->bos_id() : 0};
+    r.max_tokens = 2;
+    r.sampling.temperature = 0;
+    r.on_event = engine::EventQueue::sink(q);
+    auto id = engine->add_request(std::move(r));
+    if (!id.ok()) {
+      join.failed = true;
+      return fail("warm-up: " + id.message());
+    }
+    engine::TokenEvent e;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    while (std::chrono::steady_clock::now() < give_up && !server->shutting_down()) {
+      if (q->pop(e, std::chrono::milliseconds(100)) && e.finish != engine::FinishReason::None) break;
+    }
+    if (e.finish == engine::FinishReason::Error) {
+      join.failed = true;
+      return fail("warm-up failed: " + e.error);
+    }
+  }
+
+  if (server->shutting_down()) {  // SIGTERM/SIGINT while loading: nothing to serve
+    std::fprintf(stderr, "selfserve: stopped before the model was ready\n");
+    return;
+  }
+  server::ModelInfo mi;
+  mi.id = a.served_name;
+  if (mi.id.empty()) {
+    std::filesystem::path p(model->path);
+    mi.id = p.has_extension() && p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+    if (mi.id.empty()) mi.id = mc.name.empty() ? "selfserve" : mc.name;
+  }
+  mi.max_model_len = max_len;
+  mi.vocab_size = mc.vocab_size;
+  mi.tokenizer = model->tokenizer.get();
+  mi.chat_template = !model->chat_template.empty() ? model->chat_template : model->tokenizer->chat_template();
+  mi.created = static_cast<int64_t>(std::time(nullptr));
+  server->set_ready(*engine, mi);
+  std::fprintf(stderr,
+               "selfserve: serving '%s' on http://%s:%d — %d KV blocks of %d tokens, max_model_len %d, "
+               "max_num_seqs %d, %s\n",
+               mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size, max_len, a.max_num_seqs,
+               backend->name().c_str());
+
+  io.join();  // until SIGTERM/SIGINT and the drain
+  std::fprintf(stderr, "selfserve: stopped\n");
+  set_exit_code(0);
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* c = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, streaming)");
+  c->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the embedded SmolLM2-135M)");
+  c->add_option("--served-model-name", a->served_name, "Model id clients pass as \"model\" (default: the file name)");
+  c->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  c->add_option("--port", a->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  c->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 and (de)tokenize routes");
+  c->add_option("--threads", a->threads, "CPU threads for the forward pass (default: all cores)");
+  c->add_option("--max-num-seqs", a->max_num_seqs, "Sequences per engine step")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  c->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per engine step")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  c->add_option("--block-size", a->block_size, "Tokens per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
+  auto* nb = c->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks")->check(CLI::Range(1, 1 << 24));
+  c->add_option("--kv-cache-mib", a->kv_cache_mib, "KV cache size in MiB (default 512)")
+      ->check(CLI::PositiveNumber)->excludes(nb);
+  c->add_option("--long-prompt-threshold", a->long_prompt_threshold, "Prompts this long wait in the long lane")
+      ->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  c->add_option("--max-model-len", a->max_model_len, "Prompt + completion limit (default: the model's context, "
+                                                     "capped by the KV cache)");
+  c->add_option("--max-waiting", a->max_waiting, "Queued requests beyond the running seats; more get 429")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  c->add_option("--request-timeout", a->request_timeout, "Default per-request deadline in seconds (0: none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--shutdown-timeout", a->shutdown_timeout, "Seconds to drain on SIGTERM before cancelling")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--watchdog", a->watchdog, "/health is 503 when the engine has work but no step ends for this long (s)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--max-body-mib", a->max_body_mib, "Largest request body; larger ones get 413")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
+  c->add_flag("--log-requests", a->log_requests, "Log each request on stderr");
+  c->add_flag("--quiet,-q", a->quiet, "No progress output");
+  c->callback([a] {
+    if (a->max_num_batched_tokens < a->max_num_seqs)
+      return fail("--max-num-batched-tokens must be >= --max-num-seqs");
+    run_serve(*a);
+  });
+}
+
+}  // namespace ss::cli

@@ -1,0 +1,148 @@
+// OpenAI-compatible JSON <-> engine Request, as pure functions (no I/O, no engine): the HTTP layer
+// calls them, the unit tests and the fuzzer drive them directly. Every client mistake becomes an
+// ApiError with a 4xx status and an OpenAI-style body; nothing here throws past its boundary.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/request.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ss::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+// {"error": {"message", "type", "param", "code"}}
+std::string error_body(const ApiError& e);
+
+template <class T>
+class ApiResult {
+ public:
+  ApiResult(T v) : v_(std::move(v)) {}          // NOLINT: implicit by design
+  ApiResult(ApiError e) : e_(std::move(e)) {}   // NOLINT
+  bool ok() const { return v_.has_value(); }
+  T& value() { return *v_; }
+  const T& value() const { return *v_; }
+  const ApiError& error() const { return e_; }
+
+ private:
+  std::optional<T> v_;
+  ApiError e_;
+};
+
+// What the parser needs to know about the served model.
+struct ModelInfo {
+  std::string id;                          // the name clients pass as "model"
+  int max_model_len = 0;                   // prompt + max_tokens must fit
+  int vocab_size = 0;                      // valid token ids: [0, vocab_size)
+  const tok::Tokenizer* tokenizer = nullptr;
+  std::string chat_template;               // may be empty (render_chat's fallback applies)
+  int64_t created = 0;                     // unix time, for /v1/models
+  int max_choices = 64;                    // prompts x n per request
+  int max_logprobs = 20;
+  int max_stop = 16;                       // stop strings per request
+  size_t max_stop_bytes = 256;             // per stop string
+};
+
+enum class Endpoint { Completions, ChatCompletions };
+
+struct PromptInput {
+  std::vector<int32_t> ids;
+  std::string text;  // for echo: the prompt as given (token prompts: decoded)
+};
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::vector<PromptInput> prompts;  // chat: exactly one (the rendered conversation)
+  int n = 1;                         // choices per prompt
+  int max_tokens = 16;
+  engine::SamplingParams sampling;   // seed filled per choice by to_engine_request
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // the client's; the model's end-of-generation ids are added
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  bool stream = false;
+  bool include_usage = false;
+  int logprobs = -1;  // < 0: none; k: each token's logprob plus the top k
+  bool echo = false;  // completions: prepend the prompt text
+  std::optional<double> timeout_s;
+
+  int num_choices() const { return static_cast<int>(prompts.size()) * n; }
+  int prompt_index(int choice) const { return choice / n; }
+};
+
+// Parses and validates a /v1/completions or /v1/chat/completions body, tokenizes the prompt(s) and
+// checks them against the context. Unknown fields are ignored; a known field of the wrong type or
+// out of range is a 400 naming it; an unknown model is a 404.
+ApiResult<GenerationRequest> parse_generation_request(Endpoint ep, std::string_view body, const ModelInfo& m);
+
+// The engine request for choice `choice` (prompt choice / n, sample choice % n): seed + sample
+// index (default_seed when the client gave none), stop ids = the client's plus the model's
+// end-of-generation ids unless ignore_eos. Callbacks, deadline and cancel token are the caller's.
+engine::Request to_engine_request(const GenerationRequest& g, int choice, const ModelInfo& m, uint64_t default_seed);
+
+// POST /tokenize ({"prompt": str, "add_special_tokens"?} or {"messages": [...],
+// "add_generation_prompt"?}; "return_token_strs"?) and POST /detokenize ({"tokens": [ids]}):
+// vLLM's bodies. Return the response JSON.
+ApiResult<nlohmann::json> tokenize_request(std::string_view body, const ModelInfo& m);
+ApiResult<nlohmann::json> detokenize_request(std::string_view body, const ModelInfo& m);
+
+nlohmann::json models_response(const ModelInfo& m);
+
+// --- responses -------------------------------------------------------------------------------
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct ChoiceOutput {
+  int index = 0;
+  std::string text;           // generated text (without the echoed prompt)
+  std::string finish_reason;  // "stop", "length", "abort"
+  std::optional<std::string> stop_reason;  // the matched stop string, if any
+  std::vector<TokenLogprob> logprobs;
+  int completion_tokens = 0;
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+Usage usage_of(const GenerationRequest& g, const std::vector<ChoiceOutput>& choices);
+
+nlohmann::json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                   int64_t created, const std::vector<ChoiceOutput>& choices);
+nlohmann::json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                             const std::vector<ChoiceOutput>& choices);
+
+// One streamed chunk for choice `index`. text_offset: where this text starts in the choice's full
+// text (completions logprobs). role: chat's first chunk. finish_reason: null while running.
+nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                                int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
+                                size_t text_offset, const char* finish_reason);
+nlohmann::json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                          int index, const char* role, const std::string* content,
+                          const std::vector<TokenLogprob>* logprobs, const char* finish_reason);
+// The final usage chunk (stream_options.include_usage): empty choices.
+nlohmann::json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                           const Usage& u);
+
+// Serializes; invalid UTF-8 (partial tokens) becomes U+FFFD instead of failing.
+std::string dump_json(const nlohmann::json& j);
+// "data: <payload>\n\n"
+std::string sse_event(const std::string& payload);
+
+}  // namespace ss::server

@@ -1,0 +1,65 @@
+// The server folder's public header: an OpenAI-compatible HTTP server over the engine.
+// One event-loop thread (Boost.Asio io_context, C++20 coroutines, Boost.Beast HTTP) holds every
+// connection; the engine runs on its own thread and hands tokens back through per-request
+// mailboxes that wake the connection's coroutine. Request parsing and tokenization run on a small
+// worker pool so a large body never stalls the event loop.
+//
+// Lifecycle: create() binds the port; run() serves (from then on /health answers 503 "loading")
+// until shutdown() or SIGTERM/SIGINT; set_ready() turns the API on once the model is warm. On
+// shutdown new requests get 503, in-flight ones finish or are cancelled after shutdown_timeout_s,
+// then run() returns. The engine given to set_ready must be stopped and destroyed before the
+// Server (its callbacks post into the server's event loop).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+
+namespace ss::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                      // 0: any free port (see Server::port())
+  std::string api_key;                  // empty: no authentication
+  size_t max_body_bytes = 4u << 20;     // larger bodies get 413
+  int max_waiting = 256;                // queued choices beyond the running seats; more get 429
+  int max_num_seqs = 64;                // the engine's running seats (for the waiting estimate)
+  double request_timeout_s = 600;       // default deadline per request; 0: none
+  double shutdown_timeout_s = 30;       // drain time before in-flight requests are cancelled
+  double watchdog_s = 60;               // /health turns 503 when the engine has work but no step
+                                        // finished for this long
+  double idle_timeout_s = 120;          // keep-alive connections idle this long are closed
+  bool handle_signals = true;           // SIGTERM / SIGINT start a graceful shutdown
+  bool log_requests = false;            // one line per request on stderr
+};
+
+class Server {
+ public:
+  static Expected<std::unique_ptr<Server>> create(const ServerOptions& opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;  // the bound port
+  // Thread-safe. The engine must be running (Engine::start) and outlive run().
+  void set_ready(engine::Engine& engine, const ModelInfo& model);
+  // Serves on the calling thread until the shutdown completes.
+  Status run();
+  // Thread-safe; same as SIGTERM (a second call cancels in-flight requests at once).
+  void shutdown();
+  bool shutting_down() const;
+
+  MetricsRegistry& metrics();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ss::server

@@ -1,0 +1,42 @@
+// Incremental detokenization with stop strings: text is released as soon as it cannot be the start
+// of a stop string; when a stop string completes, the text is cut right before it and generation
+// should stop (the engine's Request::stop_hook).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace ss::server {
+
+class TextOutput {
+ public:
+  // Empty strings in `stops` are ignored. skip_special: control tokens decode to nothing.
+  TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special = true);
+
+  // Adds one generated token. Returns true when a stop string has just completed (the text is cut
+  // before it; later pushes are ignored).
+  bool push(int32_t id);
+  // Text released since the last call.
+  std::string take();
+  // End of generation: releases what was held back (nothing past a matched stop string) and returns
+  // everything not yet taken.
+  std::string finish();
+
+  bool stopped() const { return stopped_; }
+  const std::string& matched_stop() const { return matched_; }
+
+ private:
+  void scan();
+
+  tok::StreamDecoder dec_;
+  std::vector<std::string> stops_;
+  std::string held_;   // decoded but possibly the start of a stop string
+  std::string ready_;  // released, not yet taken
+  std::string matched_;
+  bool stopped_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace ss::server

@@ -1,0 +1,366 @@
+"""`selfserve serve` on the default model, driven over real HTTP: the official `openai` client for
+the happy paths, raw `requests` / sockets for the bad inputs, cancellation, overload and shutdown.
+
+Three servers: the main one (API key, 16 seats), one with a tiny KV cache (forces preemption) and
+one with a one-seat queue (429s, then a graceful SIGTERM while streaming)."""
+import concurrent.futures as cf
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+openai = pytest.importorskip("openai")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+API_KEY = "e2e-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _exe():
+    exe = os.environ.get("SELFSERVE_BIN", str(ROOT / "build" / "selfserve"))
+    if not os.path.exists(exe):
+        pytest.fail(f"{exe} not built; run tools/test.sh or set SELFSERVE_BIN")
+    return exe
+
+
+class Server:
+    def __init__(self, tmp_path, name, *args):
+        self.log_path = tmp_path / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([_exe(), "serve", "--port", "0", "--host", "127.0.0.1", "--quiet", *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = None
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log_text()}")
+            if self.url is None:
+                m = re.search(rb"listening on (http://[0-9.]+:\d+)", self.log_path.read_bytes())
+                if m:
+                    self.url = m.group(1).decode()
+            if self.url:
+                try:
+                    if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"server not healthy in time:\n{self.log_text()}")
+        self.model = requests.get(self.url + "/v1/models", headers=AUTH, timeout=10).json()["data"][0]["id"]
+
+    def log_text(self):
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, **kw):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120, **kw)
+
+    def metric(self, name):
+        text = requests.get(self.url + "/metrics", timeout=10).text
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        assert m, f"{name} not in /metrics"
+        return float(m.group(1))
+
+    def stop(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"server did not stop on SIGTERM:\n{self.log_text()}")
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory, default_model):
+    s = Server(tmp_path_factory.mktemp("srv"), "main", "--model", default_model, "--api-key", API_KEY,
+               "--max-num-seqs", "16", "--max-num-batched-tokens", "512", "--kv-cache-mib", "256")
+    yield s
+    assert s.stop() == 0, s.log_text()
+
+
+def chat_msgs(user, system="You are a helpful assistant."):
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def greedy_completion(srv, prompt, max_tokens=16, **extra):
+    r = srv.client().completions.create(model=srv.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                        extra_body={"ignore_eos": True, **extra})
+    return r.choices[0].text
+
+
+# --- the happy paths with the official client ------------------------------------------------
+
+def test_health_and_models(srv):
+    assert requests.get(srv.url + "/health").status_code == 200
+    models = srv.client().models.list()
+    assert [m.id for m in models.data] == [srv.model]
+
+
+def test_completion(srv):
+    r = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=12,
+                                        temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text.strip()
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat(srv):
+    r = srv.client().chat.completions.create(model=srv.model, messages=chat_msgs("What is 2 + 2?"),
+                                             max_tokens=24, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content.strip()
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streaming_equals_non_streaming(srv):
+    c = srv.client()
+    kw = dict(model=srv.model, messages=chat_msgs("Name three colors."), max_tokens=20, temperature=0)
+    full = c.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+    stream = c.completions.create(model=srv.model, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                  stream=True)
+    assert "".join(ch.choices[0].text for ch in stream) == greedy_completion(srv, "Once upon a time", 12,
+                                                                             ignore_eos=False)
+
+
+def test_logprobs(srv):
+    c = srv.client()
+    r = c.chat.completions.create(model=srv.model, messages=chat_msgs("Say hi."), max_tokens=6, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3
+        assert t.logprob <= 0
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob, abs=1e-5)  # greedy: the top token
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+    r = c.completions.create(model=srv.model, prompt="Hello", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert all(v <= 0 for v in lp.token_logprobs)
+
+
+def test_stop_strings_and_seeded_n(srv):
+    full = greedy_completion(srv, "List the days of the week:", 30)
+    assert len(full) > 12
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    r = srv.client().completions.create(model=srv.model, prompt="List the days of the week:", max_tokens=30,
+                                        temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+    kw = dict(model=srv.model, prompt="My favourite animal is", max_tokens=8, temperature=1.0, seed=5, n=2)
+    a = srv.client().completions.create(**kw)
+    b = srv.client().completions.create(**kw)
+    assert sorted(ch.index for ch in a.choices) == [0, 1]
+    assert [ch.text for ch in a.choices] == [ch.text for ch in b.choices]
+
+
+def test_tokenize_detokenize(srv):
+    t = requests.post(srv.url + "/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
+    assert t["count"] == len(t["tokens"]) > 0
+    d = requests.post(srv.url + "/detokenize", json={"tokens": t["tokens"]}, headers=AUTH).json()
+    assert d["prompt"] == "Hello world"
+
+
+# --- concurrency, batch invariance, cancellation, prefix cache -------------------------------
+
+def test_concurrency_and_batch_invariance(srv):
+    prompts = [f"Write one sentence about the number {i}." for i in range(16)]
+    alone = [greedy_completion(srv, p, 16) for p in prompts[:2]]
+    with cf.ThreadPoolExecutor(16) as ex:
+        together = list(ex.map(lambda p: greedy_completion(srv, p, 16), prompts))
+    assert together[:2] == alone
+    assert all(t for t in together)
+
+
+def test_cancellation_frees_blocks(srv):
+    body = {"model": srv.model, "prompt": "Tell me a very long story.", "max_tokens": 1000, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    aborted_before = _finished(srv, "abort")
+    with requests.post(srv.url + "/v1/completions", json=body, headers=AUTH, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                break
+        deadline = time.time() + 5  # the stats snapshot is refreshed just after a step's tokens go out
+        while srv.metric("selfserve_kv_cache_blocks_used") == 0 and time.time() < deadline:
+            time.sleep(0.01)
+        assert srv.metric("selfserve_kv_cache_blocks_used") > 0
+    # Connection closed: the request stops within a step and gives its blocks back.
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if srv.metric("selfserve_kv_cache_blocks_used") == 0 and srv.metric("selfserve_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    assert srv.metric("selfserve_kv_cache_blocks_used") == 0
+    assert _finished(srv, "abort") == aborted_before + 1
+
+
+def _finished(srv, reason):
+    text = requests.get(srv.url + "/metrics").text
+    m = re.search(r'^selfserve_requests_finished_total\{finish_reason="' + reason + r'"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_prefix_cache_hits_on_shared_system_prompt(srv):
+    system = "You are a meticulous assistant. " + " ".join(f"Rule {i}: be precise and kind." for i in range(20))
+    c = srv.client()
+    hits0 = srv.metric("selfserve_prefix_cache_hits_total")
+    for q in ["What is the sun?", "What is the moon?", "What is a star?"]:
+        c.chat.completions.create(model=srv.model, messages=chat_msgs(q, system), max_tokens=2, temperature=0)
+    hits = srv.metric("selfserve_prefix_cache_hits_total") - hits0
+    n_sys = len(requests.post(srv.url + "/tokenize", json={"prompt": system}, headers=AUTH).json()["tokens"])
+    assert hits >= 2 * (n_sys // 16 - 1) * 16, f"{hits} hit tokens for a {n_sys}-token system prompt"
+    assert srv.metric("selfserve_prefix_cache_hit_rate") > 0
+
+
+def test_request_timeout(srv):
+    t0 = time.time()
+    r = requests.post(srv.url + "/v1/completions", headers=AUTH, timeout=60,
+                      json={"model": srv.model, "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True,
+                            "temperature": 0, "timeout": 0.5}).json()
+    assert time.time() - t0 < 10
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] < 3000
+
+
+# --- every bad input: a 4xx with an OpenAI-style error, never a crash ------------------------
+
+def _err(r, status):
+    assert r.status_code == status, (r.status_code, r.text)
+    e = r.json()["error"]
+    assert set(e) >= {"message", "type", "param", "code"} and e["message"]
+    return e
+
+
+def test_bad_inputs(srv):
+    u, m = srv.url, srv.model
+    post = lambda path, body, **kw: requests.post(u + path, headers={**AUTH, **kw.pop("headers", {})}, timeout=30,
+                                                  **({"data": body} if isinstance(body, (bytes, str)) else {"json": body}),
+                                                  **kw)
+    _err(post("/v1/completions", b"{not json"), 400)
+    _err(post("/v1/completions", b""), 400)
+    _err(post("/v1/completions", b"[1,2]"), 400)
+    e = _err(post("/v1/completions", {"model": m, "prompt": "hi", "top_k": 2.5}), 400)
+    assert e["param"] == "top_k"
+    _err(post("/v1/completions", {"model": m, "prompt": "hi", "temperature": "hot"}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": "hi", "stream": "yes"}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": "hi", "n": 0}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": ""}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": []}), 400)
+    _err(post("/v1/completions", {"model": m}), 400)
+    _err(post("/v1/chat/completions", {"model": m, "messages": []}), 400)
+    _err(post("/v1/chat/completions", {"model": m, "messages": "hi"}), 400)
+    _err(post("/v1/chat/completions", {"model": m, "messages": [{"role": "wizard", "content": "x"}]}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 0}), 400)
+    _err(post("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": -3}), 400)
+    e = _err(post("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 10 ** 7}), 400)
+    assert e["code"] == "context_length_exceeded"
+    e = _err(post("/v1/completions", {"model": m, "prompt": "hello " * 10000}), 400)
+    assert e["code"] == "context_length_exceeded", "never truncated silently"
+    _err(post("/v1/completions", {"model": m, "prompt": [10 ** 9]}), 400)
+    e = _err(post("/v1/completions", {"model": "gpt-4o", "prompt": "hi"}), 404)
+    assert e["code"] == "model_not_found"
+    _err(post("/v1/completions", b"x" * (5 << 20)), 413)
+    _err(requests.post(u + "/v1/completions", json={"model": m, "prompt": "hi"}), 401)
+    _err(requests.post(u + "/v1/completions", json={"model": m, "prompt": "hi"},
+                       headers={"Authorization": "Bearer nope"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=u + "/v1", api_key="wrong", max_retries=0).models.list()
+    _err(requests.get(u + "/v1/nothing-here", headers=AUTH), 404)
+    _err(requests.get(u + "/v1/completions", headers=AUTH), 405)
+    _err(requests.put(u + "/v1/chat/completions", headers=AUTH, json={}), 405)
+    # Unknown extra fields (as SDKs send) are accepted.
+    r = post("/v1/chat/completions", {"model": m, "messages": chat_msgs("hi"), "max_tokens": 2,
+                                      "user": "x", "metadata": {"a": 1}, "store": False, "some_future_field": [1]})
+    assert r.status_code == 200, r.text
+    # Raw garbage on the socket.
+    host, port = u.split("//")[1].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"\x00\x01GARBAGE\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 400")
+    # Nothing of the above hurt the engine.
+    assert requests.get(u + "/health").status_code == 200
+    assert greedy_completion(srv, "Still alive?", 4)
+
+
+# --- a tiny KV cache: preemption, and every request still completes with the right text -------
+
+def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
+    prompts = [f"Story {i}: the little robot walked into the forest and" for i in range(6)]
+    expect = [greedy_completion(srv, p, 40) for p in prompts]
+    tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "20",
+                  "--max-num-seqs", "8", "--max-num-batched-tokens", "256")
+    try:
+        with cf.ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(lambda p: greedy_completion(tiny, p, 40), prompts))
+        assert got == expect
+        assert tiny.metric("selfserve_preemptions_total") > 0
+        assert tiny.metric("selfserve_kv_cache_blocks_used") == 0
+    finally:
+        assert tiny.stop() == 0
+
+
+def _model_args(srv):
+    args = srv.proc.args
+    i = args.index("--model")
+    return ["--model", args[i + 1]]
+
+
+# --- overload: 429 with Retry-After, then recovery; SIGTERM drains in-flight streams ---------
+
+def test_overload_then_recovery_then_graceful_shutdown(srv, tmp_path):
+    s = Server(tmp_path, "busy", *_model_args(srv), "--max-num-seqs", "1", "--max-num-batched-tokens", "128",
+               "--max-waiting", "1", "--shutdown-timeout", "20")
+    try:
+        body = {"model": s.model, "prompt": "Count slowly:", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        with cf.ThreadPoolExecutor(8) as ex:
+            rs = list(ex.map(lambda _: requests.post(s.url + "/v1/completions", json=body, timeout=120), range(8)))
+        codes = sorted(r.status_code for r in rs)
+        assert 429 in codes and 200 in codes, codes
+        for r in rs:
+            if r.status_code == 429:
+                assert r.headers["Retry-After"] == "1"
+                assert r.json()["error"]["type"] == "rate_limit_error"
+        assert s.metric('selfserve_requests_rejected_total{reason="overload"}') >= 1
+        assert requests.post(s.url + "/v1/completions", json=body, timeout=120).status_code == 200  # recovered
+
+        # SIGTERM while a stream is in flight: it finishes, new requests get 503, exit code 0.
+        stream_body = {**body, "max_tokens": 300, "stream": True}
+        with requests.post(s.url + "/v1/completions", json=stream_body, stream=True, timeout=120) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith(b"data: "):
+                    break
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            assert requests.get(s.url + "/health", timeout=5).status_code == 503
+            assert requests.post(s.url + "/v1/completions", json=body, timeout=5).status_code == 503
+            rest = [l for l in lines if l.startswith(b"data: ")]
+        assert rest[-1] == b"data: [DONE]"
+        assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()

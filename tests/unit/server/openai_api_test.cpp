@@ -1,0 +1,470 @@
+// The pure JSON -> Request conversion: every bad input is a 4xx with an OpenAI-style error naming
+// the field; good inputs become the right engine requests; responses have the OpenAI shapes.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+using namespace ss;
+using namespace ss::server;
+using nlohmann::json;
+
+namespace {
+
+class OpenAiApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tok_ = test_support::test_tokenizer().release(); }
+  static void TearDownTestSuite() {
+    delete tok_;
+    tok_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(tok_, nullptr);
+    m_.id = "test-model";
+    m_.max_model_len = 128;
+    m_.vocab_size = tok_->vocab_size();
+    m_.tokenizer = tok_;
+    m_.chat_template = tok_->chat_template();
+  }
+  ApiResult<GenerationRequest> completion(const std::string& body) {
+    return parse_generation_request(Endpoint::Completions, body, m_);
+  }
+  ApiResult<GenerationRequest> chat(const std::string& body) {
+    return parse_generation_request(Endpoint::ChatCompletions, body, m_);
+  }
+  // Expects a rejection with `status` naming `param` (when given).
+  void expect_error(const ApiResult<GenerationRequest>& r, int status, const std::string& param, const std::string& body) {
+    ASSERT_FALSE(r.ok()) << "accepted: " << body;
+    EXPECT_EQ(r.error().status, status) << body << " -> " << r.error().message;
+    if (!param.empty()) {
+      EXPECT_EQ(r.error().param, param) << body << " -> " << r.error().message;
+    }
+    EXPECT_FALSE(r.error().message.empty());
+  }
+  static tok::Tokenizer* tok_;
+  ModelInfo m_;
+};
+tok::Tokenizer* OpenAiApi::tok_ = nullptr;
+
+TEST_F(OpenAiApi, MinimalCompletion) {
+  auto r = completion(R"({"model":"test-model","prompt":"Hello world"})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  ASSERT_EQ(g.prompts.size(), 1u);
+  EXPECT_EQ(g.prompts[0].ids, tok_->encode("Hello world", tok_->add_bos(), true));
+  EXPECT_EQ(g.prompts[0].text, "Hello world");
+  EXPECT_EQ(g.max_tokens, 16);  // OpenAI's completions default
+  EXPECT_EQ(g.n, 1);
+  EXPECT_FALSE(g.stream);
+  EXPECT_EQ(g.logprobs, -1);
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 1.0f);
+}
+
+TEST_F(OpenAiApi, ModelIsOptionalAndNullMeansDefault) {
+  auto r = completion(R"({"prompt":"hi","temperature":null,"max_tokens":null,"stop":null,"seed":null,"n":null})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().max_tokens, 16);
+}
+
+TEST_F(OpenAiApi, UnknownFieldsAreIgnored) {
+  auto r = completion(
+      R"({"prompt":"hi","user":"u1","metadata":{"a":[1,2,{"b":null}]},"store":false,"x_future_flag":true,
+          "tools":[{"type":"function"}],"parallel_tool_calls":false,"service_tier":"auto"})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+}
+
+TEST_F(OpenAiApi, AllSamplingFields) {
+  auto r = completion(R"({"prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":40,"min_p":0.05,
+      "seed":7,"presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.1,"stop":["a","b"],
+      "stop_token_ids":[5,6],"n":3,"logprobs":2,"echo":true,"stream":true,"stream_options":{"include_usage":true},
+      "timeout":2.5,"ignore_eos":true})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  EXPECT_EQ(g.max_tokens, 5);
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.top_p, 0.9f);
+  EXPECT_EQ(g.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(g.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(g.seed, 7u);
+  EXPECT_EQ(g.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(g.stop_token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(g.n, 3);
+  EXPECT_EQ(g.num_choices(), 3);
+  EXPECT_EQ(g.logprobs, 2);
+  EXPECT_TRUE(g.echo);
+  EXPECT_TRUE(g.stream);
+  EXPECT_TRUE(g.include_usage);
+  EXPECT_TRUE(g.ignore_eos);
+  ASSERT_TRUE(g.timeout_s.has_value());
+  EXPECT_DOUBLE_EQ(*g.timeout_s, 2.5);
+}
+
+TEST_F(OpenAiApi, TopKMinusOneMeansOff) {
+  auto r = completion(R"({"prompt":"hi","top_k":-1})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().sampling.top_k, 0);
+}
+
+TEST_F(OpenAiApi, StopAsString) {
+  auto r = completion(R"({"prompt":"hi","stop":"\n\n"})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().stop, std::vector<std::string>{"\n\n"});
+}
+
+TEST_F(OpenAiApi, MalformedBodies) {
+  for (const char* body : {"", "{", "{\"prompt\": }", "not json", "{\"prompt\":\"hi\",}", "{\"prompt\":\"\xff\xfe\"}",
+                           "{\"a\":1}{\"b\":2}", "nul", "\"\\ud800\""}) {
+    auto r = completion(body);
+    expect_error(r, 400, "", body);
+  }
+  for (const char* body : {"[]", "\"x\"", "1", "null", "true", "[{\"prompt\":\"hi\"}]"}) {
+    auto r = completion(body);
+    expect_error(r, 400, "", body);
+    EXPECT_NE(r.error().message.find("JSON object"), std::string::npos) << r.error().message;
+  }
+}
+
+TEST_F(OpenAiApi, WrongTypesAreRejectedNamingTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt":"hi","top_k":2.5})", "top_k"},
+      {R"({"prompt":"hi","top_k":40.0})", "top_k"},
+      {R"({"prompt":"hi","top_k":"5"})", "top_k"},
+      {R"({"prompt":"hi","top_k":true})", "top_k"},
+      {R"({"prompt":"hi","temperature":"hot"})", "temperature"},
+      {R"({"prompt":"hi","temperature":[1]})", "temperature"},
+      {R"({"prompt":"hi","top_p":"x"})", "top_p"},
+      {R"({"prompt":"hi","min_p":{}})", "min_p"},
+      {R"({"prompt":"hi","presence_penalty":"a"})", "presence_penalty"},
+      {R"({"prompt":"hi","frequency_penalty":false})", "frequency_penalty"},
+      {R"({"prompt":"hi","repetition_penalty":"1"})", "repetition_penalty"},
+      {R"({"prompt":"hi","n":1.5})", "n"},
+      {R"({"prompt":"hi","n":"2"})", "n"},
+      {R"({"prompt":"hi","seed":1.5})", "seed"},
+      {R"({"prompt":"hi","seed":"7"})", "seed"},
+      {R"({"prompt":"hi","max_tokens":"10"})", "max_tokens"},
+      {R"({"prompt":"hi","max_tokens":10.0})", "max_tokens"},
+      {R"({"prompt":"hi","stream":"yes"})", "stream"},
+      {R"({"prompt":"hi","stream":1})", "stream"},
+      {R"({"prompt":"hi","stream_options":"x"})", "stream_options"},
+      {R"({"prompt":"hi","stream":true,"stream_options":{"include_usage":"y"}})", "include_usage"},
+      {R"({"prompt":"hi","stop":5})", "stop"},
+      {R"({"prompt":"hi","stop":[1]})", "stop"},
+      {R"({"prompt":"hi","stop":{"a":1}})", "stop"},
+      {R"({"prompt":"hi","stop_token_ids":"x"})", "stop_token_ids"},
+      {R"({"prompt":"hi","stop_token_ids":[1.5]})", "stop_token_ids"},
+      {R"({"prompt":"hi","logprobs":true})", "logprobs"},
+      {R"({"prompt":"hi","logprobs":2.5})", "logprobs"},
+      {R"({"prompt":"hi","echo":1})", "echo"},
+      {R"({"prompt":"hi","ignore_eos":"no"})", "ignore_eos"},
+      {R"({"prompt":"hi","timeout":"x"})", "timeout"},
+      {R"({"prompt":"hi","model":5})", "model"},
+      {R"({"prompt":"hi","logit_bias":[1]})", "logit_bias"},
+      {R"({"prompt":"hi","best_of":1.5})", "best_of"},
+      {R"({"prompt":"hi","suffix":3})", "suffix"},
+      {R"({"prompt":5})", "prompt"},
+      {R"({"prompt":{"text":"hi"}})", "prompt"},
+      {R"({"prompt":true})", "prompt"},
+      {R"({"prompt":[1.5,2]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "prompt"},
+      {R"({"prompt":["a",1]})", "prompt"},
+      {R"({"prompt":[[1],"a"]})", "prompt"},
+      {R"({"prompt":[[1,2],[3,"x"]]})", "prompt"},
+      {R"({"prompt":[null]})", "prompt"},
+  };
+  for (const auto& [body, param] : cases) expect_error(completion(body), 400, param, body);
+}
+
+TEST_F(OpenAiApi, OutOfRangeValues) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt":"hi","temperature":-1})", "temperature"},
+      {R"({"prompt":"hi","temperature":1e300})", "temperature"},
+      {R"({"prompt":"hi","top_p":0})", "top_p"},
+      {R"({"prompt":"hi","top_p":1.5})", "top_p"},
+      {R"({"prompt":"hi","top_k":-2})", "top_k"},
+      {R"({"prompt":"hi","top_k":99999999999})", "top_k"},
+      {R"({"prompt":"hi","min_p":2})", "min_p"},
+      {R"({"prompt":"hi","presence_penalty":3})", "presence_penalty"},
+      {R"({"prompt":"hi","frequency_penalty":-2.5})", "frequency_penalty"},
+      {R"({"prompt":"hi","repetition_penalty":0})", "repetition_penalty"},
+      {R"({"prompt":"hi","n":0})", "n"},
+      {R"({"prompt":"hi","n":1000})", "n"},
+      {R"({"prompt":"hi","n":-1})", "n"},
+      {R"({"prompt":"hi","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"hi","max_tokens":-5})", "max_tokens"},
+      {R"({"prompt":"hi","logprobs":21})", "logprobs"},
+      {R"({"prompt":"hi","logprobs":-1})", "logprobs"},
+      {R"({"prompt":"hi","timeout":0})", "timeout"},
+      {R"({"prompt":"hi","timeout":-3})", "timeout"},
+      {R"({"prompt":"hi","stop_token_ids":[-1]})", "stop_token_ids"},
+      {R"({"prompt":"hi","stop_token_ids":[99999999]})", "stop_token_ids"},
+      {R"({"prompt":"hi","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})", "stop"},
+      {R"({"prompt":"hi","best_of":3})", "best_of"},
+      {R"({"prompt":"hi","logit_bias":{"5":10}})", "logit_bias"},
+      {R"({"prompt":"hi","suffix":"tail"})", "suffix"},
+      {R"({"prompt":"hi","response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"prompt":[-1]})", "prompt"},
+      {R"({"prompt":[99999999]})", "prompt"},
+      {R"({"prompt":[4294967297]})", "prompt"},
+  };
+  for (const auto& [body, param] : cases) expect_error(completion(body), 400, param, body);
+}
+
+TEST_F(OpenAiApi, EmptyPrompts) {
+  for (const char* body : {R"({"prompt":""})", R"({"prompt":[]})", R"({"prompt":[[]]})", R"({"prompt":["a",""]})",
+                           R"({})", R"({"prompt":null})"})
+    expect_error(completion(body), 400, "prompt", body);
+  for (const char* body : {R"({"messages":[]})", R"({})", R"({"messages":null})"})
+    expect_error(chat(body), 400, "messages", body);
+}
+
+TEST_F(OpenAiApi, UnknownModelIs404) {
+  auto r = completion(R"({"model":"gpt-4","prompt":"hi"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().status, 404);
+  EXPECT_EQ(r.error().code, "model_not_found");
+  EXPECT_EQ(r.error().param, "model");
+  auto c = chat(R"({"model":"nope","messages":[{"role":"user","content":"x"}]})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().status, 404);
+}
+
+TEST_F(OpenAiApi, ContextIsNeverTruncated) {
+  std::string long_text;
+  for (int i = 0; i < 200; ++i) long_text += " word" + std::to_string(i);
+  auto r = completion(json{{"prompt", long_text}}.dump());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().status, 400);
+  EXPECT_EQ(r.error().code, "context_length_exceeded");
+  EXPECT_NE(r.error().message.find("maximum context length is 128"), std::string::npos) << r.error().message;
+
+  std::vector<int> ids(100, 5);
+  auto fits = completion(json{{"prompt", ids}, {"max_tokens", 28}}.dump());
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
+  EXPECT_EQ(fits.value().max_tokens, 28);
+  auto over = completion(json{{"prompt", ids}, {"max_tokens", 29}}.dump());
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().code, "context_length_exceeded");
+  EXPECT_EQ(over.error().param, "max_tokens");
+  EXPECT_NE(over.error().message.find("129"), std::string::npos) << over.error().message;
+  auto huge = completion(R"({"prompt":"hi","max_tokens":1000000000000000})");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.error().code, "context_length_exceeded");
+  auto exact = completion(json{{"prompt", std::vector<int>(128, 5)}}.dump());
+  ASSERT_FALSE(exact.ok()) << "a prompt filling the context leaves no room";
+  // Near the end of the context the default max_tokens shrinks to what is left.
+  auto tail = completion(json{{"prompt", std::vector<int>(120, 5)}}.dump());
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(tail.value().max_tokens, 8);
+}
+
+TEST_F(OpenAiApi, TokenAndBatchPrompts) {
+  auto r = completion(R"({"prompt":[1,2,3],"n":2})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.value().num_choices(), 2);
+  auto b = completion(R"({"prompt":["one","two"],"n":2})");
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_EQ(b.value().prompts.size(), 2u);
+  EXPECT_EQ(b.value().num_choices(), 4);
+  EXPECT_EQ(b.value().prompt_index(3), 1);
+  auto t = completion(R"({"prompt":[[1,2],[3]]})");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t.value().prompts[1].ids, std::vector<int32_t>{3});
+  m_.max_choices = 4;
+  expect_error(completion(R"({"prompt":["a","b","c"],"n":2})"), 400, "n", "6 choices");
+}
+
+TEST_F(OpenAiApi, Chat) {
+  auto r = chat(R"({"model":"test-model","messages":[{"role":"system","content":"Be brief."},
+      {"role":"user","content":"Hi"}],"max_completion_tokens":7,"max_tokens":99,"logprobs":true,"top_logprobs":3})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  EXPECT_EQ(g.max_tokens, 7) << "max_completion_tokens wins";
+  EXPECT_EQ(g.logprobs, 3);
+  const std::string& text = g.prompts[0].text;
+  EXPECT_NE(text.find("<|im_start|>system\nBe brief.<|im_end|>"), std::string::npos) << text;
+  EXPECT_NE(text.find("<|im_start|>assistant\n"), std::string::npos) << text;
+  EXPECT_EQ(g.prompts[0].ids, tok_->encode(text, false, true));
+
+  auto d = chat(R"({"messages":[{"role":"user","content":"Hi"}]})");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d.value().max_tokens, 128 - static_cast<int>(d.value().prompts[0].ids.size())) << "chat default: the rest";
+  EXPECT_EQ(d.value().logprobs, -1);
+
+  auto parts = chat(R"({"messages":[{"role":"developer","content":"sys"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+      {"role":"assistant","content":null},{"role":"user","content":"c","name":"bob"}]})");
+  ASSERT_TRUE(parts.ok()) << parts.error().message;
+  EXPECT_NE(parts.value().prompts[0].text.find("a\nb"), std::string::npos);
+  auto lp = chat(R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true})");
+  ASSERT_TRUE(lp.ok());
+  EXPECT_EQ(lp.value().logprobs, 0);
+}
+
+TEST_F(OpenAiApi, BadChatMessages) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"messages":"hi"})", "messages"},
+      {R"({"messages":{"role":"user"}})", "messages"},
+      {R"({"messages":[1]})", "messages[0]"},
+      {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":5,"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"robot","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", "messages[0].content[0]"},
+      {R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages[0].content[0].text"},
+      {R"({"messages":[{"role":"user","content":[5]}]})", "messages[0].content[0]"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2.5})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_completion_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":"5"})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":"yes"})", "add_generation_prompt"},
+  };
+  for (const auto& [body, param] : cases) expect_error(chat(body), 400, param, body);
+}
+
+TEST_F(OpenAiApi, DeepNestingIsRejectedNotACrash) {
+  const int depth = 200000;
+  std::string body = "{\"prompt\":" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  expect_error(completion(body), 400, "", "deep");
+  std::string obj = "{\"prompt\":\"hi\",\"x\":";
+  for (int i = 0; i < depth; ++i) obj += "{\"a\":";
+  obj += "1" + std::string(depth, '}') + "}";
+  EXPECT_TRUE(completion(obj).ok()) << "an unknown deep field is ignored";
+}
+
+TEST_F(OpenAiApi, ToEngineRequest) {
+  auto r = completion(R"({"prompt":"hi","n":3,"seed":100,"stop_token_ids":[7],"logprobs":1,"max_tokens":4})");
+  ASSERT_TRUE(r.ok());
+  for (int c = 0; c < 3; ++c) {
+    engine::Request er = to_engine_request(r.value(), c, m_, 555);
+    EXPECT_EQ(er.sampling.seed, 100u + c);
+    EXPECT_EQ(er.max_tokens, 4);
+    EXPECT_EQ(er.logprobs, 1);
+    EXPECT_EQ(er.prompt, r.value().prompts[0].ids);
+    EXPECT_EQ(er.stop_ids.front(), 7);
+    for (int32_t id : tok_->eog_ids())
+      EXPECT_NE(std::find(er.stop_ids.begin(), er.stop_ids.end(), id), er.stop_ids.end());
+  }
+  auto noseed = completion(R"({"prompt":"hi","ignore_eos":true})");
+  ASSERT_TRUE(noseed.ok());
+  engine::Request er = to_engine_request(noseed.value(), 0, m_, 555);
+  EXPECT_EQ(er.sampling.seed, 555u);
+  EXPECT_TRUE(er.stop_ids.empty());
+  auto neg = completion(R"({"prompt":"hi","seed":-1})");
+  ASSERT_TRUE(neg.ok());
+  EXPECT_EQ(to_engine_request(neg.value(), 0, m_, 0).sampling.seed, ~uint64_t{0});
+}
+
+TEST_F(OpenAiApi, TokenizeAndDetokenize) {
+  auto t = tokenize_request(R"({"model":"test-model","prompt":"Hello world","return_token_strs":true})", m_);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  const json& tj = t.value();
+  EXPECT_EQ(tj["count"], tj["tokens"].size());
+  EXPECT_EQ(tj["max_model_len"], 128);
+  EXPECT_EQ(tj["token_strs"].size(), tj["tokens"].size());
+  auto d = detokenize_request(json{{"tokens", tj["tokens"]}}.dump(), m_);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d.value()["prompt"], "Hello world");
+  auto chat_t = tokenize_request(R"({"messages":[{"role":"user","content":"Hi"}]})", m_);
+  ASSERT_TRUE(chat_t.ok()) << chat_t.error().message;
+  EXPECT_GT(chat_t.value()["count"].get<int>(), 3);
+
+  for (const char* body : {"{", "[]", R"({})", R"({"prompt":5})", R"({"prompt":"x","add_special_tokens":"no"})",
+                           R"({"messages":"x"})"}) {
+    auto r = tokenize_request(body, m_);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.error().status, 400) << body;
+  }
+  EXPECT_EQ(tokenize_request(R"({"model":"zzz","prompt":"x"})", m_).error().status, 404);
+  for (const char* body : {R"({})", R"({"tokens":"x"})", R"({"tokens":[1.5]})", R"({"tokens":[-1]})",
+                           R"({"tokens":[123456789]})", "nope"}) {
+    auto r = detokenize_request(body, m_);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.error().status, 400) << body;
+  }
+}
+
+TEST_F(OpenAiApi, ErrorBodyShape) {
+  ApiError e;
+  e.status = 404;
+  e.message = "nope";
+  e.param = "model";
+  e.code = "model_not_found";
+  const json j = json::parse(error_body(e));
+  EXPECT_EQ(j["error"]["message"], "nope");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "model");
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  ApiError bare;
+  bare.message = "x";
+  const json b = json::parse(error_body(bare));
+  EXPECT_TRUE(b["error"]["param"].is_null());
+  EXPECT_TRUE(b["error"]["code"].is_null());
+}
+
+TEST_F(OpenAiApi, ResponseShapes) {
+  auto r = completion(R"({"prompt":"Hi","n":2,"logprobs":1,"echo":true})");
+  ASSERT_TRUE(r.ok());
+  const GenerationRequest& g = r.value();
+  std::vector<ChoiceOutput> outs(2);
+  outs[0].index = 0;
+  outs[0].text = " there";
+  outs[0].finish_reason = "length";
+  outs[0].completion_tokens = 1;
+  outs[0].logprobs.push_back(TokenLogprob{5, -0.5f, {{5, -0.5f}, {6, -1.5f}}});
+  outs[1].index = 1;
+  outs[1].text = "!";
+  outs[1].finish_reason = "stop";
+  outs[1].stop_reason = "\n";
+  outs[1].completion_tokens = 2;
+  const json c = completion_response(g, m_, "cmpl-1", 42, outs);
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["model"], "test-model");
+  EXPECT_EQ(c["choices"][0]["text"], "Hi there");
+  EXPECT_EQ(c["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(c["choices"][1]["stop_reason"], "\n");
+  EXPECT_EQ(c["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(c["usage"]["total_tokens"], c["usage"]["prompt_tokens"].get<int>() + 3);
+  const json& lp = c["choices"][0]["logprobs"];
+  const size_t nprompt = g.prompts[0].ids.size();
+  ASSERT_EQ(lp["tokens"].size(), nprompt + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << "echoed prompt tokens have no logprob";
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][nprompt].get<float>(), -0.5f);
+  EXPECT_EQ(lp["top_logprobs"][nprompt].size(), 2u);
+  EXPECT_EQ(lp["text_offset"][nprompt], 2);
+
+  auto cr = chat(R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2,"stream":true,
+      "stream_options":{"include_usage":true}})");
+  ASSERT_TRUE(cr.ok());
+  const json ch = chat_response(cr.value(), m_, "chatcmpl-1", 42, {outs[0]});
+  EXPECT_EQ(ch["object"], "chat.completion");
+  EXPECT_EQ(ch["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(ch["choices"][0]["message"]["content"], " there");
+  ASSERT_EQ(ch["choices"][0]["logprobs"]["content"].size(), 1u);
+  EXPECT_EQ(ch["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
+  EXPECT_TRUE(ch["choices"][0]["logprobs"]["content"][0]["bytes"].is_array());
+  const std::string text = "x";
+  const json chunk = chat_chunk(cr.value(), m_, "chatcmpl-1", 42, 0, nullptr, &text, nullptr, nullptr);
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "x");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null());
+  const json fin = chat_chunk(cr.value(), m_, "chatcmpl-1", 42, 0, nullptr, nullptr, nullptr, "stop");
+  EXPECT_TRUE(fin["choices"][0]["delta"].empty());
+  const json u = usage_chunk(cr.value(), m_, "chatcmpl-1", 42, Usage{3, 4});
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["total_tokens"], 7);
+  // Partial UTF-8 in a token's text must not break serialization.
+  EXPECT_NO_THROW((void)dump_json(json{{"t", std::string("\xe4\xbd")}}));
+  EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
+  const json models = models_response(m_);
+  EXPECT_EQ(models["data"][0]["id"], "test-model");
+}
+
+}  // namespace

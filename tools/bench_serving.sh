@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The serving benchmarks of docs/perf/serving.md: starts `selfserve serve` on the default model and
+# drives it with `selfserve bench serve` over loopback, then reads the engine's own counters from
+# /metrics and the threads' CPU time from /proc.
+#  1. decode scaling: 1 vs 16 concurrent streams, short prompts, 128 output tokens each;
+#  2. the default request mix at concurrency 8: KV paging waste and scheduler/HTTP overhead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT=${PORT:-18511}
+OUT=${OUT:-/tmp/selfserve-bench}
+mkdir -p "$OUT"
+build/selfserve serve --port "$PORT" --quiet >"$OUT/server.log" 2>&1 &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
+until python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$PORT/health').status!=200)" 2>/dev/null; do
+  kill -0 $pid || { cat "$OUT/server.log"; exit 1; }; sleep 0.3; done
+URL=http://127.0.0.1:$PORT/v1
+
+echo "== 1. decode scaling (short prompts, 128 output tokens)"
+build/selfserve bench serve --url "$URL" --mix 1,0,0 --output-tokens 128,128 --concurrency 1,16 \
+  --num-requests 32 --duration 120 --seed 7 --json "$OUT/scaling.json"
+
+metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())"; }
+cpu() {  # utime+stime ticks of this server's threads, by thread name
+  for t in /proc/$pid/task/*; do
+    awk -v name="$(cat "$t/comm")" '{print name, $14+$15}' "$t/stat"; done | awk '{a[$1]+=$2} END {for (k in a) print k, a[k]}'
+}
+m0=$(metrics); c0=$(cpu)
+echo "== 2. default mix (30% short, 50% medium, 20% long), concurrency 8"
+build/selfserve bench serve --url "$URL" --concurrency 8 --num-requests 24 --duration 240 --seed 11 \
+  --output-tokens 16,256 --json "$OUT/mix.json"
+m1=$(metrics); c1=$(cpu)
+python3 - "$m0" "$m1" "$c0" "$c1" <<'PY'
+import sys
+def parse(text):
+    d = {}
+    for line in text.splitlines():
+        if line and not line.startswith('#'):
+            k, v = line.rsplit(' ', 1)
+            d[k] = float(v)
+    return d
+def cpu(text):
+    return {l.split()[0]: int(l.split()[1]) for l in text.splitlines() if l.strip()}
+m0, m1 = parse(sys.argv[1]), parse(sys.argv[2])
+c0, c1 = cpu(sys.argv[3]), cpu(sys.argv[4])
+d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+held, filled = d('selfserve_kv_slots_held_total'), d('selfserve_kv_slots_filled_total')
+step, fwd = d('selfserve_engine_step_seconds_total'), d('selfserve_engine_forward_seconds_total')
+print(f"KV paging waste (step-averaged): {100 * (1 - filled / held):.2f}% of held slots ({int(held)} held, {int(filled)} filled)")
+print(f"engine steps: {int(d('selfserve_engine_steps_total'))}, step time {step:.2f} s, forward {fwd:.2f} s, "
+      f"engine overhead (plan + sample + emit) {100 * (step - fwd) / step:.2f}%")
+dc = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1)}
+total = sum(dc.values())
+http = sum(v for k, v in dc.items() if k not in ('ss-engine', 'ss-cpu'))
+print("CPU ticks by thread:", dict(sorted(dc.items())))
+print(f"HTTP + parsing threads: {100 * http / total:.2f}% of the server's CPU time")
+PY
