@@ -106,9 +106,10 @@ void run_serve(const ServeArgs& a) {
   if (a.num_kv_blocks > 0) {
     bo.kv.num_blocks = a.num_kv_blocks;
   } else {
-    // The CPU backend stores fp32 K and V per layer, blocks padded to 16 slots.
+    // The CPU backend stores K and V per layer (fp16 by default), blocks padded to 16 slots.
     const int64_t slots = (a.block_size + 15) / 16 * 16;
-    const int64_t block_bytes = static_cast<int64_t>(mc.n_layers) * 2 * mc.n_kv_heads * mc.head_dim * slots * 4;
+    const int64_t elem = bo.kv.dtype == backend::KvCacheConfig::DType::F16 ? 2 : 4;
+    const int64_t block_bytes = static_cast<int64_t>(mc.n_layers) * 2 * mc.n_kv_heads * mc.head_dim * slots * elem;
     const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
     bo.kv.num_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
   }
