@@ -366,9 +366,12 @@ void CpuBackend::plan_attention(const StepBatch& b) {
   std::sort(tiles_.begin(), tiles_.end(), [](const Tile& a, const Tile& c) {
     return a.cost != c.cost ? a.cost > c.cost : a.begin < c.begin;
   });
+  // A one-token tile (a decode row) is one item per GQA group: the group's query heads share each
+  // K/V load. Longer tiles are one item per head (their rows already share the loads).
   items_.clear();
+  const int n_rep = nh_ / nkv_;
   for (int t = 0; t < static_cast<int>(tiles_.size()); ++t)
-    for (int h = 0; h < nh_; ++h) items_.push_back(t * nh_ + h);
+    for (int h = 0; h < nh_; h += tiles_[t].n == 1 ? n_rep : 1) items_.push_back(t * nh_ + h);
 }
 
 Status CpuBackend::forward(const StepBatch& b, float* logits) {
@@ -467,8 +470,12 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
           if (it >= c->n_items) break;
           const int item = s.items_[it];
           const Tile& tile = s.tiles_[item / s.nh_];
-          c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
-                            c->b->block_tables[tile.seq].data(), scratch);
+          if (tile.n == 1)
+            c->ops->attention_group(*c->A, s.order_[tile.begin], item % s.nh_, s.nh_ / s.nkv_,
+                                    c->b->block_tables[tile.seq].data(), scratch);
+          else
+            c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
+                              c->b->block_tables[tile.seq].data(), scratch);
         }
       };
       int64_t work_total = 0;

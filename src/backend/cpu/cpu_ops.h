@@ -42,6 +42,11 @@ struct AttnLayer {
 using AttnFn = void (*)(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* block_table,
                         float* scratch);
 size_t attn_scratch_floats(int head_dim);
+// Attention of one token `row` for the query heads head0..head0+n_heads-1, which must share one KV
+// head (a GQA group): they form one micro-tile, so every K/V load serves all of them. Each head's
+// result is bit-identical to attention() of that head alone (rows never mix in the arithmetic).
+using AttnGroupFn = void (*)(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* block_table,
+                             float* scratch);
 
 struct OpsTable {
   const char* name;
@@ -58,6 +63,7 @@ struct OpsTable {
   // else pairs (i, i + rope_dim/2). Then every element is multiplied by `scale`.
   void (*rope)(float* x, int n_heads, int head_dim, int rope_dim, const float* cs, bool interleaved, float scale);
   AttnFn attention;
+  AttnGroupFn attention_group;
   // One token's K and V (n_kv heads of head_dim each) into `slot` of their blocks (block bases).
   void (*store_kv)(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int head_dim,
                    int64_t bs_pad, int slot, bool f16);

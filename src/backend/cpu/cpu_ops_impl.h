@@ -438,6 +438,44 @@ void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int he
   }
 }
 
+template <class KT>
+void attention_group_typed(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
+                           float* scratch) {
+  const int hd = L.head_dim;
+  const int64_t bs_pad = L.bs_pad;
+  const int g = head0 / L.n_rep;
+  const int64_t k_head = static_cast<int64_t>(g) * hd * bs_pad, v_head = static_cast<int64_t>(g) * bs_pad * hd;
+  float* O = scratch + static_cast<int64_t>(kRows) * kSStride;
+  for (int h0 = 0; h0 < n_heads; h0 += kRows) {
+    const int nr = n_heads - h0 < kRows ? n_heads - h0 : kRows;
+    const float* q[kRows];
+    int32_t pos[kRows];
+    for (int r = 0; r < nr; ++r) {
+      q[r] = L.q + row * L.q_stride + static_cast<int64_t>(head0 + h0 + r) * hd;
+      pos[r] = L.positions[row];
+    }
+    if (nr == 1)
+      attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else if (nr == 2)
+      attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else if (nr <= 4)
+      attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
+    else
+      attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    for (int r = 0; r < nr; ++r)
+      std::memcpy(L.out + row * L.out_stride + static_cast<int64_t>(head0 + h0 + r) * hd,
+                  O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
+  }
+}
+
+void attention_group_impl(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
+                          float* scratch) {
+  if (L.kv_f16)
+    attention_group_typed<uint16_t>(L, row, head0, n_heads, table, scratch);
+  else
+    attention_group_typed<float>(L, row, head0, n_heads, table, scratch);
+}
+
 void attention_impl(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
                     float* scratch) {
   if (L.kv_f16)
@@ -476,7 +514,7 @@ void store_kv_impl(const float* k, const float* v, void* k_block, void* v_block,
 
 OpsTable make_table(const char* name) {
   return OpsTable{name, rmsnorm_impl, add_rmsnorm_impl, add_impl, silu_mul_impl, rope_impl, attention_impl,
-                  store_kv_impl};
+                  attention_group_impl, store_kv_impl};
 }
 
 }  // namespace
