@@ -407,6 +407,20 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
   }
 }
 
+// The micro-tile instance for nr rows: fewer rows trade rows for chunks per K pass.
+template <class KT>
+void attend_rows(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr,
+                 int64_t k_head, int64_t v_head, float* scratch) {
+  if (nr == 1)
+    attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
+  else if (nr == 2)
+    attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
+  else if (nr <= 4)
+    attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
+  else
+    attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+}
+
 template <class KT>
 void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
                      float* scratch) {
@@ -424,14 +438,7 @@ void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int he
       q[r] = L.q + rows[r0 + r] * L.q_stride + static_cast<int64_t>(head) * hd;
       pos[r] = L.positions[rows[r0 + r]];
     }
-    if (nr == 1)
-      attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else if (nr == 2)
-      attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else if (nr <= 4)
-      attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else
-      attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_rows<KT>(L, table, q, pos, nr, k_head, v_head, scratch);
     for (int r = 0; r < nr; ++r)
       std::memcpy(L.out + rows[r0 + r] * L.out_stride + static_cast<int64_t>(head) * hd,
                   O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
@@ -454,14 +461,7 @@ void attention_group_typed(const AttnLayer& L, int32_t row, int head0, int n_hea
       q[r] = L.q + row * L.q_stride + static_cast<int64_t>(head0 + h0 + r) * hd;
       pos[r] = L.positions[row];
     }
-    if (nr == 1)
-      attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else if (nr == 2)
-      attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else if (nr <= 4)
-      attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
-    else
-      attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_rows<KT>(L, table, q, pos, nr, k_head, v_head, scratch);
     for (int r = 0; r < nr; ++r)
       std::memcpy(L.out + row * L.out_stride + static_cast<int64_t>(head0 + h0 + r) * hd,
                   O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
