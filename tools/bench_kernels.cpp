@@ -5,7 +5,8 @@
 //
 // Per case: median wall time of repeated calls (after warm-up), GFLOP/s = 2 rows cols n_tok / t and
 // GB/s = weight bytes / t. "matmul" is the public entry point (it picks the kernel); "per-token*"
-// forces the per-token (per-row dot) kernel at n_tok > 1, the shape of llama.cpp's vec_dot path.
+// forces the per-token (per-row dot) kernel at n_tok > 1, the shape of llama.cpp's vec_dot path;
+// "packed" runs matmul through the PackedMatrix form (AVX-512, Q4_0/Q4_1/Q8_0).
 // --cold cycles through copies of the weights totalling >= 1 GiB so they come from DRAM, not cache.
 // --floors measures read bandwidth (L2-sized, 64 MiB, 1 GiB) and the vpdpbusd / FMA peak per core.
 #include <immintrin.h>
@@ -24,6 +25,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_internal.h"
+#include "common/huge_buffer.h"
 
 namespace {
 
@@ -262,6 +264,14 @@ int main(int argc, char** argv) {
         W.ne[0] = s.in;
         W.ne[1] = s.out;
         W.nbytes = wbytes;
+        std::vector<ss::cpu::PackedMatrix> packed;  // the packed form of each copy (empty when none)
+        ss::HugeBuffer packed_buf;
+        if (const size_t pb = ss::cpu::packed_bytes(W); isa == Isa::Avx512 && pb && packed_buf.allocate(pb * copies))
+          for (size_t c = 0; c < copies; ++c) {
+            W.data = ws[c].data();
+            packed.push_back(ss::cpu::pack_weights(W, packed_buf.data() + c * pb, pool));
+          }
+        const bool has_packed = !packed.empty() && !packed[0].empty();
         for (int n_tok : ntoks) {
           std::vector<float> x(static_cast<size_t>(n_tok * s.in)), y(static_cast<size_t>(n_tok * s.out));
           std::mt19937 g(7);
@@ -270,16 +280,21 @@ int main(int argc, char** argv) {
           const size_t sb = ss::cpu::matmul_scratch_bytes(s.type, s.in, n_tok);
           std::vector<uint8_t> scratch(sb);
           const double flops = 2.0 * static_cast<double>(s.in) * static_cast<double>(s.out) * n_tok;
-          std::vector<std::pair<const char*, bool>> paths{{"matmul", false}};
+          // 0: matmul on the tensor, 1: per-token kernel forced, 2: matmul through the packed form.
+          std::vector<std::pair<const char*, int>> paths{{"matmul", 0}};
           const bool q32 = ss::model::info(s.type).block_size == 32;
-          if (n_tok > 1 && isa != Isa::Scalar && q32) paths.push_back({"per-token*", true});
+          if (n_tok > 1 && isa != Isa::Scalar && q32) paths.push_back({"per-token*", 1});
+          if (has_packed) paths.push_back({"packed", 2});
           for (auto [path, forced] : paths) {
             size_t c = 0;
             const Result r = time_it(
                 [&] {
                   W.data = ws[c].data();
+                  const size_t pc = c;
                   c = (c + 1) % copies;
-                  if (forced) matmul_per_token(isa, W, x.data(), n_tok, y.data(), scratch.data(), pool);
+                  if (forced == 1) matmul_per_token(isa, W, x.data(), n_tok, y.data(), scratch.data(), pool);
+                  else if (forced == 2)
+                    ss::cpu::matmul(W, packed[pc], x.data(), n_tok, s.in, y.data(), s.out, {scratch.data(), sb}, pool);
                   else ss::cpu::matmul(W, x.data(), n_tok, s.in, y.data(), s.out, {scratch.data(), sb}, pool);
                 },
                 isa == Isa::Scalar && n_tok > 1 ? 0.0 : min_time, nthr);

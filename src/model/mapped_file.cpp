@@ -44,6 +44,15 @@ Expected<std::string> read_text_file(const std::string& path) {
   return std::string(reinterpret_cast<const char*>(f->data()), f->size());
 }
 
+void MappedFile::release(const void* p, size_t n) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto b = reinterpret_cast<uintptr_t>(p), e = b + n;
+  const auto lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  if (!data_ || b < lo || e > hi) return;
+  const uintptr_t pb = (b + page - 1) / page * page, pe = e / page * page;
+  if (pb < pe) (void)::madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

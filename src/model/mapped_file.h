@@ -20,6 +20,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops this process's copy of the whole pages inside [p, p + n) (which must lie in the mapping):
+  // the data stays readable (pages fault back in from the file), resident memory shrinks. For data
+  // used once, e.g. weights a backend has copied into another layout.
+  void release(const void* p, size_t n) const;
 
  private:
   MappedFile() = default;

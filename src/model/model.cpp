@@ -25,6 +25,14 @@ const char* arch_name(Arch a) {
 Model::Model() = default;
 Model::~Model() = default;
 
+void Model::release_pages(const Tensor& t) const {
+  if (!t.valid()) return;
+  for (const auto& f : files) {
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    if (f->data() && p >= f->data() && p + t.nbytes <= f->data() + f->size()) return f->release(p, t.nbytes);
+  }
+}
+
 Status verify_sha256(const std::string& file, const std::string& want, const LoadOptions& opts) {
   std::function<void(uint64_t, uint64_t)> progress;
   if (opts.progress) progress = [&](uint64_t d, uint64_t t) { opts.progress("sha256", d, t); };

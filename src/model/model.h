@@ -126,6 +126,11 @@ class Model {
   uint64_t file_bytes = 0;                    // total size of the weight file(s)
 
   std::vector<std::unique_ptr<MappedFile>> files;  // keep the mappings alive
+
+  // Tells the OS this process no longer needs t's pages resident (a backend that copied t into its
+  // own layout calls it): t stays valid and readable, its pages fault back in from the file if read
+  // again. A no-op for tensors not inside one of `files` (e.g. built in memory by a test).
+  void release_pages(const Tensor& t) const;
 };
 
 // Loads a GGUF file or a Hugging Face folder (config.json + model.safetensors or a sharded index).

@@ -113,7 +113,6 @@ class Stopwatch {
 
 }  // namespace
 
-void CpuBackend::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 CpuBackend::CpuBackend(const model::Model& model, const BackendOptions& opts, int threads)
     : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads) {}
@@ -186,6 +185,30 @@ Status CpuBackend::init() {
   }
   inv_freq_ = rope_inv_freq(c, rope_dim_);
 
+  // Pack the matrices for the AVX-512 kernels into one buffer, releasing each original as soon as it
+  // is copied so resident memory stays about one copy of the weights.
+  size_t packed_total = cpu::packed_bytes(out);
+  for (const auto& L : w.layers)
+    for (const model::Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      packed_total += cpu::packed_bytes(*t);
+  packed_.resize(c.n_layers);
+  if (packed_total > 0 && packed_buf_.allocate(packed_total)) {  // without the buffer: unpacked kernels
+    size_t at = 0;
+    auto pack = [&](const model::Tensor& t) {
+      cpu::PackedMatrix p = cpu::pack_weights(t, packed_buf_.data() + at, pool_);
+      at += cpu::packed_bytes(t);
+      if (!p.empty()) model_.release_pages(t);
+      return p;
+    };
+    for (int l = 0; l < c.n_layers; ++l) {
+      const auto& L = w.layers[l];
+      auto& P = packed_[l];
+      P.wq = pack(L.wq), P.wk = pack(L.wk), P.wv = pack(L.wv), P.wo = pack(L.wo);
+      P.w_gate = pack(L.w_gate), P.w_up = pack(L.w_up), P.w_down = pack(L.w_down);
+    }
+    packed_out_ = pack(out);
+  }
+
   // KV cache.
   if (kv_.block_size <= 0) return make_error("cpu backend: kv.block_size must be positive");
   if (kv_.num_blocks <= 0) {
@@ -196,10 +219,8 @@ Status CpuBackend::init() {
   block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
   kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
   const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
-  // calloc: zero pages are mapped lazily, and never-written padding slots read as finite zeros.
-  k_cache_.reset(static_cast<unsigned char*>(std::calloc(per_kind, kv_elem_)));
-  v_cache_.reset(static_cast<unsigned char*>(std::calloc(per_kind, kv_elem_)));
-  if (!k_cache_ || !v_cache_)
+  // Anonymous pages are zero: never-written padding slots read as finite zeros.
+  if (!k_cache_.allocate(per_kind * kv_elem_) || !v_cache_.allocate(per_kind * kv_elem_))
     return make_error("cpu backend: cannot allocate the KV cache (" + std::to_string(2 * per_kind * kv_elem_) +
                       " bytes for " + std::to_string(kv_.num_blocks) + " blocks of " +
                       std::to_string(kv_.block_size) + " tokens); lower kv.num_blocks");
@@ -258,9 +279,10 @@ void CpuBackend::ensure_rope(int len) {
   rope_len_ = len;
 }
 
-void CpuBackend::matmul(const model::Tensor& W, const float* x, int n, int64_t ldx, float* y, int64_t ldy) {
+void CpuBackend::matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx,
+                        float* y, int64_t ldy) {
   cpu::MatmulScratch s{mm_scratch_.data(), mm_scratch_.size()};
-  cpu::matmul(W, x, n, ldx, y, ldy, s, pool_);
+  cpu::matmul(W, P, x, n, ldx, y, ldy, s, pool_);
 }
 
 template <class Fn>
@@ -398,8 +420,9 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   const int64_t bsp = bs_pad_;
   const bool interleaved = cfg_.rope_style == model::RopeStyle::Interleaved;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  const int64_t layer_bytes = static_cast<int64_t>(kv_.num_blocks) * block_stride_ * static_cast<int64_t>(kv_elem_);
-  const int64_t block_bytes = block_stride_ * static_cast<int64_t>(kv_elem_);
+  // Block-major KV: block j holds every layer's slice of it, so a sequence's memory is its blocks.
+  const int64_t layer_bytes = block_stride_ * static_cast<int64_t>(kv_elem_);
+  const int64_t block_bytes = layer_bytes * cfg_.n_layers;
   const bool kv_f16 = kv_elem_ == 2;
 
   // Embedding + first RMSNorm.
@@ -416,12 +439,13 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     const auto& L = W.layers[l];
     const auto& lc = layer_consts_[l];
     const bool last = l + 1 == cfg_.n_layers;
-    unsigned char* kc = k_cache_.get() + l * layer_bytes;
-    unsigned char* vc = v_cache_.get() + l * layer_bytes;
+    unsigned char* kc = k_cache_.data() + l * layer_bytes;
+    unsigned char* vc = v_cache_.data() + l * layer_bytes;
 
-    matmul(L.wq, xn_.data(), T, H_, q_.data(), qd);
-    matmul(L.wk, xn_.data(), T, H_, k_.data(), kvd);
-    matmul(L.wv, xn_.data(), T, H_, v_.data(), kvd);
+    const LayerPacked& P = packed_[l];
+    matmul(L.wq, P.wq, xn_.data(), T, H_, q_.data(), qd);
+    matmul(L.wk, P.wk, xn_.data(), T, H_, k_.data(), kvd);
+    matmul(L.wv, P.wv, xn_.data(), T, H_, v_.data(), kvd);
     sw.lap(pf.matmul_s);
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
@@ -453,7 +477,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     // Attention: (query tile, head) items pulled from a shared counter, costliest first.
     {
       cpu::ops::AttnLayer A{q_.data(), qd,  att_.data(), qd,         kc,
-                            vc,        block_stride_, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16};
+                            vc,        block_stride_ * cfg_.n_layers, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16};
       struct Ctx {
         CpuBackend* self;
         const cpu::ops::AttnLayer* A;
@@ -505,7 +529,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
       sw.lap(pf.other_s);
     }
 
-    matmul(L.wo, ar, n, qd, tmp_.data(), H_);
+    matmul(L.wo, P.wo, ar, n, qd, tmp_.data(), H_);
     sw.lap(pf.matmul_s);
     for_rows(n, 3 * H_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)
@@ -513,15 +537,15 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
                         lc.ffn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
     });
     sw.lap(pf.other_s);
-    matmul(L.w_gate, xn_.data(), n, H_, gate_.data(), I_);
-    matmul(L.w_up, xn_.data(), n, H_, up_.data(), I_);
+    matmul(L.w_gate, P.w_gate, xn_.data(), n, H_, gate_.data(), I_);
+    matmul(L.w_up, P.w_up, xn_.data(), n, H_, up_.data(), I_);
     sw.lap(pf.matmul_s);
     for_rows(n, 8 * I_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)
         ops.silu_mul(gate_.data() + static_cast<size_t>(t) * I_, up_.data() + static_cast<size_t>(t) * I_, I_);
     });
     sw.lap(pf.other_s);
-    matmul(L.w_down, gate_.data(), n, I_, tmp_.data(), H_);
+    matmul(L.w_down, P.w_down, gate_.data(), n, I_, tmp_.data(), H_);
     sw.lap(pf.matmul_s);
     // Residual, then the next RMSNorm (the next layer's, or the final one before lm_head).
     const float* next_norm = last ? output_norm_.data() : layer_consts_[l + 1].attn_norm.data();
@@ -534,7 +558,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   }
 
   if (R > 0) {
-    matmul(W.output.valid() ? W.output : W.token_embd, xn_.data(), R, H_, logits, V_);
+    matmul(W.output.valid() ? W.output : W.token_embd, packed_out_, xn_.data(), R, H_, logits, V_);
     sw.lap(pf.lm_head_s);
   }
   return {};

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+#include "common/huge_buffer.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
 
@@ -53,7 +54,8 @@ class CpuBackend final : public Backend {
   void ensure_rows(int rows);
   void ensure_rope(int max_pos);
   void plan_attention(const StepBatch& batch);
-  void matmul(const model::Tensor& W, const float* x, int n, int64_t ldx, float* y, int64_t ldy);
+  void matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx, float* y,
+              int64_t ldy);
   // Runs fn(begin, end) over [0, n) rows: on the pool when the work is big enough to pay for the
   // dispatch, else inline. Either way each row is computed by the same code.
   template <class Fn>
@@ -81,14 +83,23 @@ class CpuBackend final : public Backend {
   int64_t block_stride_ = 0;  // elements per KV block per layer
   size_t kv_elem_ = 4;        // bytes per cached element (fp32 or fp16)
   std::vector<LayerConsts> layer_consts_;
+  // Matrices in the AVX-512 packed layout (cpu/kernels.h), when the CPU and the type allow; empty
+  // otherwise. The model's own pages of a packed tensor are released (read again only by get_row and
+  // by matmul under a forced non-AVX-512 ISA).
+  struct LayerPacked {
+    cpu::PackedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  std::vector<LayerPacked> packed_;
+  cpu::PackedMatrix packed_out_;
+  HugeBuffer packed_buf_;  // every packed matrix, back to back
   std::vector<float> output_norm_;
   std::vector<float> inv_freq_;
 
-  // KV cache, one allocation per K and per V covering all layers (calloc: pages commit on first use).
-  struct FreeDeleter {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<unsigned char, FreeDeleter> k_cache_, v_cache_;
+  // KV cache, one anonymous mapping per K and per V: [block][layer][...] (cpu_ops.h's per-layer layout
+  // inside), so the memory a sequence touches is its blocks. Pages commit on first use and are zero;
+  // transparent huge pages are requested (a decode step walks tens of MB of KV, and with 4 KiB pages
+  // the TLB misses cost as much as the loads).
+  HugeBuffer k_cache_, v_cache_;
 
   // Scratch sized for cap_rows_ token rows; grown (never shrunk) when a bigger batch arrives.
   int cap_rows_ = 0;

@@ -19,6 +19,7 @@ constexpr int kPassChunks = 128;  // key chunks per softmax pass (longer context
 // Per layer: where q, the output and this layer's paged K/V cache live.
 // K cache: [num_blocks][n_kv][head_dim][bs_pad] (transposed so 16 keys fill one vector);
 // V cache: [num_blocks][n_kv][bs_pad][head_dim]; bs_pad = block_size rounded up to kKeyChunk.
+// Consecutive blocks are block_stride elements apart, which may hold other layers' blocks in between.
 // Elements are fp32, or fp16 (IEEE, round to nearest even) when kv_f16.
 struct AttnLayer {
   const float* q;          // q[t * q_stride + h * head_dim + d], RoPE'd and pre-scaled by 1/sqrt(hd)
@@ -27,7 +28,7 @@ struct AttnLayer {
   int64_t out_stride;
   const void* k_cache;
   const void* v_cache;
-  int64_t block_stride;    // elements per block (n_kv * head_dim * bs_pad), same for K and V
+  int64_t block_stride;    // elements from one block to the next (>= n_kv * head_dim * bs_pad), K and V
   int head_dim;
   int block_size;
   int bs_pad;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cpu/kernels_internal.h"
 
@@ -108,6 +109,68 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
   }
   const auto rows_fn = k ? ks->rows_qk : ks->rows_q32;
   pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) { rows_fn(W, a, y, ldy, r0, r1); });
+}
+
+size_t packed_bytes(const model::Tensor& W) {
+  const detail::PackedFormat f = detail::packed_format(W.type);
+  if (f.block_bytes == 0 || detected_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % 32 != 0) return 0;
+  const int64_t ng = (W.rows() + detail::kPackRows - 1) / detail::kPackRows;
+  return (static_cast<size_t>(ng) * (W.cols() / 32) * f.block_bytes + 63) / 64 * 64;
+}
+
+PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& pool) {
+  PackedMatrix P;
+  if (packed_bytes(W) == 0 || dst0 == nullptr) return P;
+  const detail::PackedFormat f = detail::packed_format(W.type);
+  const int64_t nb = W.cols() / 32, ng = (W.rows() + detail::kPackRows - 1) / detail::kPackRows;
+  P.type = W.type;
+  P.rows = W.rows();
+  P.cols = W.cols();
+  P.group_bytes = static_cast<size_t>(nb) * f.block_bytes;
+  P.data = dst0;
+  const bool q8 = W.type == model::DType::Q8_0, has_m = W.type == model::DType::Q4_1;
+  const int qs_off = W.type == model::DType::Q4_1 ? 4 : 2;  // after d (and m)
+  const size_t src_bytes = model::info(W.type).block_bytes;
+  pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* dst = dst0 + g * P.group_bytes + b * f.block_bytes;  // zero-filled: padding rows stay 0
+        for (int r = 0; r < detail::kPackRows; ++r) {
+          const int64_t row = g * detail::kPackRows + r;
+          if (row >= W.rows()) break;
+          const uint8_t* blk = W.row(row) + b * src_bytes;
+          std::memcpy(dst + 2 * r, blk, 2);                   // d
+          if (has_m) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
+          const uint8_t* qs = blk + qs_off;
+          uint8_t* v = dst + f.header + 4 * r;
+          for (int j = 0; j < f.vectors; ++j)
+            for (int i = 0; i < 4; ++i) v[64 * j + i] = q8 ? static_cast<uint8_t>(qs[4 * j + i] ^ 0x80) : qs[4 * j + i];
+        }
+      }
+  });
+  return P;
+}
+
+void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
+            int64_t ldy, MatmulScratch scratch, ThreadPool& pool) {
+  if (P.empty() || active_isa() != Isa::Avx512 || P.type != W.type || P.rows != W.rows() || P.cols != W.cols())
+    return matmul(W, x, n_tok, ldx, y, ldy, scratch, pool);
+  if (n_tok <= 0) return;
+  if (scratch.bytes < matmul_scratch_bytes(W.type, W.cols(), n_tok)) {
+    std::fprintf(stderr, "ss::cpu::matmul(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n", W.name.c_str(),
+                 scratch.bytes, matmul_scratch_bytes(W.type, W.cols(), n_tok));
+    std::abort();
+  }
+  const detail::QActs a = detail::carve_qacts(scratch.buf, W.cols(), n_tok, 1, 32);
+  if (n_tok * W.cols() < kParallelQuantize) {
+    detail::avx512::quantize(W.type, x, ldx, 0, n_tok, a);
+  } else {
+    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
+      detail::avx512::quantize(W.type, x, ldx, static_cast<int>(t0), static_cast<int>(t1), a);
+    });
+  }
+  const int64_t ng = (P.rows + detail::kPackRows - 1) / detail::kPackRows;
+  pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) { detail::avx512::rows_packed(P, a, y, ldy, g0, g1); });
 }
 
 void get_row(const model::Tensor& W, int64_t row, float* out) {

@@ -35,6 +35,32 @@ size_t matmul_scratch_bytes(model::DType wtype, int64_t cols, int n_tok);
 void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
             MatmulScratch scratch, ThreadPool& pool);
 
+// A weight matrix re-laid out once, at load, for the AVX-512 VNNI kernels: per group of 16 output rows
+// and per 32-value block, the 16 rows' scales and then the quantized values with the 16 rows in the 16
+// lanes of each vector, so a kernel multiplies 16 rows by a token with no staging and no horizontal
+// sums (layout: kernels_internal.h). Q4_0, Q4_1 and Q8_0 have a packed form; it takes the same bytes
+// as the original (Q8_0, Q4_1) or 11% more (Q4_0).
+struct PackedMatrix {
+  model::DType type = model::DType::F32;
+  int64_t rows = 0, cols = 0;
+  size_t group_bytes = 0;         // one group of 16 rows, every block
+  const uint8_t* data = nullptr;  // not owned: packed_bytes() bytes in the caller's buffer
+  bool empty() const { return data == nullptr; }
+};
+
+// Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the CPU does not run the
+// AVX-512 kernels. Callers pack many matrices into one buffer (cf. common/huge_buffer.h).
+size_t packed_bytes(const model::Tensor& W);
+
+// Packs W into dst: packed_bytes(W) bytes, 64-byte aligned and zero-filled. Rows are split over the
+// pool. Returns an empty matrix when packed_bytes(W) == 0. matmul through it is bit-identical to
+// matmul(W, ...).
+PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst, ThreadPool& pool);
+
+// matmul through P when it is non-empty and the active ISA is AVX-512, else through W. Same contract.
+void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
+            int64_t ldy, MatmulScratch scratch, ThreadPool& pool);
+
 // One row of a tensor to fp32 (embedding lookup).
 void get_row(const model::Tensor& W, int64_t row, float* out);
 

@@ -36,6 +36,32 @@ struct KernelSet {
                  int64_t r0, int64_t r1);
 };
 
+// PackedMatrix layout. Row group g (rows 16g .. 16g+15; rows past the end are zeros) is group_bytes
+// long; its blocks follow each other, block_bytes each:
+//   fp16 d of the 16 rows (32 bytes); Q4_1 only: fp16 m of the 16 rows (32 bytes);
+//   nibble types: 4 vectors of 64 bytes, vector j lane r = bytes 4j .. 4j+3 of row r's 16 packed bytes
+//     (low nibbles: values 4j .. 4j+3, high nibbles: values 16+4j .. 16+4j+3), as stored (w + C);
+//   Q8_0: 8 vectors of 64 bytes, vector k lane r = values 4k .. 4k+3 of row r, as w ^ 0x80 = w + 128.
+struct PackedFormat {
+  int header;       // bytes of scales before the vectors
+  int vectors;      // 64-byte vectors per block
+  int block_bytes;  // header + 64 * vectors
+};
+inline PackedFormat packed_format(model::DType t) {
+  switch (t) {
+    case model::DType::Q4_0: return {32, 4, 32 + 256};
+    case model::DType::Q4_1: return {64, 4, 64 + 256};
+    case model::DType::Q8_0: return {32, 8, 32 + 512};
+    default: return {0, 0, 0};
+  }
+}
+constexpr int kPackRows = 16;
+
+// The packed kernel: y rows of row groups [g0, g1) for all a.n_tok tokens (a.group == 1).
+namespace avx512 {
+void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+}
+
 #define SS_DECLARE_ISA(ns)                                                                              \
   namespace ns {                                                                                        \
   int act_group(model::DType wtype, int n_tok);                                                         \

@@ -13,6 +13,7 @@
 //    activations the kernel used (the quantization rule of cpu/act_quant.h replayed here):
 //    |err| <= 8 (nb + 8) u * sum_i |w_i xq_i|, nb blocks per row. One wrong nibble fails that.
 #include "backend/cpu/kernels.h"
+#include "common/huge_buffer.h"
 
 #include <gtest/gtest.h>
 
@@ -343,4 +344,75 @@ TEST(Kernels, BatchInvariance) {
                     << y[t * rows + o] << " vs " << single[t * rows + o];
           }
       }
+}
+
+// The packed form (PackedMatrix) must give the very bits of the unpacked AVX-512 kernels, for every
+// token count (full 8-token passes and each remainder), row counts that leave a partial 16-row group,
+// and the thread split; and it must also meet the reference tolerances on its own.
+TEST(Kernels, PackedMatchesUnpackedBitForBit) {
+  if (ss::cpu::detected_isa() < Isa::Avx512) GTEST_SKIP() << "no AVX-512 VNNI on this CPU: nothing is packed";
+  std::mt19937 g(seed() + 4);
+  ThreadPool pool1(1), pool2(2);
+  IsaGuard guard(Isa::Avx512);
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q8_0})
+    for (int64_t cols : {int64_t{32}, int64_t{576}, int64_t{1536}}) {
+      const int64_t rows = cols == 32 ? 5 : 53;
+      RandTensor w = make_tensor(type, rows, cols, g);
+      ss::HugeBuffer buf;
+      ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
+      const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
+      ASSERT_FALSE(P.empty()) << m::dtype_name(type);
+      for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33})
+        for (ThreadPool* pool : {&pool1, &pool2}) {
+          SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " cols=" << cols << " n_tok=" << n_tok
+                                          << " threads=" << pool->size());
+          const int64_t ldx = cols + 3, ldy = rows + 5;
+          std::vector<float> x = rand_acts(n_tok, ldx, g);
+          const size_t sb = ss::cpu::matmul_scratch_bytes(type, cols, n_tok);
+          std::vector<uint8_t> scratch(sb + 64, 0xA5);
+          std::vector<float> ref(n_tok * ldy, NAN), got(n_tok * ldy, NAN);
+          ss::cpu::matmul(w.t, x.data(), n_tok, ldx, ref.data(), ldy, {scratch.data(), sb}, *pool);
+          ss::cpu::matmul(w.t, P, x.data(), n_tok, ldx, got.data(), ldy, {scratch.data(), sb}, *pool);
+          for (size_t i = sb; i < scratch.size(); ++i) ASSERT_EQ(scratch[i], 0xA5) << "scratch overrun";
+          for (int t = 0; t < n_tok; ++t)
+            for (int64_t o = 0; o < ldy; ++o) {
+              if (o >= rows) {
+                ASSERT_TRUE(std::isnan(got[t * ldy + o])) << "wrote past the rows: t=" << t << " o=" << o;
+                continue;
+              }
+              ASSERT_EQ(std::memcmp(&got[t * ldy + o], &ref[t * ldy + o], 4), 0)
+                  << "t=" << t << " o=" << o << ": packed " << got[t * ldy + o] << " vs " << ref[t * ldy + o];
+            }
+        }
+    }
+}
+
+// A type without a packed form, or a CPU without AVX-512, packs to nothing and matmul uses W itself.
+TEST(Kernels, PackedFallsBackToTheTensor) {
+  std::mt19937 g(seed() + 5);
+  ThreadPool pool(2);
+  std::vector<uint8_t> dummy(1 << 16);
+  for (DType type : {DType::Q5_0, DType::Q4_K, DType::F16}) {
+    RandTensor w = make_tensor(type, 16, 512, g);
+    EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type);
+    EXPECT_TRUE(ss::cpu::pack_weights(w.t, dummy.data(), pool).empty()) << m::dtype_name(type);
+  }
+  RandTensor w = make_tensor(DType::Q4_1, 19, 576, g);
+  ss::HugeBuffer buf;
+  const size_t pb = ss::cpu::packed_bytes(w.t);
+  if (pb) {
+    ASSERT_TRUE(buf.allocate(pb));
+  }
+  const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool);
+  EXPECT_EQ(P.empty(), pb == 0);
+  std::vector<float> x = rand_acts(3, 576, g);
+  const size_t sb = ss::cpu::matmul_scratch_bytes(DType::Q4_1, 576, 3);
+  std::vector<uint8_t> scratch(sb);
+  for (Isa isa : supported_isas()) {
+    IsaGuard guard(isa);
+    std::vector<float> ref(3 * 19), got(3 * 19);
+    ss::cpu::matmul(w.t, x.data(), 3, 576, ref.data(), 19, {scratch.data(), sb}, pool);
+    ss::cpu::matmul(w.t, P, x.data(), 3, 576, got.data(), 19, {scratch.data(), sb}, pool);
+    EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * 4), 0) << ss::cpu::isa_name(isa);
+  }
 }
