@@ -4,6 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels.h"
+
 namespace ss::engine {
 
 namespace {
@@ -97,18 +100,33 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::spa
   apply_penalties(logits, prompt, output);
   if (params_.greedy()) return argmax(logits, vocab_);
 
+  // Weights w[i] = exp(logit[i] / T - max / T), vectorized and with the same bits on every ISA
+  // (backend/cpu/cpu_ops.h), computed once per token; block sums in double for the draw.
+  const auto& ops = cpu::ops::ops_for(cpu::active_isa());
   const float inv_t = 1.0f / params_.temperature;
-  const float mx = logits[argmax(logits, vocab_)] * inv_t;
+  const float mx = ops.max_value(logits, vocab_) * inv_t;
+  const int nblk = (vocab_ + cpu::ops::kSampleBlock - 1) / cpu::ops::kSampleBlock;
+  w_.resize(vocab_);
+  bsum_.resize(nblk);
+  ops.exp_weights(logits, vocab_, inv_t, mx, w_.data(), bsum_.data());
+  double all = 0;
+  for (double b : bsum_) all += b;
+  const float* w = w_.data();
+
   const bool truncate = params_.top_k > 0 || params_.top_p < 1.0f || params_.min_p > 0.0f;
-  if (!truncate) {  // plain temperature sampling: one pass in id order, no sort
-    double z = 0;
-    for (int i = 0; i < vocab_; ++i) z += std::exp(static_cast<double>(logits[i] * inv_t - mx));
-    double r = next_uniform() * z;
-    for (int i = 0; i < vocab_; ++i) {
-      r -= std::exp(static_cast<double>(logits[i] * inv_t - mx));
+  if (!truncate) {  // plain temperature sampling: inverse CDF in id order, block by block
+    double r = next_uniform() * all;
+    int j = 0;
+    while (j + 1 < nblk && r >= bsum_[j]) r -= bsum_[j++];
+    const int b0 = j * cpu::ops::kSampleBlock, b1 = std::min(vocab_, b0 + cpu::ops::kSampleBlock);
+    int last = -1;
+    for (int i = b0; i < b1; ++i) {
+      if (w[i] > 0.0f) last = i;
+      r -= static_cast<double>(w[i]);
       if (r < 0) return i;
     }
-    return argmax(logits, vocab_);
+    // Rounding left r just past this block's sum: its last token with weight.
+    return last >= 0 ? last : argmax(logits, vocab_);
   }
 
   // Candidates by scaled logit, descending; ties by id so the order is total.
@@ -118,53 +136,48 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::spa
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   const size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, vocab_) : vocab_;
-  auto w = [&](size_t i) { return std::exp(static_cast<double>(cand_[i].first - mx)); };
+  auto wc = [&](size_t i) { return static_cast<double>(w[cand_[i].second]); };
   double total = 0;  // mass of the top-k set (the whole vocabulary when top-k is off)
 
   size_t n = k;
   if (k < static_cast<size_t>(vocab_)) {
     std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), better);
+    for (size_t i = 0; i < n; ++i) total += wc(i);
   } else {
     // No top-k: sort only a head that holds the top-p mass and every min-p survivor, widening it
     // when it does not (a full sort of the vocabulary per token is the slow part otherwise).
-    double all = 0;
-    for (size_t i = 0; i < cand_.size(); ++i) all += w(i);
     n = std::min<size_t>(k, 256);
     for (;;) {
       std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), better);
       if (n == k) break;
       double head_mass = 0;
-      for (size_t i = 0; i < n; ++i) head_mass += w(i);
-      const bool enough = params_.top_p < 1.0f ? head_mass >= params_.top_p * all
-                                               : w(n - 1) < params_.min_p;
+      for (size_t i = 0; i < n; ++i) head_mass += wc(i);
+      const bool enough = params_.top_p < 1.0f ? head_mass >= params_.top_p * all : wc(n - 1) < params_.min_p;
       if (enough) break;
       n = std::min(k, n * 8);
     }
     total = all;
   }
-  if (k < static_cast<size_t>(vocab_)) {
-    for (size_t i = 0; i < n; ++i) total += w(i);
-  }
   if (params_.top_p < 1.0f) {  // smallest prefix reaching top_p of the (top-k) mass; at least one
     double acc = 0;
     for (size_t i = 0; i < n; ++i) {
-      acc += w(i);
+      acc += wc(i);
       if (acc >= params_.top_p * total) {
         n = i + 1;
         break;
       }
     }
   }
-  if (params_.min_p > 0.0f) {  // drop tokens below min_p times the most likely one
+  if (params_.min_p > 0.0f) {  // drop tokens below min_p times the most likely one (whose weight is 1)
     size_t keep = 1;
-    while (keep < n && w(keep) >= params_.min_p) ++keep;
+    while (keep < n && wc(keep) >= params_.min_p) ++keep;
     n = keep;
   }
   double z = 0;
-  for (size_t i = 0; i < n; ++i) z += w(i);
+  for (size_t i = 0; i < n; ++i) z += wc(i);
   double r = next_uniform() * z;
   for (size_t i = 0; i < n; ++i) {
-    r -= w(i);
+    r -= wc(i);
     if (r < 0) return cand_[i].second;
   }
   return cand_[n - 1].second;

@@ -1,5 +1,6 @@
 // Token sampling: penalties, then greedy or temperature / top-k / top-p / min-p, from a seeded RNG.
-// Same seed and same logits give the same token on every run and machine.
+// Same seed and same logits give the same token on every run and machine (the weights' exp has the
+// same bits on every ISA).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -46,6 +47,8 @@ class Sampler {
   std::vector<int32_t> counts_;
   std::vector<int32_t> touched_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<float> w_;      // exp(logit / T - max / T) per token
+  std::vector<double> bsum_;  // w_ summed per cpu::ops::kSampleBlock tokens
 };
 
 // Greedy pick with a fixed tie-break (lowest id), shared by every path that needs argmax.

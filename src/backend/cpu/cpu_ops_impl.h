@@ -23,6 +23,29 @@ namespace {
 
 #define SS_INLINE inline __attribute__((always_inline))
 
+// exp(x) by the Cephes polynomial (~1 ulp), operation for operation what the SIMD vexp below does
+// (same clamps, round-to-nearest-even, fused multiply-adds), so every ISA gets the same bits; exact 0
+// below -87.3 (and for -inf).
+SS_INLINE float exp_poly(float x) {
+  const bool tiny = x < -87.3365478515625f;
+  x = x > -87.3365478515625f ? x : -87.3365478515625f;
+  x = x < 88.0f ? x : 88.0f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return tiny ? 0.0f : p * scale;
+}
+
 // ---- a minimal vector vocabulary: vf has W lanes ------------------------------------------------
 #if defined(__AVX512F__)
 using vf = __m512;
@@ -140,7 +163,7 @@ SS_INLINE vf vdiv(vf a, vf b) { return a / b; }
 SS_INLINE vf vmax(vf a, vf b) { return a > b ? a : b; }
 SS_INLINE float vhsum(vf a) { return a; }
 SS_INLINE float vhmax(vf a) { return a; }
-SS_INLINE vf vexp(vf x) { return std::exp(x); }
+SS_INLINE vf vexp(vf x) { return exp_poly(x); }
 #endif
 
 constexpr int NV = kKeyChunk / W;  // vectors per key chunk
@@ -229,6 +252,7 @@ void rope_impl(float* x, int n_heads, int head_dim, int rope_dim, const float* c
 
 constexpr int kSStride = kPassChunks * kKeyChunk;  // floats per row of S
 
+
 template <class KT>
 struct Chunk {
   const KT* K;  // transposed [hd][bs_pad] at this chunk's first slot
@@ -240,8 +264,11 @@ struct Chunk {
 // S[r * kSStride + c * 16 + lane] = q_r . K_c[:, lane] for NR rows and NC chunks; each score is one
 // FMA chain over d whatever NR and NC, so decode (one row) gets its parallel chains from chunks.
 // qt: the NR query rows transposed, qt[d * NR + r].
+// pf[0 .. n_pf): cache lines to prefetch, spread over the d loop (two per step) so the line fill
+// buffers never fill up with a burst of them.
 template <class KT, int NR, int NC>
-__attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, int64_t bs_pad, int hd, float* S) {
+__attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, int64_t bs_pad, int hd, float* S,
+                                        const char* const* pf, int n_pf) {
   vf acc[NR][NC][NV];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c)
@@ -249,6 +276,8 @@ __attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, in
   const KT* kp[NC];
   for (int c = 0; c < NC; ++c) kp[c] = ch[c].K;
   for (int d = 0; d < hd; ++d) {
+    if (2 * d < n_pf) __builtin_prefetch(pf[2 * d], 0, 3);
+    if (2 * d + 1 < n_pf) __builtin_prefetch(pf[2 * d + 1], 0, 3);
     vf kv[NC][NV];
     for (int c = 0; c < NC; ++c) {
       for (int v = 0; v < NV; ++v) kv[c][v] = vload(kp[c] + v * W);
@@ -263,6 +292,7 @@ __attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, in
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c)
       for (int v = 0; v < NV; ++v) vstore(S + r * kSStride + c * kKeyChunk + v * W, acc[r][c][v]);
+  for (int i = 2 * hd; i < n_pf; ++i) __builtin_prefetch(pf[i], 0, 3);
 }
 
 // o[r][d0 .. d0 + NVEC*W) = o * corr[r] + sum over keys of P[r][key] V[key] for NR rows (P rows
@@ -347,12 +377,31 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
       ch[c] = Chunk<KT>{kbase + base + k_head + c0, vbase + base + v_head + static_cast<int64_t>(c0) * hd, j * bs + c0,
                         bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
     }
-    // 1. scores, NC chunks per pass over K (the tail one chunk at a time).
+    // 1. scores, NC chunks per pass over K (the tail one chunk at a time). A decode step reads each
+    // chunk once, from DRAM, in 2 KiB pieces too short for the hardware prefetcher: while NC chunks
+    // compute, the next NC chunks' K and these chunks' V (needed after the softmax) are prefetched.
+    constexpr int kMaxPf = 128;
+    const char* pf[kMaxPf];
+    const int64_t kbytes = static_cast<int64_t>(hd) * L.bs_pad * sizeof(KT);
+    const int64_t vbytes = static_cast<int64_t>(kKeyChunk) * hd * sizeof(KT);
+    auto add_lines = [&](int& n, const void* p, int64_t bytes) {
+      for (int64_t i = 0; i < bytes && n < kMaxPf; i += 64) pf[n++] = static_cast<const char*>(p) + i;
+    };
+    for (int c = 0; c < NC && c < n_chunks; ++c) {
+      int n = 0;
+      add_lines(n, ch[c].K, kbytes);
+      for (int i = 0; i < n; ++i) __builtin_prefetch(pf[i], 0, 3);
+    }
     for (int c = 0; c < n_chunks; c += NC) {
+      const int cn = c + NC < n_chunks ? NC : 1;  // chunks in this call
+      int n_pf = 0;
+      for (int cc = c + cn; cc < c + cn + NC && cc < n_chunks; ++cc) add_lines(n_pf, ch[cc].K, kbytes);
+      for (int cc = c; cc < c + cn; ++cc) add_lines(n_pf, ch[cc].V, vbytes);
       if (c + NC <= n_chunks) {
-        qk_group<KT, NR, NC>(qt, ch + c, L.bs_pad, hd, S + c * kKeyChunk);
+        qk_group<KT, NR, NC>(qt, ch + c, L.bs_pad, hd, S + c * kKeyChunk, pf, n_pf);
       } else {
-        for (int cc = c; cc < n_chunks; ++cc) qk_group<KT, NR, 1>(qt, ch + cc, L.bs_pad, hd, S + cc * kKeyChunk);
+        for (int cc = c; cc < n_chunks; ++cc)
+          qk_group<KT, NR, 1>(qt, ch + cc, L.bs_pad, hd, S + cc * kKeyChunk, pf, cc == c ? n_pf : 0);
       }
     }
     // 2-3. mask, max, exp, sum: per row.
@@ -512,9 +561,35 @@ void store_kv_impl(const float* k, const float* v, void* k_block, void* v_block,
   }
 }
 
+// ---- sampling weights ----------------------------------------------------------------------------
+void exp_weights_impl(const float* x, int n, float scale, float shift, float* w, double* block_sums) {
+  const vf vs = vset(scale), vsh = vset(shift);
+  for (int b0 = 0, j = 0; b0 < n; b0 += kSampleBlock, ++j) {
+    const int e = n - b0 < kSampleBlock ? n : b0 + kSampleBlock;
+    int i = b0;
+    // x * scale - shift: a multiply then a subtract (two roundings, as in exp_poly's callers below).
+    for (; i + W <= e; i += W) vstore(w + i, vexp(vsub(vmul(vload(x + i), vs), vsh)));
+    for (; i < e; ++i) w[i] = exp_poly(x[i] * scale - shift);
+    // Four double chains, then a fixed pairing: the same order whatever the ISA.
+    double c[4] = {0, 0, 0, 0};
+    for (i = b0; i < e; ++i) c[(i - b0) & 3] += static_cast<double>(w[i]);
+    block_sums[j] = (c[0] + c[1]) + (c[2] + c[3]);
+  }
+}
+
+float max_value_impl(const float* x, int n) {
+  vf m = vset(x[0]);
+  int i = 0;
+  for (; i + W <= n; i += W) m = vmax(m, vload(x + i));
+  float r = vhmax(m);
+  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+  return r;
+}
+
 OpsTable make_table(const char* name) {
-  return OpsTable{name, rmsnorm_impl, add_rmsnorm_impl, add_impl, silu_mul_impl, rope_impl, attention_impl,
-                  attention_group_impl, store_kv_impl};
+  return OpsTable{name,           rmsnorm_impl,        add_rmsnorm_impl, add_impl,         silu_mul_impl,
+                  rope_impl,      attention_impl,      attention_group_impl, store_kv_impl, exp_weights_impl,
+                  max_value_impl};
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 //    quantization's, not that the code is right) and, tightly, against a double dot with the very
 //    activations the kernel used (the quantization rule of cpu/act_quant.h replayed here):
 //    |err| <= 8 (nb + 8) u * sum_i |w_i xq_i|, nb blocks per row. One wrong nibble fails that.
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "common/huge_buffer.h"
 
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -414,5 +416,50 @@ TEST(Kernels, PackedFallsBackToTheTensor) {
     ss::cpu::matmul(w.t, x.data(), 3, 576, ref.data(), 19, {scratch.data(), sb}, pool);
     ss::cpu::matmul(w.t, P, x.data(), 3, 576, got.data(), 19, {scratch.data(), sb}, pool);
     EXPECT_EQ(std::memcmp(ref.data(), got.data(), ref.size() * 4), 0) << ss::cpu::isa_name(isa);
+  }
+}
+
+// Sampling weights: exp(x * scale - shift) with the same bits on every ISA, within 2 ulp of exp in
+// double, exact 0 far below; block sums equal to a double sum of the block in another order.
+TEST(CpuOps, ExpWeightsSameBitsOnEveryIsaAndAccurate) {
+  std::mt19937 g(seed() + 6);
+  std::normal_distribution<float> nd(0.0f, 8.0f);
+  for (int n : {1, 15, 64, 65, 1000, 49152}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = nd(g);
+    if (n > 1) x[0] = -std::numeric_limits<float>::infinity();  // a masked logit
+    if (n > 3) x[3] = -200.0f;                       // underflows to exactly 0
+    const float scale = 1.0f / 0.7f;
+    float mx = x[0];
+    for (float v : x) mx = std::max(mx, v);
+    const float shift = mx * scale;
+    const int nb = (n + ss::cpu::ops::kSampleBlock - 1) / ss::cpu::ops::kSampleBlock;
+    std::vector<std::vector<float>> w;
+    std::vector<std::vector<double>> sums;
+    for (Isa isa : supported_isas()) {
+      const auto& ops = ss::cpu::ops::ops_for(isa);
+      EXPECT_EQ(ops.max_value(x.data(), n), mx) << ss::cpu::isa_name(isa);
+      w.emplace_back(n);
+      sums.emplace_back(nb);
+      ops.exp_weights(x.data(), n, scale, shift, w.back().data(), sums.back().data());
+    }
+    for (size_t k = 1; k < w.size(); ++k) {
+      ASSERT_EQ(std::memcmp(w[k].data(), w[0].data(), 4 * n), 0) << "ISA #" << k << " n=" << n;
+      ASSERT_EQ(std::memcmp(sums[k].data(), sums[0].data(), 8 * nb), 0) << "ISA #" << k << " n=" << n;
+    }
+    for (int i = 0; i < n; ++i) {
+      const double arg = static_cast<double>(x[i] * scale - shift), ref = std::exp(arg);
+      if (arg < -87.3365478515625) {  // the documented flush to zero
+        ASSERT_EQ(w[0][i], 0.0f) << i;
+        continue;
+      }
+      ASSERT_LE(std::fabs(w[0][i] - ref), 2 * std::ldexp(1.0, -23) * ref + 1e-44) << "i=" << i << " arg " << arg;
+    }
+    for (int j = 0; j < nb; ++j) {
+      double s = 0;
+      for (int i = j * 64; i < std::min(n, (j + 1) * 64); ++i) s += w[0][i];
+      // Two orders of <= 64 positive double adds: each within 63 u of the exact sum (u = 2^-53).
+      ASSERT_NEAR(sums[0][j], s, 2 * 63 * std::ldexp(1.0, -53) * s) << "block " << j;
+    }
   }
 }

@@ -1,6 +1,7 @@
 // Sampler properties: greedy is argmax, seeds reproduce, truncations never pick excluded tokens,
 // the empirical distribution matches softmax, penalties follow their published formulas.
 #include "engine/sampler.h"
+#include "backend/cpu/kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -82,6 +83,58 @@ TEST(Sampler, EmpiricalDistributionMatchesSoftmax) {
       const double sd = std::sqrt(q[i] * (1 - q[i]) / draws);
       EXPECT_NEAR(hist[i] / double(draws), q[i], 5 * sd) << "token " << i << " temperature " << temp;
     }
+  }
+}
+
+// A vocabulary of many sampling blocks (the draw walks block sums, then one block): per-token and
+// per-block frequencies against softmax, at temperatures that spread or concentrate the mass.
+TEST(Sampler, EmpiricalDistributionOverManyBlocks) {
+  const int n = 1000;  // 16 blocks of 64, the last one short
+  auto l = random_logits(n, 5, 1.0f);
+  for (float temp : {0.5f, 1.0f, 3.0f}) {
+    SamplingParams p;
+    p.temperature = temp;
+    p.seed = 7;
+    Sampler s(p, n);
+    const int draws = 200000;
+    std::vector<int> hist(n);
+    for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+    auto q = softmax(l, temp);
+    for (int i = 0; i < n; ++i) {
+      const double sd = std::sqrt(q[i] * (1 - q[i]) / draws) + 1.0 / draws;
+      ASSERT_NEAR(hist[i] / double(draws), q[i], 6 * sd) << "token " << i << " temperature " << temp;
+    }
+    for (int b = 0; b < n; b += 64) {
+      double qb = 0, hb = 0;
+      for (int i = b; i < std::min(n, b + 64); ++i) qb += q[i], hb += hist[i];
+      EXPECT_NEAR(hb / draws, qb, 5 * std::sqrt(qb * (1 - qb) / draws) + 1e-9) << "block " << b / 64;
+    }
+  }
+}
+
+// "Every machine": the weights' exp has the same bits on every ISA, so a seed gives the same tokens
+// whichever kernels the CPU runs (truncated and plain sampling).
+TEST(Sampler, SameTokensOnEveryIsa) {
+  auto l = random_logits(5000, 11, 2.0f);
+  auto run = [&](const SamplingParams& p) {
+    Sampler s(p, 5000);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 300; ++i) out.push_back(draw(s, l));
+    return out;
+  };
+  for (float top_p : {1.0f, 0.9f}) {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_p = top_p;
+    p.seed = 3;
+    std::vector<std::vector<int32_t>> per_isa;
+    for (ss::cpu::Isa isa : {ss::cpu::Isa::Scalar, ss::cpu::Isa::Avx2, ss::cpu::Isa::Avx512}) {
+      if (isa > ss::cpu::detected_isa()) continue;
+      ss::cpu::force_isa(isa);
+      per_isa.push_back(run(p));
+    }
+    ss::cpu::force_isa(ss::cpu::detected_isa());
+    for (size_t i = 1; i < per_isa.size(); ++i) EXPECT_EQ(per_isa[i], per_isa[0]) << "top_p " << top_p << " isa #" << i;
   }
 }
 
