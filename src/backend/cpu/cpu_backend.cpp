@@ -443,9 +443,11 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     unsigned char* vc = v_cache_.data() + l * layer_bytes;
 
     const LayerPacked& P = packed_[l];
-    matmul(L.wq, P.wq, xn_.data(), T, H_, q_.data(), qd);
-    matmul(L.wk, P.wk, xn_.data(), T, H_, k_.data(), kvd);
-    matmul(L.wv, P.wv, xn_.data(), T, H_, v_.data(), kvd);
+    {
+      const cpu::MatmulJob qkv[3] = {{&L.wq, &P.wq, q_.data(), qd}, {&L.wk, &P.wk, k_.data(), kvd},
+                                     {&L.wv, &P.wv, v_.data(), kvd}};
+      cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, {mm_scratch_.data(), mm_scratch_.size()}, pool_);
+    }
     sw.lap(pf.matmul_s);
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
@@ -537,8 +539,10 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
                         lc.ffn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
     });
     sw.lap(pf.other_s);
-    matmul(L.w_gate, P.w_gate, xn_.data(), n, H_, gate_.data(), I_);
-    matmul(L.w_up, P.w_up, xn_.data(), n, H_, up_.data(), I_);
+    {
+      const cpu::MatmulJob gate_up[2] = {{&L.w_gate, &P.w_gate, gate_.data(), I_}, {&L.w_up, &P.w_up, up_.data(), I_}};
+      cpu::matmul_multi(gate_up, 2, xn_.data(), n, H_, {mm_scratch_.data(), mm_scratch_.size()}, pool_);
+    }
     sw.lap(pf.matmul_s);
     for_rows(n, 8 * I_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)

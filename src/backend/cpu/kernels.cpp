@@ -173,6 +173,49 @@ void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n
   pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) { detail::avx512::rows_packed(P, a, y, ldy, g0, g1); });
 }
 
+void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
+                  ThreadPool& pool) {
+  if (n_tok <= 0 || n_jobs <= 0) return;
+  constexpr int kMaxJobs = 8;
+  bool fused = active_isa() == Isa::Avx512 && n_jobs <= kMaxJobs;
+  for (int j = 0; j < n_jobs && fused; ++j) {
+    const MatmulJob& b = jobs[j];
+    fused = !b.P->empty() && b.P->type == jobs[0].P->type && b.P->cols == jobs[0].P->cols &&
+            b.P->type == b.W->type && b.P->rows == b.W->rows() && b.P->cols == b.W->cols();
+  }
+  if (!fused) {
+    for (int j = 0; j < n_jobs; ++j) matmul(*jobs[j].W, *jobs[j].P, x, n_tok, ldx, jobs[j].y, jobs[j].ldy, scratch, pool);
+    return;
+  }
+  const model::Tensor& W0 = *jobs[0].W;
+  if (scratch.bytes < matmul_scratch_bytes(W0.type, W0.cols(), n_tok)) {
+    std::fprintf(stderr, "ss::cpu::matmul_multi(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n",
+                 W0.name.c_str(), scratch.bytes, matmul_scratch_bytes(W0.type, W0.cols(), n_tok));
+    std::abort();
+  }
+  const detail::QActs a = detail::carve_qacts(scratch.buf, W0.cols(), n_tok, 1, 32);
+  // Row groups of all jobs as one range [0, total): job j owns [first[j], first[j + 1]).
+  int64_t first[kMaxJobs + 1] = {0};
+  for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + (jobs[j].P->rows + detail::kPackRows - 1) / detail::kPackRows;
+  // Quantize inside the same dispatch: each thread quantizes its share of tokens, then all meet
+  // at a barrier before the products (one pool wake-up instead of two).
+  const int nt = pool.size();
+  std::atomic<int> arrived{0};
+  pool.run([&](int t) {
+    const int t0 = static_cast<int>(static_cast<int64_t>(n_tok) * t / nt);
+    const int t1 = static_cast<int>(static_cast<int64_t>(n_tok) * (t + 1) / nt);
+    if (t0 < t1) detail::avx512::quantize(W0.type, x, ldx, t0, t1, a);
+    arrived.fetch_add(1, std::memory_order_acq_rel);
+    while (arrived.load(std::memory_order_acquire) < nt) __builtin_ia32_pause();
+    const int64_t total = first[n_jobs];
+    const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
+    for (int j = 0; j < n_jobs; ++j) {
+      const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
+      if (b < e) detail::avx512::rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
+    }
+  });
+}
+
 void get_row(const model::Tensor& W, int64_t row, float* out) {
   model::dequantize_row(W.type, W.row(row), out, W.cols());
 }

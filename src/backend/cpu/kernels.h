@@ -61,6 +61,18 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst, ThreadPool& pool
 void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
             int64_t ldy, MatmulScratch scratch, ThreadPool& pool);
 
+// Several products of the same activations (Q, K and V; gate and up), as one: when every matrix is
+// packed with one type and the ISA is AVX-512 the activations are quantized once and all row groups
+// share one pool dispatch; otherwise it is matmul per job. Results are those of matmul per job.
+struct MatmulJob {
+  const model::Tensor* W;
+  const PackedMatrix* P;
+  float* y;
+  int64_t ldy;
+};
+void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
+                  ThreadPool& pool);
+
 // One row of a tensor to fp32 (embedding lookup).
 void get_row(const model::Tensor& W, int64_t row, float* out);
 

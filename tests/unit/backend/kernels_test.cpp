@@ -463,3 +463,51 @@ TEST(CpuOps, ExpWeightsSameBitsOnEveryIsaAndAccurate) {
     }
   }
 }
+
+// matmul_multi (one quantization and one dispatch for several matrices on the same input) gives each
+// job exactly matmul's bits, fused (all packed, one type) or not (mixed types, unpacked, other ISAs).
+TEST(Kernels, MatmulMultiEqualsSeparateMatmuls) {
+  std::mt19937 g(seed() + 7);
+  ThreadPool pool1(1), pool2(2);
+  const int64_t cols = 576;
+  for (bool mixed : {false, true}) {
+    std::vector<RandTensor> ws;
+    ws.push_back(make_tensor(DType::Q4_1, 40, cols, g));
+    ws.push_back(make_tensor(mixed ? DType::Q5_0 : DType::Q4_1, 17, cols, g));
+    ws.push_back(make_tensor(DType::Q4_1, 64, cols, g));
+    std::vector<ss::HugeBuffer> bufs(ws.size());
+    std::vector<ss::cpu::PackedMatrix> ps;
+    for (size_t j = 0; j < ws.size(); ++j) {
+      const size_t pb = ss::cpu::packed_bytes(ws[j].t);
+      if (pb) {
+        ASSERT_TRUE(bufs[j].allocate(pb));
+      }
+      ps.push_back(ss::cpu::pack_weights(ws[j].t, bufs[j].data(), pool2));
+    }
+    for (Isa isa : supported_isas()) {
+      IsaGuard guard(isa);
+      for (int n_tok : {1, 5, 16, 21})
+        for (ThreadPool* pool : {&pool1, &pool2}) {
+          SCOPED_TRACE(testing::Message() << (mixed ? "mixed" : "same type") << " " << ss::cpu::isa_name(isa)
+                                          << " n_tok=" << n_tok << " threads=" << pool->size());
+          std::vector<float> x = rand_acts(n_tok, cols, g);
+          size_t sb = 0;
+          for (auto& w : ws) sb = std::max(sb, ss::cpu::matmul_scratch_bytes(w.t.type, cols, n_tok));
+          std::vector<uint8_t> scratch(sb);
+          std::vector<std::vector<float>> ref(ws.size()), got(ws.size());
+          std::vector<ss::cpu::MatmulJob> jobs;
+          for (size_t j = 0; j < ws.size(); ++j) {
+            const int64_t rows = ws[j].t.rows();
+            ref[j].assign(n_tok * rows, NAN);
+            got[j].assign(n_tok * rows, NAN);
+            ss::cpu::matmul(ws[j].t, x.data(), n_tok, cols, ref[j].data(), rows, {scratch.data(), sb}, *pool);
+            jobs.push_back({&ws[j].t, &ps[j], got[j].data(), rows});
+          }
+          ss::cpu::matmul_multi(jobs.data(), static_cast<int>(jobs.size()), x.data(), n_tok, cols,
+                                {scratch.data(), sb}, *pool);
+          for (size_t j = 0; j < ws.size(); ++j)
+            ASSERT_EQ(std::memcmp(ref[j].data(), got[j].data(), 4 * ref[j].size()), 0) << "job " << j;
+        }
+    }
+  }
+}
