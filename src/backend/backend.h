@@ -49,6 +49,11 @@ class Backend {
   virtual const KvCacheConfig& kv_config() const = 0;
   // logits: logits_rows.size() x vocab floats, written in full.
   virtual Status forward(const StepBatch& batch, float* logits) = 0;
+  // Runs fn(ctx, i) for i in [0, n) on the backend's host threads, if it has any, and waits (the
+  // engine samples each sequence's token this way). The calls must be independent.
+  virtual void parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) {
+    for (int i = 0; i < n; ++i) fn(ctx, i);
+  }
 };
 
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts);

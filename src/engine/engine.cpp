@@ -121,19 +121,26 @@ Status Engine::step() {
       sched_.fail(plan_, result.message(), emissions_);
     } else {
       // Each row uses its own request's sampler: batch composition never changes what is drawn.
-      const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
-      bool any_logprobs = false;
-      for (size_t i = 0; i < plan_.seqs.size(); ++i) {
-        const ScheduledSeq& d = plan_.seqs[i];
-        if (d.logits_row < 0) continue;
+      // Rows are independent (one sampler and one logits row each), so they run on the backend's
+      // threads.
+      struct Ctx {
+        Engine* self;
+        size_t vocab;
+      } ctx{this, static_cast<size_t>(cfg_.vocab_size)};
+      be_.parallel_for(static_cast<int>(plan_.seqs.size()), [](void* p, int i) {
+        auto& c = *static_cast<Ctx*>(p);
+        Engine& e = *c.self;
+        const ScheduledSeq& d = e.plan_.seqs[i];
+        if (d.logits_row < 0) return;
         Sequence* s = d.seq;
-        float* row = logits_.data() + d.logits_row * vocab;
-        sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
-        if (s->req.logprobs >= 0) {  // the sampler left the penalized logits in row
-          row_logprobs(row, cfg_.vocab_size, sampled_[i], s->req.logprobs, logprobs_[i].chosen, logprobs_[i].top);
-          any_logprobs = true;
-        }
-      }
+        float* row = e.logits_.data() + d.logits_row * c.vocab;
+        e.sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
+        if (s->req.logprobs >= 0)  // the sampler left the penalized logits in row
+          row_logprobs(row, e.cfg_.vocab_size, e.sampled_[i], s->req.logprobs, e.logprobs_[i].chosen,
+                       e.logprobs_[i].top);
+      }, &ctx);
+      bool any_logprobs = false;
+      for (const ScheduledSeq& d : plan_.seqs) any_logprobs |= d.logits_row >= 0 && d.seq->req.logprobs >= 0;
       const size_t first = emissions_.size();
       sched_.update(plan_, sampled_, emissions_);
       if (any_logprobs) {

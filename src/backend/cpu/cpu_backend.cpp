@@ -568,6 +568,18 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   return {};
 }
 
+void CpuBackend::parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) {
+  if (n <= 1 || pool_.size() == 1) {
+    for (int i = 0; i < n; ++i) fn(ctx, i);
+    return;
+  }
+  // Items pulled from a shared counter: sampling costs differ per request (top-p sorts, logprobs).
+  std::atomic<int> next{0};
+  pool_.run([&](int) {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(ctx, i);
+  });
+}
+
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts) {
   SS_ASSIGN(auto be, CpuBackend::create(model, opts));
   return std::unique_ptr<Backend>(std::move(be));

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   std::string name() const override;
   const KvCacheConfig& kv_config() const override { return kv_; }
   Status forward(const StepBatch& batch, float* logits) override;
+  void parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) override;
 
   void set_profiling(bool on, bool thread_cpu_time = false) {
     profiling_ = on;
