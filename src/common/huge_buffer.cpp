@@ -29,8 +29,9 @@ bool HugeBuffer::allocate(size_t bytes) {
   release();
   if (bytes == 0 || bytes > (SIZE_MAX >> 2)) return false;
   const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
-  // Over-map by one huge page, then trim, so the kept range starts on a 2 MiB boundary.
-  void* m = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Over-map by one huge page, then trim, so the kept range starts on a 2 MiB boundary. No
+  // MAP_NORESERVE: an impossible size fails here, with a clear error, not later in the OOM killer.
+  void* m = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return false;
   auto* base = static_cast<uint8_t*>(m);
   const size_t lead = (kHuge - reinterpret_cast<uintptr_t>(base) % kHuge) % kHuge;

@@ -105,6 +105,8 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::spa
   const auto& ops = cpu::ops::ops_for(cpu::active_isa());
   const float inv_t = 1.0f / params_.temperature;
   const float mx = ops.max_value(logits, vocab_) * inv_t;
+  // A temperature so small that logit / T overflows (or only -inf logits): the limit is greedy.
+  if (!std::isfinite(inv_t) || !std::isfinite(mx)) return argmax(logits, vocab_);
   const int nblk = (vocab_ + cpu::ops::kSampleBlock - 1) / cpu::ops::kSampleBlock;
   w_.resize(vocab_);
   bsum_.resize(nblk);
@@ -176,11 +178,13 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::spa
   double z = 0;
   for (size_t i = 0; i < n; ++i) z += wc(i);
   double r = next_uniform() * z;
+  size_t last = 0;  // the candidate with weight to fall back on when rounding leaves r >= 0
   for (size_t i = 0; i < n; ++i) {
+    if (wc(i) > 0) last = i;
     r -= wc(i);
     if (r < 0) return cand_[i].second;
   }
-  return cand_[n - 1].second;
+  return cand_[last].second;
 }
 
 }  // namespace ss::engine

@@ -185,6 +185,22 @@ Status CpuBackend::init() {
   }
   inv_freq_ = rope_inv_freq(c, rope_dim_);
 
+  // KV cache.
+  if (kv_.block_size <= 0) return make_error("cpu backend: kv.block_size must be positive");
+  if (kv_.num_blocks <= 0) {
+    const int ctx = std::min(c.max_context > 0 ? c.max_context : 4096, 4096);
+    kv_.num_blocks = (ctx + kv_.block_size - 1) / kv_.block_size;
+  }
+  bs_pad_ = (kv_.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
+  block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
+  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
+  const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
+  // Anonymous pages are zero: never-written padding slots read as finite zeros.
+  if (!k_cache_.allocate(per_kind * kv_elem_) || !v_cache_.allocate(per_kind * kv_elem_))
+    return make_error("cpu backend: cannot allocate the KV cache (" + std::to_string(2 * per_kind * kv_elem_) +
+                      " bytes for " + std::to_string(kv_.num_blocks) + " blocks of " +
+                      std::to_string(kv_.block_size) + " tokens); lower kv.num_blocks");
+
   // Pack the matrices for the AVX-512 kernels into one buffer, releasing each original as soon as it
   // is copied so resident memory stays about one copy of the weights.
   size_t packed_total = cpu::packed_bytes(out);
@@ -208,22 +224,6 @@ Status CpuBackend::init() {
     }
     packed_out_ = pack(out);
   }
-
-  // KV cache.
-  if (kv_.block_size <= 0) return make_error("cpu backend: kv.block_size must be positive");
-  if (kv_.num_blocks <= 0) {
-    const int ctx = std::min(c.max_context > 0 ? c.max_context : 4096, 4096);
-    kv_.num_blocks = (ctx + kv_.block_size - 1) / kv_.block_size;
-  }
-  bs_pad_ = (kv_.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
-  block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
-  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
-  const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
-  // Anonymous pages are zero: never-written padding slots read as finite zeros.
-  if (!k_cache_.allocate(per_kind * kv_elem_) || !v_cache_.allocate(per_kind * kv_elem_))
-    return make_error("cpu backend: cannot allocate the KV cache (" + std::to_string(2 * per_kind * kv_elem_) +
-                      " bytes for " + std::to_string(kv_.num_blocks) + " blocks of " +
-                      std::to_string(kv_.block_size) + " tokens); lower kv.num_blocks");
 
   max_position_ = std::max(c.max_context, kv_.num_blocks * kv_.block_size);
   attn_scratch_stride_ = (cpu::ops::attn_scratch_floats(hd_) + 15) / 16 * 16;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "backend/cpu/kernels_internal.h"
 
@@ -206,7 +207,10 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     const int t1 = static_cast<int>(static_cast<int64_t>(n_tok) * (t + 1) / nt);
     if (t0 < t1) detail::avx512::quantize(W0.type, x, ldx, t0, t1, a);
     arrived.fetch_add(1, std::memory_order_acq_rel);
-    while (arrived.load(std::memory_order_acquire) < nt) __builtin_ia32_pause();
+    // Yield now and then: on a busy machine the thread we wait for may need this core.
+    for (int i = 1; arrived.load(std::memory_order_acquire) < nt; ++i)
+      if (i % 64 == 0) std::this_thread::yield();
+      else __builtin_ia32_pause();
     const int64_t total = first[n_jobs];
     const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
     for (int j = 0; j < n_jobs; ++j) {

@@ -490,23 +490,29 @@ TEST(Kernels, MatmulMultiEqualsSeparateMatmuls) {
         for (ThreadPool* pool : {&pool1, &pool2}) {
           SCOPED_TRACE(testing::Message() << (mixed ? "mixed" : "same type") << " " << ss::cpu::isa_name(isa)
                                           << " n_tok=" << n_tok << " threads=" << pool->size());
-          std::vector<float> x = rand_acts(n_tok, cols, g);
+          const int64_t ldx = cols + 3;  // strides != widths check the ld handling
+          std::vector<float> x = rand_acts(n_tok, ldx, g);
           size_t sb = 0;
           for (auto& w : ws) sb = std::max(sb, ss::cpu::matmul_scratch_bytes(w.t.type, cols, n_tok));
           std::vector<uint8_t> scratch(sb);
           std::vector<std::vector<float>> ref(ws.size()), got(ws.size());
           std::vector<ss::cpu::MatmulJob> jobs;
           for (size_t j = 0; j < ws.size(); ++j) {
-            const int64_t rows = ws[j].t.rows();
-            ref[j].assign(n_tok * rows, NAN);
-            got[j].assign(n_tok * rows, NAN);
-            ss::cpu::matmul(ws[j].t, x.data(), n_tok, cols, ref[j].data(), rows, {scratch.data(), sb}, *pool);
-            jobs.push_back({&ws[j].t, &ps[j], got[j].data(), rows});
+            const int64_t ldy = ws[j].t.rows() + 5;
+            ref[j].assign(n_tok * ldy, NAN);
+            got[j].assign(n_tok * ldy, NAN);
+            ss::cpu::matmul(ws[j].t, x.data(), n_tok, ldx, ref[j].data(), ldy, {scratch.data(), sb}, *pool);
+            jobs.push_back({&ws[j].t, &ps[j], got[j].data(), ldy});
           }
-          ss::cpu::matmul_multi(jobs.data(), static_cast<int>(jobs.size()), x.data(), n_tok, cols,
+          ss::cpu::matmul_multi(jobs.data(), static_cast<int>(jobs.size()), x.data(), n_tok, ldx,
                                 {scratch.data(), sb}, *pool);
-          for (size_t j = 0; j < ws.size(); ++j)
-            ASSERT_EQ(std::memcmp(ref[j].data(), got[j].data(), 4 * ref[j].size()), 0) << "job " << j;
+          for (size_t j = 0; j < ws.size(); ++j) {
+            const int64_t rows = ws[j].t.rows(), ldy = rows + 5;
+            for (int t = 0; t < n_tok; ++t) {
+              ASSERT_EQ(std::memcmp(&ref[j][t * ldy], &got[j][t * ldy], 4 * rows), 0) << "job " << j << " t=" << t;
+              for (int64_t o = rows; o < ldy; ++o) ASSERT_TRUE(std::isnan(got[j][t * ldy + o])) << "wrote past the rows";
+            }
+          }
         }
     }
   }

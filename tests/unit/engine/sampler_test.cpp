@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -110,6 +111,44 @@ TEST(Sampler, EmpiricalDistributionOverManyBlocks) {
       EXPECT_NEAR(hb / draws, qb, 5 * std::sqrt(qb * (1 - qb) / draws) + 1e-9) << "block " << b / 64;
     }
   }
+}
+
+// Whole blocks of -inf (masked tokens), including the short last block, are never drawn and do not
+// disturb the draw among the others; a temperature so small that logit / T overflows is greedy.
+TEST(Sampler, MaskedBlocksAndTinyTemperature) {
+  const int n = 1000;
+  auto l = random_logits(n, 9, 1.0f);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 128; ++i) l[i] = ninf;           // blocks 0 and 1
+  for (int i = 320; i < 384; ++i) l[i] = ninf;         // block 5
+  for (int i = 960; i < n; ++i) l[i] = ninf;           // the short last block
+  SamplingParams p;
+  p.seed = 4;
+  Sampler s(p, n);
+  const int draws = 100000;
+  std::vector<int> hist(n);
+  for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+  auto q = softmax(l, 1.0);
+  for (int i = 0; i < n; ++i) {
+    if (q[i] == 0.0) {
+      ASSERT_EQ(hist[i], 0) << "masked token " << i << " drawn";
+      continue;
+    }
+    ASSERT_NEAR(hist[i] / double(draws), q[i], 6 * std::sqrt(q[i] * (1 - q[i]) / draws) + 1.0 / draws) << i;
+  }
+  for (float t : {1e-30f, 1e-40f}) {  // 1e-40 is a denormal: 1 / T is +inf
+    SamplingParams g;
+    g.temperature = t;
+    g.seed = 1;
+    for (float top_p : {1.0f, 0.5f}) {
+      g.top_p = top_p;
+      Sampler tiny(g, n);
+      for (int i = 0; i < 50; ++i) ASSERT_EQ(draw(tiny, l), ss::engine::argmax(l.data(), n)) << "T=" << t;
+    }
+  }
+  std::vector<float> all_masked(n, ninf);  // nothing to prefer: the lowest id, like argmax
+  Sampler s2(p, n);
+  EXPECT_EQ(draw(s2, all_masked), 0);
 }
 
 // "Every machine": the weights' exp has the same bits on every ISA, so a seed gives the same tokens
