@@ -68,8 +68,8 @@ struct OpsTable {
   // One token's K and V (n_kv heads of head_dim each) into `slot` of their blocks (block bases).
   void (*store_kv)(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int head_dim,
                    int64_t bs_pad, int slot, bool f16);
-  // Sampling weights w[i] = exp(x[i] * scale - shift) for i < n, with the same bits on every ISA (one
-  // polynomial, evaluated with the same roundings), and block_sums[j] = the sum of block j's weights
+  // Sampling weights w[i] = exp(fma(x[i], scale, -shift)) for i < n, with the same bits on every ISA
+  // (one polynomial, evaluated with the same roundings), and block_sums[j] = the sum of block j's weights
   // (kSampleBlock values; the last block may be shorter) in double, in a fixed order.
   void (*exp_weights)(const float* x, int n, float scale, float shift, float* w, double* block_sums);
   // The largest of x[0 .. n), n >= 1, x without NaN.

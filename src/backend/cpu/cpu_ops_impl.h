@@ -26,6 +26,8 @@ namespace {
 // exp(x) by the Cephes polynomial (~1 ulp), operation for operation what the SIMD vexp below does
 // (same clamps, round-to-nearest-even, fused multiply-adds), so every ISA gets the same bits; exact 0
 // below -87.3 (and for -inf).
+// Every multiply-add here is an explicit fma and no product feeds an add, so compiler contraction
+// (-ffp-contract=fast, GCC's default, in -mfma files only) cannot change the bits.
 SS_INLINE float exp_poly(float x) {
   const bool tiny = x < -87.3365478515625f;
   x = x > -87.3365478515625f ? x : -87.3365478515625f;
@@ -561,9 +563,11 @@ void exp_weights_impl(const float* x, int n, float scale, float shift, float* w,
   for (int b0 = 0, j = 0; b0 < n; b0 += kSampleBlock, ++j) {
     const int e = n - b0 < kSampleBlock ? n : b0 + kSampleBlock;
     int i = b0;
-    // x * scale - shift: a multiply then a subtract (two roundings, as in exp_poly's callers below).
-    for (; i + W <= e; i += W) vstore(w + i, vexp(vsub(vmul(vload(x + i), vs), vsh)));
-    for (; i < e; ++i) w[i] = exp_poly(x[i] * scale - shift);
+    // x * scale - shift as one explicit fma on every path: GCC contracts a*b-c into an fma only in
+    // files built with -mfma, so the plain expression would round differently per ISA.
+    if constexpr (W > 1)  // (the scalar build's vfma is a*b+c, two roundings: it takes the tail loop)
+      for (; i + W <= e; i += W) vstore(w + i, vexp(vfma(vload(x + i), vs, vsub(vzero(), vsh))));
+    for (; i < e; ++i) w[i] = exp_poly(std::fma(x[i], scale, -shift));
     // Four double chains, then a fixed pairing: the same order whatever the ISA.
     double c[4] = {0, 0, 0, 0};
     for (i = b0; i < e; ++i) c[(i - b0) & 3] += static_cast<double>(w[i]);
