@@ -22,6 +22,10 @@
 namespace ss::cli {
 namespace {
 
+// Prefill tokens per step while streams decode. On the 2-core CPU a 512-token chunk of a long prompt
+// costs 150-300 ms and every decoding stream waits for it; measured in docs/perf/serving.md.
+constexpr int kDefaultPrefillWithDecodes = 128;
+
 struct ServeArgs {
   std::string model;
   std::string served_name;
@@ -35,6 +39,7 @@ struct ServeArgs {
   int num_kv_blocks = 0;
   double kv_cache_mib = 0;
   int long_prompt_threshold = 256;
+  int max_prefill_with_decodes = kDefaultPrefillWithDecodes;
   int max_model_len = 0;
   int max_waiting = 256;
   double request_timeout = 600;
@@ -129,6 +134,7 @@ void run_serve(const ServeArgs& a) {
   ec.scheduler.max_num_seqs = a.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   ec.scheduler.long_prompt_threshold = a.long_prompt_threshold;
+  ec.scheduler.max_prefill_tokens_with_decodes = a.max_prefill_with_decodes;
   ec.scheduler.enable_prefix_caching = !a.no_prefix_caching;
   ec.scheduler.max_model_len = max_len;
   auto en = engine::Engine::create(*backend, ec);
@@ -223,6 +229,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->excludes(nb);
   c->add_option("--long-prompt-threshold", a->long_prompt_threshold, "Prompts this long wait in the long lane")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  c->add_option("--max-prefill-tokens-with-decodes", a->max_prefill_with_decodes,
+                "Prefill tokens per step while streams decode (bounds their time per token; 0: no cap)")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   c->add_option("--max-model-len", a->max_model_len, "Prompt + completion limit (default: the model's context, "
                                                      "capped by the KV cache)");
   c->add_option("--max-waiting", a->max_waiting, "Queued requests beyond the running seats; more get 429")

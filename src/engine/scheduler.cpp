@@ -12,6 +12,9 @@ Status SchedulerConfig::validate() const {
     return make_error("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
                       ") must be >= max_num_seqs (" + std::to_string(max_num_seqs) +
                       ") so every running sequence can decode each step");
+  if (max_prefill_tokens_with_decodes < 0)
+    return make_error("max_prefill_tokens_with_decodes must be >= 0 (0: no cap), got " +
+                      std::to_string(max_prefill_tokens_with_decodes));
   if (long_prompt_threshold < 1)
     return make_error("long_prompt_threshold must be >= 1, got " + std::to_string(long_prompt_threshold));
   if (max_long_prefill_tokens < 0)
@@ -244,6 +247,9 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     decisions_.push_back({s, 1, false});
     budget_ -= 1;
   }
+  // With decodes in this step, prefill work is capped so the step stays short (their TPOT).
+  if (!decisions_.empty() && cfg_.max_prefill_tokens_with_decodes > 0)
+    budget_ = std::min(budget_, cfg_.max_prefill_tokens_with_decodes);
   // (2) Running prefills (chunked), oldest first, with the budget left.
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     Sequence* s = running_[i];

@@ -30,6 +30,10 @@ struct SchedulerConfig {
   // While short prompts wait or prefill, long-lane prefills take at most this many tokens per
   // step, so a long prompt cannot hold the whole budget. 0: max_num_batched_tokens / 2.
   int max_long_prefill_tokens = 0;
+  // In a step that also decodes, prefill chunks (running and newly admitted, both lanes) take at most
+  // this many tokens, so one step — and so every running stream's time per output token — stays
+  // short while long prompts prefill. 0: no cap beyond max_num_batched_tokens.
+  int max_prefill_tokens_with_decodes = 0;
   // A waiting request older than this (steps since it arrived, or wall time if > 0) is admitted
   // before any other lane: neither lane can starve the other.
   int max_wait_steps = 32;

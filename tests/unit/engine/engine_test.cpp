@@ -297,6 +297,47 @@ TEST(Engine, ChunkedPrefillInterleavesWithDecodes) {
   EXPECT_EQ(c.out[b].tokens, run_alone(big, kVocab).tokens);
 }
 
+// max_prefill_tokens_with_decodes: next to a decode, a long prompt prefills in chunks of the cap (the
+// backend rejects any larger batch); alone, it takes the whole token budget per step.
+TEST(Engine, PrefillCappedWhileStreamsDecode) {
+  std::mt19937 g(9);
+  FakeBackend be(128, 16, kVocab);
+  SchedulerConfig sc = small_config(4, 64);
+  sc.max_prefill_tokens_with_decodes = 10;
+  auto e = make_engine(be, sc, kVocab);
+  Collector c;
+  Spec dec{random_tokens(g, 5, kVocab), 60, 0.0f, 0, {}};
+  const RequestId a = *e->add_request(make_request(dec, &c));
+  ASSERT_TRUE(e->step().ok());  // a's prefill (no decode yet: uncapped), first token
+  Spec big{random_tokens(g, 100, kVocab), 3, 0.0f, 0, {}};
+  const RequestId b = *e->add_request(make_request(big, &c));
+  be.max_tokens = 1 + 10;  // one decode + the cap
+  int steps = 0;
+  while (c.out[b].tokens.empty()) {
+    const size_t before = c.out[a].tokens.size();
+    ASSERT_TRUE(e->step().ok()) << "step " << steps;
+    ++steps;
+    EXPECT_EQ(c.out[a].tokens.size(), before + 1) << "the decode stalled at step " << steps;
+  }
+  EXPECT_EQ(steps, 10);  // 100 prompt tokens, 10 per step
+  run_all(*e);
+  EXPECT_EQ(c.out[a].tokens, run_alone(dec, kVocab).tokens);
+  EXPECT_EQ(c.out[b].tokens, run_alone(big, kVocab).tokens);
+  // Nothing decoding: the whole budget per step.
+  be.max_tokens = 64;
+  Spec big2{random_tokens(g, 128, kVocab), 2, 0.0f, 0, {}};
+  const RequestId d = *e->add_request(make_request(big2, &c));
+  steps = 0;
+  while (c.out[d].tokens.empty()) {
+    ASSERT_TRUE(e->step().ok());
+    ++steps;
+  }
+  EXPECT_EQ(steps, 2);
+  SchedulerConfig bad = small_config(4, 64);
+  bad.max_prefill_tokens_with_decodes = -1;
+  EXPECT_FALSE(bad.validate().ok());
+}
+
 TEST(Engine, LongPromptDoesNotStarveShortOnes) {
   std::mt19937 g(9);
   FakeBackend be(128, 16, kVocab);
