@@ -32,6 +32,16 @@ std::vector<double> softmax(const std::vector<float>& l, double t) {
   return p;
 }
 int32_t draw(Sampler& s, std::vector<float> logits) { return s.sample(logits.data(), {}, {}); }
+// How often each token is drawn in `draws` samples at temperature t.
+std::vector<int> histogram(const std::vector<float>& l, float t, uint64_t seed, int draws) {
+  SamplingParams p;
+  p.temperature = t;
+  p.seed = seed;
+  Sampler s(p, static_cast<int>(l.size()));
+  std::vector<int> hist(l.size());
+  for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+  return hist;
+}
 }  // namespace
 
 TEST(Sampler, GreedyIsArgmax) {
@@ -72,13 +82,8 @@ TEST(Sampler, EmpiricalDistributionMatchesSoftmax) {
   const int n = 8;
   std::vector<float> l = {1.0f, 0.5f, -0.3f, 2.0f, 0.0f, -1.0f, 1.2f, 0.7f};
   for (float temp : {0.7f, 1.0f, 2.0f}) {
-    SamplingParams p;
-    p.temperature = temp;
-    p.seed = 99;
-    Sampler s(p, n);
     const int draws = 200000;
-    std::vector<int> hist(n);
-    for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+    const std::vector<int> hist = histogram(l, temp, 99, draws);
     auto q = softmax(l, temp);
     for (int i = 0; i < n; ++i) {
       const double sd = std::sqrt(q[i] * (1 - q[i]) / draws);
@@ -93,13 +98,8 @@ TEST(Sampler, EmpiricalDistributionOverManyBlocks) {
   const int n = 1000;  // 16 blocks of 64, the last one short
   auto l = random_logits(n, 5, 1.0f);
   for (float temp : {0.5f, 1.0f, 3.0f}) {
-    SamplingParams p;
-    p.temperature = temp;
-    p.seed = 7;
-    Sampler s(p, n);
     const int draws = 200000;
-    std::vector<int> hist(n);
-    for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+    const std::vector<int> hist = histogram(l, temp, 7, draws);
     auto q = softmax(l, temp);
     for (int i = 0; i < n; ++i) {
       const double sd = std::sqrt(q[i] * (1 - q[i]) / draws) + 1.0 / draws;
@@ -122,12 +122,8 @@ TEST(Sampler, MaskedBlocksAndTinyTemperature) {
   for (int i = 0; i < 128; ++i) l[i] = ninf;           // blocks 0 and 1
   for (int i = 320; i < 384; ++i) l[i] = ninf;         // block 5
   for (int i = 960; i < n; ++i) l[i] = ninf;           // the short last block
-  SamplingParams p;
-  p.seed = 4;
-  Sampler s(p, n);
   const int draws = 100000;
-  std::vector<int> hist(n);
-  for (int i = 0; i < draws; ++i) hist[draw(s, l)]++;
+  const std::vector<int> hist = histogram(l, 1.0f, 4, draws);
   auto q = softmax(l, 1.0);
   for (int i = 0; i < n; ++i) {
     if (q[i] == 0.0) {
@@ -147,7 +143,7 @@ TEST(Sampler, MaskedBlocksAndTinyTemperature) {
     }
   }
   std::vector<float> all_masked(n, ninf);  // nothing to prefer: the lowest id, like argmax
-  Sampler s2(p, n);
+  Sampler s2(SamplingParams{}, n);
   EXPECT_EQ(draw(s2, all_masked), 0);
 }
 
