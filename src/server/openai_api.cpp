@@ -636,6 +636,11 @@ Usage usage_of(const GenerationRequest& g, const std::vector<ChoiceOutput>& choi
   return u;
 }
 
+// The fields every response and chunk object shares.
+static json envelope(const char* object, const std::string& id, int64_t created, const ModelInfo& m, json choices) {
+  return json{{"id", id}, {"object", object}, {"created", created}, {"model", m.id}, {"choices", std::move(choices)}};
+}
+
 nlohmann::json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                    int64_t created, const std::vector<ChoiceOutput>& choices) {
   json arr = json::array();
@@ -649,12 +654,9 @@ nlohmann::json completion_response(const GenerationRequest& g, const ModelInfo& 
                        {"finish_reason", c.finish_reason},
                        {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}});
   }
-  return json{{"id", id},
-              {"object", "text_completion"},
-              {"created", created},
-              {"model", m.id},
-              {"choices", arr},
-              {"usage", usage_json(usage_of(g, choices))}};
+  json out = envelope("text_completion", id, created, m, std::move(arr));
+  out["usage"] = usage_json(usage_of(g, choices));
+  return out;
 }
 
 nlohmann::json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
@@ -667,12 +669,9 @@ nlohmann::json chat_response(const GenerationRequest& g, const ModelInfo& m, con
                        {"finish_reason", c.finish_reason},
                        {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}});
   }
-  return json{{"id", id},
-              {"object", "chat.completion"},
-              {"created", created},
-              {"model", m.id},
-              {"choices", arr},
-              {"usage", usage_json(usage_of(g, choices))}};
+  json out = envelope("chat.completion", id, created, m, std::move(arr));
+  out["usage"] = usage_json(usage_of(g, choices));
+  return out;
 }
 
 nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
@@ -682,8 +681,7 @@ nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, 
                  {"text", text},
                  {"logprobs", logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : json(nullptr)},
                  {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}};
-  json out = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", m.id},
-              {"choices", json::array({choice})}};
+  json out = envelope("text_completion", id, created, m, json::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
@@ -698,20 +696,17 @@ nlohmann::json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const 
                  {"delta", delta},
                  {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : json(nullptr)},
                  {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}};
-  json out = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", m.id},
-              {"choices", json::array({choice})}};
+  json out = envelope("chat.completion.chunk", id, created, m, json::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
 
 nlohmann::json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                            const Usage& u) {
-  return json{{"id", id},
-              {"object", g.endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", m.id},
-              {"choices", json::array()},
-              {"usage", usage_json(u)}};
+  json out = envelope(g.endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion", id,
+                      created, m, json::array());
+  out["usage"] = usage_json(u);
+  return out;
 }
 
 }  // namespace ss::server
