@@ -386,7 +386,8 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
     // 1. scores, NC chunks per pass over K (the tail one chunk at a time). A decode step reads each
     // chunk once, from DRAM, in 2 KiB pieces too short for the hardware prefetcher: while NC chunks
     // compute, the next NC chunks' K and these chunks' V (needed after the softmax) are prefetched.
-    const int d_step = 64 / static_cast<int>(L.bs_pad * sizeof(KT)) > 1 ? 64 / static_cast<int>(L.bs_pad * sizeof(KT)) : 1;
+    const int rows_per_line = static_cast<int>(64 / (L.bs_pad * sizeof(KT)));  // K rows of d per cache line
+    const int d_step = rows_per_line > 1 ? rows_per_line : 1;
     for (int c = 0; c < kPfGroups * NC && c < n_chunks; ++c)
       for (int d = 0; d < hd; d += d_step) __builtin_prefetch(ch[c].K + d * L.bs_pad, 0, 3);  // each line
     for (int c = 0; c < n_chunks; c += NC) {

@@ -79,6 +79,17 @@ constexpr int64_t kRowGrain = 16;
 // Below this many activation values one thread quantizes; waking the pool costs more.
 constexpr int64_t kParallelQuantize = 1 << 15;
 
+// A caller bug: fail loudly, never overrun.
+void check_scratch(const char* fn, const model::Tensor& W, MatmulScratch scratch, int n_tok) {
+  const size_t need = matmul_scratch_bytes(W.type, W.cols(), n_tok);
+  if (scratch.bytes >= need) return;
+  std::fprintf(stderr, "ss::cpu::%s(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n", fn, W.name.c_str(),
+               scratch.bytes, need);
+  std::abort();
+}
+
+int64_t packed_groups(int64_t rows) { return (rows + detail::kPackRows - 1) / detail::kPackRows; }
+
 }  // namespace
 
 void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
@@ -93,11 +104,7 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
                       [&](int64_t r0, int64_t r1, int) { ks->rows_f(W, x, ldx, n_tok, y, ldy, r0, r1); });
     return;
   }
-  if (scratch.bytes < matmul_scratch_bytes(wt, W.cols(), n_tok)) {  // a caller bug: fail loudly, never overrun
-    std::fprintf(stderr, "ss::cpu::matmul(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n", W.name.c_str(),
-                 scratch.bytes, matmul_scratch_bytes(wt, W.cols(), n_tok));
-    std::abort();
-  }
+  check_scratch("matmul", W, scratch, n_tok);
   const bool k = detail::is_k_type(wt);
   const detail::QActs a =
       detail::carve_qacts(scratch.buf, W.cols(), n_tok, ks->act_group(wt, n_tok), k ? model::QK_K : 32);
@@ -115,15 +122,14 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
 size_t packed_bytes(const model::Tensor& W) {
   const detail::PackedFormat f = detail::packed_format(W.type);
   if (f.block_bytes == 0 || detected_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % 32 != 0) return 0;
-  const int64_t ng = (W.rows() + detail::kPackRows - 1) / detail::kPackRows;
-  return (static_cast<size_t>(ng) * (W.cols() / 32) * f.block_bytes + 63) / 64 * 64;
+  return (static_cast<size_t>(packed_groups(W.rows())) * (W.cols() / 32) * f.block_bytes + 63) / 64 * 64;
 }
 
 PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& pool) {
   PackedMatrix P;
   if (packed_bytes(W) == 0 || dst0 == nullptr) return P;
   const detail::PackedFormat f = detail::packed_format(W.type);
-  const int64_t nb = W.cols() / 32, ng = (W.rows() + detail::kPackRows - 1) / detail::kPackRows;
+  const int64_t nb = W.cols() / 32, ng = packed_groups(W.rows());
   P.type = W.type;
   P.rows = W.rows();
   P.cols = W.cols();
@@ -156,22 +162,8 @@ void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n
             int64_t ldy, MatmulScratch scratch, ThreadPool& pool) {
   if (P.empty() || active_isa() != Isa::Avx512 || P.type != W.type || P.rows != W.rows() || P.cols != W.cols())
     return matmul(W, x, n_tok, ldx, y, ldy, scratch, pool);
-  if (n_tok <= 0) return;
-  if (scratch.bytes < matmul_scratch_bytes(W.type, W.cols(), n_tok)) {
-    std::fprintf(stderr, "ss::cpu::matmul(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n", W.name.c_str(),
-                 scratch.bytes, matmul_scratch_bytes(W.type, W.cols(), n_tok));
-    std::abort();
-  }
-  const detail::QActs a = detail::carve_qacts(scratch.buf, W.cols(), n_tok, 1, 32);
-  if (n_tok * W.cols() < kParallelQuantize) {
-    detail::avx512::quantize(W.type, x, ldx, 0, n_tok, a);
-  } else {
-    pool.parallel_for(n_tok, 1, [&](int64_t t0, int64_t t1, int) {
-      detail::avx512::quantize(W.type, x, ldx, static_cast<int>(t0), static_cast<int>(t1), a);
-    });
-  }
-  const int64_t ng = (P.rows + detail::kPackRows - 1) / detail::kPackRows;
-  pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) { detail::avx512::rows_packed(P, a, y, ldy, g0, g1); });
+  const MatmulJob job{&W, &P, y, ldy};
+  matmul_multi(&job, 1, x, n_tok, ldx, scratch, pool);  // the packed path (one job: always fused)
 }
 
 void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
@@ -189,18 +181,27 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     return;
   }
   const model::Tensor& W0 = *jobs[0].W;
-  if (scratch.bytes < matmul_scratch_bytes(W0.type, W0.cols(), n_tok)) {
-    std::fprintf(stderr, "ss::cpu::matmul_multi(%s): scratch %zu bytes < matmul_scratch_bytes() = %zu\n",
-                 W0.name.c_str(), scratch.bytes, matmul_scratch_bytes(W0.type, W0.cols(), n_tok));
-    std::abort();
-  }
+  check_scratch("matmul_multi", W0, scratch, n_tok);
   const detail::QActs a = detail::carve_qacts(scratch.buf, W0.cols(), n_tok, 1, 32);
   // Row groups of all jobs as one range [0, total): job j owns [first[j], first[j + 1]).
   int64_t first[kMaxJobs + 1] = {0};
-  for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + (jobs[j].P->rows + detail::kPackRows - 1) / detail::kPackRows;
-  // Quantize inside the same dispatch: each thread quantizes its share of tokens, then all meet
-  // at a barrier before the products (one pool wake-up instead of two).
+  for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + packed_groups(jobs[j].P->rows);
   const int nt = pool.size();
+  const int64_t total = first[n_jobs];
+  auto products = [&](int t) {
+    const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
+    for (int j = 0; j < n_jobs; ++j) {
+      const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
+      if (b < e) detail::avx512::rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
+    }
+  };
+  if (n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier
+    detail::avx512::quantize(W0.type, x, ldx, 0, n_tok, a);
+    pool.run(products);
+    return;
+  }
+  // Many tokens: quantize inside the same dispatch (each thread its share of tokens), then all meet
+  // at a barrier before the products: one pool wake-up instead of two.
   std::atomic<int> arrived{0};
   pool.run([&](int t) {
     const int t0 = static_cast<int>(static_cast<int64_t>(n_tok) * t / nt);
@@ -211,12 +212,7 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     for (int i = 1; arrived.load(std::memory_order_acquire) < nt; ++i)
       if (i % 64 == 0) std::this_thread::yield();
       else __builtin_ia32_pause();
-    const int64_t total = first[n_jobs];
-    const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
-    for (int j = 0; j < n_jobs; ++j) {
-      const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
-      if (b < e) detail::avx512::rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
-    }
+    products(t);
   });
 }
 
