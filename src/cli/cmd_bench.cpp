@@ -1,8 +1,12 @@
 // selfserve bench offline: prefill and decode speed of one sequence, per thread count.
+// selfserve bench decode: the backend's decode step with 1, 2, ..., N sequences at a given context,
+// with its per-stage profile: what aggregate decode throughput batching buys, without HTTP, prompts
+// or sampling in the way.
 // Prompt tokens are drawn from a fixed seed, as llama-bench does, so runs are comparable.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -11,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -86,6 +91,102 @@ void run_offline(const BenchArgs& a) {
   }
 }
 
+struct DecodeArgs {
+  std::string model;
+  std::vector<int> batch{1, 16};
+  int threads = 0;
+  int context = 130;
+  int steps = 64;
+  int reps = 3;
+  std::string json_path;
+};
+
+void run_decode(const DecodeArgs& a) {
+  if (a.batch.empty() || *std::min_element(a.batch.begin(), a.batch.end()) < 1)
+    return fail("--batch: sequence counts must be >= 1");
+  auto m = open_model(a.model, {}, false);
+  if (!m.ok()) return fail(m.message());
+  const model::Model& model = **m;
+  const int vocab = model.config.vocab_size;
+  const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
+  const int bs = 16, per_seq = (a.context + a.steps + bs - 1) / bs + 1;
+  backend::BackendOptions bo;
+  bo.threads = a.threads;
+  bo.kv.block_size = bs;
+  bo.kv.num_blocks = per_seq * max_batch;
+  bo.max_batch_tokens = std::max(max_batch, a.context);
+  auto be = backend::CpuBackend::create(model, bo);
+  if (!be.ok()) return fail(be.message());
+  backend::CpuBackend& cpu = **be;
+  std::mt19937 rng(1234);
+  // Every sequence gets its own blocks and a prompt of `context` random tokens, prefilled once.
+  std::vector<std::vector<int32_t>> tables(max_batch);
+  for (int s = 0; s < max_batch; ++s)
+    for (int b = 0; b < per_seq; ++b) tables[s].push_back(s * per_seq + b);
+  std::vector<float> logits(static_cast<size_t>(std::max(max_batch, 1)) * vocab);
+  for (int s = 0; s < max_batch; ++s) {
+    backend::StepBatch pb;
+    for (int i = 0; i < a.context; ++i) {
+      pb.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+      pb.positions.push_back(i);
+      pb.seq_index.push_back(0);
+    }
+    pb.block_tables = {tables[s]};
+    pb.logits_rows = {a.context - 1};
+    if (auto st = cpu.forward(pb, logits.data()); !st.ok()) return fail(st.message());
+  }
+  std::printf("model: %s, %d threads, context %d, %d decode steps per rep (median of %d)\n", model.path.c_str(),
+              cpu.threads(), a.context, a.steps, a.reps);
+  std::printf("%6s %10s %12s %9s | %8s %8s %8s %8s %8s  (ms per step)\n", "batch", "step ms", "tok/s", "x first",
+              "matmul", "lm_head", "attn", "rope_kv", "other");
+  nlohmann::json results = nlohmann::json::array();
+  double base = 0;
+  for (int n : a.batch) {
+    std::vector<double> step_ms;
+    std::vector<backend::CpuProfile> profs;
+    for (int r = 0; r < a.reps; ++r) {
+      // Decode positions context .. context + steps - 1 (rewritten each rep: the cache slots are reused).
+      cpu.reset_profile();
+      cpu.set_profiling(true);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < a.steps; ++k) {
+        backend::StepBatch b;
+        for (int s = 0; s < n; ++s) {
+          b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+          b.positions.push_back(a.context + k);
+          b.seq_index.push_back(s);
+          b.block_tables.push_back(tables[s]);
+          b.logits_rows.push_back(s);
+        }
+        if (auto st = cpu.forward(b, logits.data()); !st.ok()) return fail(st.message());
+      }
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      cpu.set_profiling(false);
+      step_ms.push_back(dt * 1e3 / a.steps);
+      profs.push_back(cpu.profile());
+    }
+    const double ms = median(step_ms), tps = n * 1e3 / ms;
+    const backend::CpuProfile& prof = profs[std::find(step_ms.begin(), step_ms.end(), ms) - step_ms.begin()];
+    if (base == 0) base = tps;  // the first batch size is the baseline
+    const double per = 1e3 / std::max<int64_t>(prof.forwards, 1);
+    std::printf("%6d %10.3f %12.1f %8.2fx | %8.3f %8.3f %8.3f %8.3f %8.3f\n", n, ms, tps, tps / base, prof.matmul_s * per,
+                prof.lm_head_s * per, prof.attention_s * per, prof.rope_kv_s * per, prof.other_s * per);
+    std::fflush(stdout);
+    results.push_back({{"batch", n}, {"step_ms", ms}, {"tok_s", tps}, {"speedup", tps / base}, {"step_ms_all", step_ms},
+                       {"profile_ms", {{"matmul", prof.matmul_s * per}, {"lm_head", prof.lm_head_s * per},
+                                       {"attention", prof.attention_s * per}, {"rope_kv", prof.rope_kv_s * per},
+                                       {"other", prof.other_s * per}}}});
+  }
+  if (!a.json_path.empty()) {
+    std::ofstream f(a.json_path);
+    f << nlohmann::json{{"model", model.path}, {"threads", cpu.threads()}, {"context", a.context},
+                        {"steps", a.steps}, {"results", results}}
+             .dump(2)
+      << "\n";
+    if (!f) return fail(a.json_path + ": cannot write");
+  }
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -100,6 +201,16 @@ void register_bench(CLI::App& app) {
   o->add_option("--reps", a->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   o->add_option("--json", a->json_path, "Also write results as JSON to this file");
   o->callback([a] { run_offline(*a); });
+  auto d = std::make_shared<DecodeArgs>();
+  auto* dc = b->add_subcommand("decode", "Batched decode steps on the CPU backend: step time and profile per batch size");
+  dc->add_option("--model,-m", d->model, "GGUF file or Hugging Face folder (default: the embedded model)");
+  dc->add_option("--batch", d->batch, "Sequences per step to measure (the first one is the baseline)")->delimiter(',');
+  dc->add_option("--threads", d->threads, "Backend threads (0: all cores)")->check(CLI::Range(0, 1024));
+  dc->add_option("--context", d->context, "Tokens already in each sequence's cache")->check(CLI::Range(1, 1 << 16));
+  dc->add_option("--steps", d->steps, "Decode steps per repetition")->check(CLI::Range(1, 1 << 16));
+  dc->add_option("--reps", d->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
+  dc->add_option("--json", d->json_path, "Also write results as JSON to this file");
+  dc->callback([d] { run_decode(*d); });
   register_bench_serve(*b);
 }
 
