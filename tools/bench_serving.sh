@@ -2,7 +2,8 @@
 # The serving benchmarks of docs/perf/serving.md: starts `selfserve serve` on the default model and
 # drives it with `selfserve bench serve` over loopback, then reads the engine's own counters from
 # /metrics and the threads' CPU time from /proc.
-#  1. decode scaling: 1 vs 16 concurrent streams, short prompts, 128 output tokens each;
+#  1. decode scaling: 1 vs 16 concurrent streams, short prompts, 128 output tokens each, with the
+#     engine's decode-only throughput at each level;
 #  2. the default request mix at concurrency 8: KV paging waste and scheduler/HTTP overhead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,15 +17,36 @@ until python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('ht
   kill -0 $pid || { cat "$OUT/server.log"; exit 1; }; sleep 0.3; done
 URL=http://127.0.0.1:$PORT/v1
 
-echo "== 1. decode scaling (short prompts, 128 output tokens)"
-build/selfserve bench serve --url "$URL" --mix 1,0,0 --output-tokens 128,128 --concurrency 1,16 \
-  --num-requests 32 --duration 120 --seed 7 --json "$OUT/scaling.json"
-
 metrics() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())"; }
 cpu() {  # utime+stime ticks of this server's threads, by thread name
   for t in /proc/$pid/task/*; do
     awk -v name="$(cat "$t/comm")" '{print name, $14+$15}' "$t/stat"; done | awk '{a[$1]+=$2} END {for (k in a) print k, a[k]}'
 }
+# Deltas of /metrics counters between two scrapes: python3 -c "$DELTA" "$before" "$after" NAME...
+DELTA='
+import sys
+def parse(text):
+    return {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and not l.startswith("#")}
+a, b = parse(sys.argv[1]), parse(sys.argv[2])
+print(" ".join(str(b.get(k, 0) - a.get(k, 0)) for k in sys.argv[3:]))'
+
+echo "== 1. decode scaling (short prompts, 128 output tokens), one level at a time"
+# Besides the client's view (TPOT includes the prompt work of requests arriving meanwhile), the
+# engine's decode-only steps give the aggregate decode throughput itself: tokens / seconds of the
+# steps that carried no prompt token.
+declare -A rate
+for c in 1 16; do
+  m0=$(metrics)
+  build/selfserve bench serve --url "$URL" --mix 1,0,0 --output-tokens 128,128 --concurrency $c \
+    --num-requests 32 --duration 120 --seed 7 --json "$OUT/scaling_c$c.json"
+  m1=$(metrics)
+  read -r steps secs toks < <(python3 -c "$DELTA" "$m0" "$m1" selfserve_engine_decode_steps_total \
+    selfserve_engine_decode_step_seconds_total selfserve_engine_decode_step_tokens_total)
+  rate[$c]=$(python3 -c "print(f'{$toks / $secs:.1f}')")
+  python3 -c "print(f'c=$c decode-only steps: {int($steps)}, {$toks / $steps:.2f} tokens/step, {1e3 * $secs / $steps:.2f} ms/step, {$toks / $secs:.1f} tok/s')"
+done
+python3 -c "print(f'aggregate decode throughput, 16 streams / 1 stream: {${rate[16]} / ${rate[1]}:.2f}x')"
+
 m0=$(metrics); c0=$(cpu)
 echo "== 2. default mix (30% short, 50% medium, 20% long), concurrency 8"
 build/selfserve bench serve --url "$URL" --concurrency 8 --num-requests 24 --duration 240 --seed 11 \

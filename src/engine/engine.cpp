@@ -170,8 +170,14 @@ Status Engine::step() {
     for (RequestId id : released_) live_.erase(id);
     if (!result.ok()) stats_.last_error = result.message();
     if (!plan_.seqs.empty()) {
-      stats_.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin).count();
+      const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin).count();
+      stats_.step_seconds += step_s;
       stats_.forward_seconds += forward_s;
+      if (result.ok() && plan_.num_prefill_tokens == 0 && plan_.num_decode_tokens > 0) {
+        ++stats_.decode_steps;
+        stats_.decode_step_seconds += step_s;
+        stats_.decode_step_tokens += plan_.num_decode_tokens;
+      }
     }
   }
   refresh_stats();

@@ -46,6 +46,12 @@ struct EngineStats {
   // forward, and everything else the engine does (planning, sampling, emitting events).
   double step_seconds = 0;
   double forward_seconds = 0;
+  // Steps that only decoded (no prompt tokens in the batch): how many, their wall time and the
+  // tokens they sampled. tokens / seconds is the aggregate decode throughput under the load that
+  // ran, without prompt processing mixed in (that shows in step_seconds and TTFT).
+  int64_t decode_steps = 0;
+  double decode_step_seconds = 0;
+  int64_t decode_step_tokens = 0;
   // Paging waste: slots of the blocks held by running sequences that hold no token (the tails of
   // their last blocks), over all slots they hold. Sampled after each step.
   int64_t kv_slots_held = 0;

@@ -184,6 +184,7 @@ struct Server::Impl {
     Counter *prompt_tokens, *gen_tokens, *preemptions, *prefix_queries, *prefix_hits, *steps;
     Gauge* paging_waste;
     Counter *slots_held, *slots_filled, *step_seconds, *forward_seconds;
+    Counter *decode_steps, *decode_step_seconds, *decode_step_tokens;
     Histogram *ttft, *tpot, *e2e;
     Gauge *v_running = nullptr, *v_waiting = nullptr, *v_kv = nullptr, *v_kv_old = nullptr;
     Counter *v_prompt = nullptr, *v_gen = nullptr, *v_preempt = nullptr;
@@ -257,6 +258,11 @@ void Server::Impl::init_metrics() {
   m.slots_filled = &reg.counter("selfserve_kv_slots_filled_total", "Of those, slots holding a token, summed over steps");
   m.step_seconds = &reg.counter("selfserve_engine_step_seconds_total", "Wall time of engine steps that ran a batch");
   m.forward_seconds = &reg.counter("selfserve_engine_forward_seconds_total", "Of that, time in the backend's forward");
+  m.decode_steps = &reg.counter("selfserve_engine_decode_steps_total", "Engine steps that only decoded (no prompt tokens)");
+  m.decode_step_seconds =
+      &reg.counter("selfserve_engine_decode_step_seconds_total", "Wall time of the steps that only decoded");
+  m.decode_step_tokens =
+      &reg.counter("selfserve_engine_decode_step_tokens_total", "Tokens sampled by the steps that only decoded");
   m.ttft = &reg.histogram("selfserve_time_to_first_token_seconds", "Time from arrival to the first token",
                           {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20,
                            40, 80, 160});
@@ -293,6 +299,9 @@ void Server::Impl::refresh_metrics() {
   m.slots_filled->set_total(static_cast<double>(s.kv_slots_filled_sum));
   m.step_seconds->set_total(s.step_seconds);
   m.forward_seconds->set_total(s.forward_seconds);
+  m.decode_steps->set_total(static_cast<double>(s.decode_steps));
+  m.decode_step_seconds->set_total(s.decode_step_seconds);
+  m.decode_step_tokens->set_total(static_cast<double>(s.decode_step_tokens));
   if (m.v_running) {
     m.v_running->set(s.num_running);
     m.v_waiting->set(s.num_waiting);

@@ -45,6 +45,35 @@ TEST(Engine, SingleRequestMatchesGenerator) {
   EXPECT_EQ(o.events_after_finish, 0);
 }
 
+// Decode-only step counters: a step that carries any prompt token is not one of them.
+TEST(Engine, CountsStepsThatOnlyDecode) {
+  std::mt19937 g(11);
+  FakeBackend be(64, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  // Two requests admitted together: one prefill step samples the first token of each, then 9
+  // steps decode both.
+  ASSERT_TRUE(e->add_request(make_request(spec(random_tokens(g, 20, kVocab), 10), &c)).ok());
+  ASSERT_TRUE(e->add_request(make_request(spec(random_tokens(g, 30, kVocab), 10), &c)).ok());
+  run_all(*e);
+  EngineStats st = e->stats();
+  EXPECT_EQ(st.steps, 10);
+  EXPECT_EQ(st.decode_steps, 9);
+  EXPECT_EQ(st.decode_step_tokens, 18);
+  EXPECT_GT(st.decode_step_seconds, 0.0);
+  EXPECT_LE(st.decode_step_seconds, st.step_seconds);
+  // A 100-token prompt arriving while a request decodes is chunked over two steps (64-token budget):
+  // those steps carry prompt tokens and do not count, the other 11 do.
+  ASSERT_TRUE(e->add_request(make_request(spec(random_tokens(g, 5, kVocab), 14), &c)).ok());
+  ASSERT_TRUE(e->step().ok());  // the 5-token prompt
+  ASSERT_TRUE(e->add_request(make_request(spec(random_tokens(g, 100, kVocab), 1), &c)).ok());
+  run_all(*e);
+  const EngineStats st2 = e->stats();
+  EXPECT_EQ(st2.steps - st.steps, 14);
+  EXPECT_EQ(st2.decode_steps - st.decode_steps, 11);
+  EXPECT_EQ(st2.decode_step_tokens - st.decode_step_tokens, 11);
+}
+
 TEST(Engine, AdmissionErrorsAreClear) {
   FakeBackend be(4, 4, kVocab);  // 16 tokens of KV
   auto e = make_engine(be, small_config(4, 16), kVocab);
