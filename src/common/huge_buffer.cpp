@@ -2,6 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cerrno>
+
 namespace ss {
 
 namespace {
@@ -40,6 +43,22 @@ bool HugeBuffer::allocate(size_t bytes) {
   p_ = base + lead;
   bytes_ = n;
   (void)madvise(p_, n, MADV_HUGEPAGE);  // a hint: without THP the memory works the same
+  return true;
+}
+
+bool HugeBuffer::populate(size_t offset, size_t len) {
+  if (offset >= bytes_) return len == 0;
+  len = std::min(len, bytes_ - offset);
+  uint8_t* b = p_ + offset / 4096 * 4096;
+  const size_t n = static_cast<size_t>(p_ + offset + len - b);
+  // MADV_POPULATE_WRITE (Linux 5.14) faults the range in writable, huge pages kept; on an older
+  // kernel, touch one byte per page (writing a zero over a zero page changes no content).
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  if (madvise(b, n, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno != EINVAL) return false;
+  for (size_t i = 0; i < n; i += 4096) static_cast<volatile uint8_t*>(b)[i] = 0;
   return true;
 }
 

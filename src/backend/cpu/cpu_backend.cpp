@@ -195,11 +195,29 @@ Status CpuBackend::init() {
   block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
   kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
   const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
-  // Anonymous pages are zero: never-written padding slots read as finite zeros.
+  // Anonymous pages are zero: never-written padding slots read as finite zeros. The whole cache is
+  // committed now, as vLLM and llama.cpp reserve theirs at start: no step pays page faults (measured:
+  // ~6% of a fresh server's time under 16 streams went to zeroing pages on first touch), and a
+  // cache that does not fit in memory fails here with a clear error instead of later under load.
+  const std::string kv_what = std::to_string(2 * per_kind * kv_elem_) + " bytes for " +
+                              std::to_string(kv_.num_blocks) + " blocks of " + std::to_string(kv_.block_size) +
+                              " tokens); lower kv.num_blocks";
   if (!k_cache_.allocate(per_kind * kv_elem_) || !v_cache_.allocate(per_kind * kv_elem_))
-    return make_error("cpu backend: cannot allocate the KV cache (" + std::to_string(2 * per_kind * kv_elem_) +
-                      " bytes for " + std::to_string(kv_.num_blocks) + " blocks of " +
-                      std::to_string(kv_.block_size) + " tokens); lower kv.num_blocks");
+    return make_error("cpu backend: cannot allocate the KV cache (" + kv_what);
+  {
+    std::atomic<bool> ok{true};
+    pool_.run([&](int t) {  // page faults are kernel work: every thread takes a share
+      for (HugeBuffer* buf : {&k_cache_, &v_cache_}) {
+        const size_t n = buf->size(), nt = static_cast<size_t>(pool_.size());
+        if (!buf->populate(n * t / nt, n * (t + 1) / nt - n * t / nt)) ok = false;
+      }
+    });
+    if (!ok) {
+      k_cache_ = HugeBuffer();
+      v_cache_ = HugeBuffer();
+      return make_error("cpu backend: cannot commit the KV cache (" + kv_what);
+    }
+  }
 
   // Pack the matrices for the AVX-512 kernels into one buffer, releasing each original as soon as it
   // is copied so resident memory stays about one copy of the weights.

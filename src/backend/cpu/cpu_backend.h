@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
   std::vector<float> inv_freq_;
 
   // KV cache, one anonymous mapping per K and per V: [block][layer][...] (cpu_ops.h's per-layer layout
-  // inside), so the memory a sequence touches is its blocks. Pages commit on first use and are zero;
+  // inside), so the memory a sequence touches is its blocks. Pages are committed (zero) at start-up;
   // transparent huge pages are requested (a decode step walks tens of MB of KV, and with 4 KiB pages
   // the TLB misses cost as much as the loads).
   HugeBuffer k_cache_, v_cache_;
