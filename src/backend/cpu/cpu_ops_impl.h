@@ -559,20 +559,60 @@ void store_kv_impl(const float* k, const float* v, void* k_block, void* v_block,
 }
 
 // ---- sampling weights ----------------------------------------------------------------------------
+// Eight double chains over one block: chain j adds the values at block offsets j, j + 8, j + 16, ...
+// in order, then a fixed pairing. AVX-512 holds the chains in one vector (a 16-float vector is lanes
+// 0-7 then 8-15: two adds, in offset order), AVX2 in two, scalar in an array: the same adds in the
+// same order on every ISA, so the same bits.
+struct DSum8 {
+#if defined(__AVX512F__)
+  __m512d a = _mm512_setzero_pd();
+  SS_INLINE void add(vf x) {  // 16 values at an offset that is a multiple of 16
+    a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+    a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+  }
+  SS_INLINE void spill(double* c) const { _mm512_storeu_pd(c, a); }
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  SS_INLINE void add(vf x) {  // 8 values at an offset that is a multiple of 8
+    a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+    a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+  }
+  SS_INLINE void spill(double* c) const {
+    _mm256_storeu_pd(c, a0);
+    _mm256_storeu_pd(c + 4, a1);
+  }
+#else
+  double c8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int k = 0;
+  SS_INLINE void add(vf x) { c8[k++ & 7] += static_cast<double>(x); }
+  SS_INLINE void spill(double* c) const {
+    for (int j = 0; j < 8; ++j) c[j] = c8[j];
+  }
+#endif
+};
+
 void exp_weights_impl(const float* x, int n, float scale, float shift, float* w, double* block_sums) {
+  static_assert(kSampleBlock % 16 == 0, "vector chains start at block offsets that are multiples of W");
   const vf vs = vset(scale), vsh = vset(shift);
   for (int b0 = 0, j = 0; b0 < n; b0 += kSampleBlock, ++j) {
     const int e = n - b0 < kSampleBlock ? n : b0 + kSampleBlock;
     int i = b0;
+    DSum8 acc;
     // x * scale - shift as one explicit fma on every path: GCC contracts a*b-c into an fma only in
     // files built with -mfma, so the plain expression would round differently per ISA.
     if constexpr (W > 1)  // (the scalar build's vfma is a*b+c, two roundings: it takes the tail loop)
-      for (; i + W <= e; i += W) vstore(w + i, vexp(vfma(vload(x + i), vs, vsub(vzero(), vsh))));
-    for (; i < e; ++i) w[i] = exp_poly(std::fma(x[i], scale, -shift));
-    // Four double chains, then a fixed pairing: the same order whatever the ISA.
-    double c[4] = {0, 0, 0, 0};
-    for (i = b0; i < e; ++i) c[(i - b0) & 3] += static_cast<double>(w[i]);
-    block_sums[j] = (c[0] + c[1]) + (c[2] + c[3]);
+      for (; i + W <= e; i += W) {
+        const vf v = vexp(vfma(vload(x + i), vs, vsub(vzero(), vsh)));
+        vstore(w + i, v);
+        acc.add(v);
+      }
+    double c[8];
+    acc.spill(c);
+    for (; i < e; ++i) {
+      w[i] = exp_poly(std::fma(x[i], scale, -shift));
+      c[(i - b0) & 7] += static_cast<double>(w[i]);
+    }
+    block_sums[j] = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
   }
 }
 
