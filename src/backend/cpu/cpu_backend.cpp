@@ -198,7 +198,8 @@ Status CpuBackend::init() {
   // Anonymous pages are zero: never-written padding slots read as finite zeros. The whole cache is
   // committed now, as vLLM and llama.cpp reserve theirs at start: no step pays page faults (measured:
   // ~6% of a fresh server's time under 16 streams went to zeroing pages on first touch), and a
-  // cache that does not fit in memory fails here with a clear error instead of later under load.
+  // cache that does not fit in memory fails at start-up (an error here, at worst the OOM killer) instead
+  // of later under load.
   const std::string kv_what = std::to_string(2 * per_kind * kv_elem_) + " bytes for " +
                               std::to_string(kv_.num_blocks) + " blocks of " + std::to_string(kv_.block_size) +
                               " tokens); lower kv.num_blocks";
