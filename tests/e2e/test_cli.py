@@ -76,3 +76,27 @@ def test_verify_sha256_mismatch(selfserve, default_model):
     r = selfserve("inspect", default_model, "--verify-sha256", "0" * 64, check=False)
     assert r.returncode != 0
     assert b"sha256" in r.stdout + r.stderr
+
+
+def test_bench_decode_reports_every_batch_size(selfserve, default_model, tmp_path):
+    out = tmp_path / "decode.json"
+    r = selfserve("bench", "decode", "--batch", "1,3", "--context", "20", "--steps", "4", "--reps", "2",
+                  "--threads", "1", "--json", str(out))
+    assert b"x first" in r.stdout
+    j = json.loads(out.read_text())
+    assert j["context"] == 20 and j["steps"] == 4 and j["threads"] == 1
+    assert [x["batch"] for x in j["results"]] == [1, 3]
+    for x in j["results"]:
+        assert len(x["step_ms_all"]) == 2 and x["step_ms"] in x["step_ms_all"]
+        assert abs(x["tok_s"] - x["batch"] * 1e3 / x["step_ms"]) < 1e-6 * x["tok_s"]
+        stages = sum(x["profile_ms"].values())
+        # The stage profile times the forward passes, which are nearly all of a step.
+        assert 0.5 * x["step_ms"] < stages <= 1.01 * x["step_ms"], (stages, x["step_ms"])
+    assert j["results"][0]["speedup"] == 1.0
+    assert abs(j["results"][1]["speedup"] - j["results"][1]["tok_s"] / j["results"][0]["tok_s"]) < 1e-9
+
+
+def test_bench_decode_rejects_an_empty_batch(selfserve, default_model):
+    r = selfserve("bench", "decode", "--batch", "0,2", check=False)
+    assert r.returncode != 0
+    assert b"--batch" in r.stderr
