@@ -581,12 +581,10 @@ struct DSum8 {
     _mm256_storeu_pd(c, a0);
     _mm256_storeu_pd(c + 4, a1);
   }
-#else
-  double c8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int k = 0;
-  SS_INLINE void add(vf x) { c8[k++ & 7] += static_cast<double>(x); }
+#else  // the scalar path sums every value in the tail loop
+  SS_INLINE void add(vf) {}
   SS_INLINE void spill(double* c) const {
-    for (int j = 0; j < 8; ++j) c[j] = c8[j];
+    for (int j = 0; j < 8; ++j) c[j] = 0.0;
   }
 #endif
 };
