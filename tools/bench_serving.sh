@@ -64,24 +64,17 @@ echo "== 2. default mix (30% short, 50% medium, 20% long), concurrency 8"
 build/selfserve bench serve --url "$URL" --concurrency 8 --num-requests 24 --duration 240 --seed 11 \
   --output-tokens 16,256 --json "$OUT/mix.json"
 m1=$(metrics); c1=$(cpu)
-python3 - "$m0" "$m1" "$c0" "$c1" <<'PY'
+read -r held filled steps step fwd < <(python3 -c "$DELTA" "$m0" "$m1" selfserve_kv_slots_held_total \
+  selfserve_kv_slots_filled_total selfserve_engine_steps_total selfserve_engine_step_seconds_total \
+  selfserve_engine_forward_seconds_total)
+python3 - "$held" "$filled" "$steps" "$step" "$fwd" "$c0" "$c1" <<'PY'
 import sys
-def parse(text):
-    d = {}
-    for line in text.splitlines():
-        if line and not line.startswith('#'):
-            k, v = line.rsplit(' ', 1)
-            d[k] = float(v)
-    return d
+held, filled, steps, step, fwd = map(float, sys.argv[1:6])
 def cpu(text):
     return {l.split()[0]: int(l.split()[1]) for l in text.splitlines() if l.strip()}
-m0, m1 = parse(sys.argv[1]), parse(sys.argv[2])
-c0, c1 = cpu(sys.argv[3]), cpu(sys.argv[4])
-d = lambda k: m1.get(k, 0) - m0.get(k, 0)
-held, filled = d('selfserve_kv_slots_held_total'), d('selfserve_kv_slots_filled_total')
-step, fwd = d('selfserve_engine_step_seconds_total'), d('selfserve_engine_forward_seconds_total')
+c0, c1 = cpu(sys.argv[6]), cpu(sys.argv[7])
 print(f"KV paging waste (step-averaged): {100 * (1 - filled / held):.2f}% of held slots ({int(held)} held, {int(filled)} filled)")
-print(f"engine steps: {int(d('selfserve_engine_steps_total'))}, step time {step:.2f} s, forward {fwd:.2f} s, "
+print(f"engine steps: {int(steps)}, step time {step:.2f} s, forward {fwd:.2f} s, "
       f"engine overhead (plan + sample + emit) {100 * (step - fwd) / step:.2f}%")
 dc = {k: c1.get(k, 0) - c0.get(k, 0) for k in set(c0) | set(c1)}
 total = sum(dc.values())
