@@ -230,15 +230,22 @@ int main(int argc, char** argv) {
     std::printf("per core: vpdpbusd zmm %.1f G int8-MAC/s, fp32 FMA zmm %.1f GFLOP/s\n", vnni_peak() / 1e9,
                 2 * fma_peak() / 1e9);
     namespace d = ss::cpu::detail;
-    for (int64_t cols : {576, 1536}) {  // activation quantization alone (part of every quantized matmul)
-      const int n_tok = 512;
-      std::vector<float> x(static_cast<size_t>(cols * n_tok), 0.5f);
-      std::vector<uint8_t> scratch(d::qacts_bytes(cols, n_tok));
-      const d::QActs a = d::carve_qacts(scratch.data(), cols, n_tok, 16, 32);
-      const Result r = time_it([&] { d::avx512::quantize(DType::Q4_1, x.data(), cols, 0, n_tok, a); }, min_time, 1);
-      std::printf("quantize %d x %lld activations (avx512, 1 thread, 16-token groups): %.1f us\n", n_tok,
-                  static_cast<long long>(cols), r.cpu_s * 1e6);
-    }
+    // Activation quantization alone (part of every quantized matmul): a prefill's 512 tokens in the
+    // tiled kernel's 16-token groups, and a decode step's 16 tokens row-major (the packed kernel's).
+    for (const int group : {16, 1})
+      for (int64_t cols : {576, 1536}) {
+        const int n_tok = group == 16 ? 512 : 16;
+        std::vector<float> x(static_cast<size_t>(cols * n_tok));
+        std::mt19937 g(7);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : x) v = nd(g);
+        std::vector<uint8_t> scratch(d::qacts_bytes(cols, n_tok));
+        const d::QActs a = d::carve_qacts(scratch.data(), cols, n_tok, group, 32);
+        const Result r =
+            time_it([&] { d::avx512::quantize(DType::Q4_1, x.data(), cols, 0, n_tok, a); }, min_time, 1);
+        std::printf("quantize %d x %lld activations (avx512, 1 thread, %d-token groups): %.2f us\n", n_tok,
+                    static_cast<long long>(cols), group, r.cpu_s * 1e6);
+      }
   }
 
   std::printf("%-7s %3s %-22s %-5s %5s %-10s %10s %10s %10s %9s %8s\n", "isa", "thr", "shape", "type", "n_tok",

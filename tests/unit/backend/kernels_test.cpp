@@ -14,6 +14,7 @@
 //    |err| <= 8 (nb + 8) u * sum_i |w_i xq_i|, nb blocks per row. One wrong nibble fails that.
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_internal.h"
 #include "common/huge_buffer.h"
 
 #include <gtest/gtest.h>
@@ -515,5 +516,61 @@ TEST(Kernels, MatmulMultiEqualsSeparateMatmuls) {
           }
         }
     }
+  }
+}
+
+// Activation quantization (cpu/act_quant.h's rule, replayed here with scalar float ops): every SIMD
+// path, each layout (row-major for the packed decode kernel, 16-token groups for the tiled one), whole
+// runs of 16 blocks and tails, all-zero blocks and huge values, gives exactly the rule's q, d, d*sum(q)
+// and C*sum(q) (C: the kernel's weight zero point), and zero padding tokens.
+TEST(Kernels, ActivationQuantizationFollowsTheRule) {
+  namespace d = ss::cpu::detail;
+  std::mt19937 g(seed() + 8);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (Isa isa : supported_isas()) {
+    if (isa == Isa::Scalar) continue;  // the scalar path dequantizes weights instead
+    const auto quantize = isa == Isa::Avx512 ? d::avx512::quantize : d::avx2::quantize;
+    for (DType type : {DType::Q4_1, DType::Q8_0, DType::Q4_0})
+      for (int group : {1, 16})
+        for (int64_t cols : {96, 576, 1536})
+          for (int n_tok : {1, 3, 17}) {
+            SCOPED_TRACE(testing::Message() << ss::cpu::isa_name(isa) << " " << m::dtype_name(type) << " group "
+                                            << group << " cols " << cols << " n_tok " << n_tok);
+            // The weight encodings' zero points: nibbles as w + 8 (Q4_0); Q8_0 as w + 128 for VNNI (AVX2
+            // multiplies signed bytes by the sign trick instead: no correction).
+            const int C = type == DType::Q4_0 ? 8 : type == DType::Q8_0 && isa == Isa::Avx512 ? 128 : 0;
+            std::vector<float> x(static_cast<size_t>(cols * n_tok));
+            for (auto& v : x) v = nd(g);
+            for (int t = 0; t < n_tok; ++t) {
+              std::fill_n(x.begin() + t * cols + 32 * (t % (cols / 32)), 32, 0.0f);  // an all-zero block
+              x[t * cols + cols - 1] = 3e4f * (t % 2 ? -1.0f : 1.0f);                   // a huge value
+            }
+            std::vector<uint8_t> scratch(d::qacts_bytes(cols, n_tok) + 64, 0xA5);
+            const d::QActs a = d::carve_qacts(scratch.data(), cols, n_tok, group, 32);
+            quantize(type, x.data(), cols, 0, a.n_pad(), a);
+            for (int t = 0; t < n_tok; ++t)
+              for (int64_t b = 0; b < cols / 32; ++b) {
+                const float* xb = x.data() + t * cols + 32 * b;
+                float amax = 0.0f;
+                for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+                const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+                int32_t sum = 0;
+                for (int i = 0; i < 32; ++i) {
+                  const float q = std::nearbyint(xb[i] * id);
+                  sum += static_cast<int32_t>(q);
+                  ASSERT_EQ(a.qs[a.qidx(t, 32 * b + i)], static_cast<int8_t>(q)) << "t " << t << " value " << 32 * b + i;
+                }
+                const int64_t si = a.sidx(t, b);
+                ASSERT_EQ(a.d[si], dd) << "t " << t << " block " << b;
+                ASSERT_EQ(a.s[si], dd * static_cast<float>(sum)) << "t " << t << " block " << b;
+                ASSERT_EQ(a.corr[si], C * sum) << "t " << t << " block " << b;
+              }
+            for (int t = n_tok; t < a.n_pad(); ++t)
+              for (int64_t b = 0; b < cols / 32; ++b) {
+                for (int i = 0; i < 32; ++i) ASSERT_EQ(a.qs[a.qidx(t, 32 * b + i)], 0) << "padding token " << t;
+                const int64_t si = a.sidx(t, b);
+                ASSERT_TRUE(a.d[si] == 0.0f && a.s[si] == 0.0f && a.corr[si] == 0) << "padding token " << t;
+              }
+          }
   }
 }
