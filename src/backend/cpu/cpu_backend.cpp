@@ -203,19 +203,16 @@ Status CpuBackend::init() {
   const std::string kv_what = std::to_string(2 * per_kind * kv_elem_) + " bytes for " +
                               std::to_string(kv_.num_blocks) + " blocks of " + std::to_string(kv_.block_size) +
                               " tokens); lower kv.num_blocks";
-  if (!k_cache_.allocate(per_kind * kv_elem_) || !v_cache_.allocate(per_kind * kv_elem_))
+  if (!kv_cache_.allocate(2 * per_kind * kv_elem_))
     return make_error("cpu backend: cannot allocate the KV cache (" + kv_what);
   {
     std::atomic<bool> ok{true};
     pool_.run([&](int t) {  // page faults are kernel work: every thread takes a share
-      for (HugeBuffer* buf : {&k_cache_, &v_cache_}) {
-        const size_t n = buf->size(), nt = static_cast<size_t>(pool_.size());
-        if (!buf->populate(n * t / nt, n * (t + 1) / nt - n * t / nt)) ok = false;
-      }
+      const size_t n = kv_cache_.size(), nt = static_cast<size_t>(pool_.size());
+      if (!kv_cache_.populate(n * t / nt, n * (t + 1) / nt - n * t / nt)) ok = false;
     });
     if (!ok) {
-      k_cache_ = HugeBuffer();
-      v_cache_ = HugeBuffer();
+      kv_cache_ = HugeBuffer();
       return make_error("cpu backend: cannot commit the KV cache (" + kv_what);
     }
   }
@@ -401,18 +398,32 @@ void CpuBackend::plan_attention(const StepBatch& b) {
       const int n = std::min(cpu::ops::kAttnTile, seq_start_[s + 1] - t0);
       int max_pos = 0;
       for (int i = t0; i < t0 + n; ++i) max_pos = std::max(max_pos, b.positions[order_[i]]);
-      tiles_.push_back(Tile{t0, n, s, n * (max_pos + 1)});
+      tiles_.push_back(Tile{t0, n, s, n * (max_pos + 1), false});
     }
   }
   std::sort(tiles_.begin(), tiles_.end(), [](const Tile& a, const Tile& c) {
     return a.cost != c.cost ? a.cost > c.cost : a.begin < c.begin;
   });
   // A one-token tile (a decode row) is one item per GQA group: the group's query heads share each
-  // K/V load. Longer tiles are one item per head (their rows already share the loads).
+  // K/V load. With enough decode rows to keep every thread busy, it is one item for all its heads
+  // instead (ops attention_token), which reads each block's K of several KV heads, and then their V,
+  // as contiguous runs: attention at 16 sequences 1.94 -> 1.57 ms (docs/perf/serving.md). Longer
+  // tiles are one item per head (their rows already share the loads). The arithmetic per head is the
+  // same whichever way, so the bits are too.
   items_.clear();
   const int n_rep = nh_ / nkv_;
-  for (int t = 0; t < static_cast<int>(tiles_.size()); ++t)
-    for (int h = 0; h < nh_; h += tiles_[t].n == 1 ? n_rep : 1) items_.push_back(t * nh_ + h);
+  int decode_tiles = 0;
+  for (const Tile& t : tiles_) decode_tiles += t.n == 1;
+  const bool token_items = decode_tiles >= 2 * pool_.size();
+  for (int t = 0; t < static_cast<int>(tiles_.size()); ++t) {
+    Tile& tile = tiles_[t];
+    tile.whole = tile.n == 1 && token_items;
+    if (tile.whole) {
+      items_.push_back(t * nh_);
+      continue;
+    }
+    for (int h = 0; h < nh_; h += tile.n == 1 ? n_rep : 1) items_.push_back(t * nh_ + h);
+  }
 }
 
 Status CpuBackend::forward(const StepBatch& b, float* logits) {
@@ -439,9 +450,10 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   const int64_t bsp = bs_pad_;
   const bool interleaved = cfg_.rope_style == model::RopeStyle::Interleaved;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
-  // Block-major KV: block j holds every layer's slice of it, so a sequence's memory is its blocks.
+  // Block-major KV: block j holds every layer's slice of it, so a sequence's memory is its blocks;
+  // a layer's slice is its K (layer_bytes) and then its V.
   const int64_t layer_bytes = block_stride_ * static_cast<int64_t>(kv_elem_);
-  const int64_t block_bytes = layer_bytes * cfg_.n_layers;
+  const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
   const bool kv_f16 = kv_elem_ == 2;
 
   // Embedding + first RMSNorm.
@@ -458,8 +470,8 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     const auto& L = W.layers[l];
     const auto& lc = layer_consts_[l];
     const bool last = l + 1 == cfg_.n_layers;
-    unsigned char* kc = k_cache_.data() + l * layer_bytes;
-    unsigned char* vc = v_cache_.data() + l * layer_bytes;
+    unsigned char* kc = kv_cache_.data() + 2 * l * layer_bytes;
+    unsigned char* vc = kc + layer_bytes;
 
     const LayerPacked& P = packed_[l];
     {
@@ -498,7 +510,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     // Attention: (query tile, head) items pulled from a shared counter, costliest first.
     {
       cpu::ops::AttnLayer A{q_.data(), qd,  att_.data(), qd,         kc,
-                            vc,        block_stride_ * cfg_.n_layers, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16};
+                            vc,        2 * block_stride_ * cfg_.n_layers, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16, nkv_};
       struct Ctx {
         CpuBackend* self;
         const cpu::ops::AttnLayer* A;
@@ -515,7 +527,9 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
           if (it >= c->n_items) break;
           const int item = s.items_[it];
           const Tile& tile = s.tiles_[item / s.nh_];
-          if (tile.n == 1)
+          if (tile.whole)
+            c->ops->attention_token(*c->A, s.order_[tile.begin], c->b->block_tables[tile.seq].data(), scratch);
+          else if (tile.n == 1)
             c->ops->attention_group(*c->A, s.order_[tile.begin], item % s.nh_, s.nh_ / s.nkv_,
                                     c->b->block_tables[tile.seq].data(), scratch);
           else

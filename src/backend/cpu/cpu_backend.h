@@ -96,11 +96,12 @@ class CpuBackend final : public Backend {
   std::vector<float> output_norm_;
   std::vector<float> inv_freq_;
 
-  // KV cache, one anonymous mapping per K and per V: [block][layer][...] (cpu_ops.h's per-layer layout
-  // inside), so the memory a sequence touches is its blocks. Pages are committed (zero) at start-up;
-  // transparent huge pages are requested (a decode step walks tens of MB of KV, and with 4 KiB pages
-  // the TLB misses cost as much as the loads).
-  HugeBuffer k_cache_, v_cache_;
+  // KV cache, one anonymous mapping: [block][layer][K, then V] (cpu_ops.h's per-layer layouts inside),
+  // so the memory a sequence touches is its blocks, and a block's K and V of one layer are one
+  // contiguous run (a decode step reads all of it; longer runs stream faster from DRAM). Pages are
+  // committed (zero) at start-up; transparent huge pages are requested (a decode step walks tens of MB
+  // of KV, and with 4 KiB pages the TLB misses cost as much as the loads).
+  HugeBuffer kv_cache_;
 
   // Scratch sized for cap_rows_ token rows; grown (never shrunk) when a bigger batch arrives.
   int cap_rows_ = 0;
@@ -116,6 +117,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> seq_count_, seq_start_, seq_max_pos_;
   struct Tile {
     int32_t begin, n, seq, cost;
+    bool whole;  // one attention item for all heads (a decode row; see plan_attention)
   };
   std::vector<Tile> tiles_;
   std::vector<int32_t> items_;       // tile * n_heads + head, most expensive first

@@ -264,7 +264,10 @@ struct Chunk {
   const KT* V;  // [slot][hd] at this chunk's first slot
   int key0;        // position of slot 0
   int len;         // slots that exist in the block (< 16 only when block_size % 16 != 0)
+  const char* kr = nullptr;  // attend_token_multi: where this chunk's K (V) lines of its heads start
+  const char* vr = nullptr;
 };
+constexpr int kMultiRows = 12;  // attend_token_multi's most rows (G * R); attn_scratch_floats covers them
 
 // S[r * kSStride + c * 16 + lane] = q_r . K_c[:, lane] for NR rows and NC chunks; each score is one
 // FMA chain over d whatever NR and NC, so decode (one row) gets its parallel chains from chunks.
@@ -514,6 +517,216 @@ void attention_group_typed(const AttnLayer& L, int32_t row, int head0, int n_hea
   }
 }
 
+// ---- one decode token, G GQA groups at once (AVX-512: a key chunk is one vector) --------------------
+// Rows g * R + r (query head (g0 + g) * R + r) attend to KV head g0 + g. Every row's arithmetic is that
+// of attend_microtile for its group alone: scores as one FMA chain over d, the same mask / max / exp /
+// sum per row, O as one FMA chain per element in key order. Only the order of memory reads differs:
+// per chunk, the G heads' K back to back (they are adjacent in a block), and in the P V pass the G
+// heads' V of each key back to back.
+template <class KT, int G, int R, int NC>
+__attribute__((noinline)) void qk_multi(const float* qt, const Chunk<KT>* const* ch, int c, int64_t bs_pad, int hd,
+                                        float* S, const Chunk<KT>* const* pk, int nk, int k_lines, int v_lines) {
+  vf acc[G][R][NC];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NC; ++j) acc[g][r][j] = vzero();
+  const KT* kp[G][NC];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < NC; ++j) kp[g][j] = ch[g][c + j].K;
+  for (int d = 0; d < hd; ++d) {
+    // Prefetch, spread over d: the next chunks' K of the G heads (one run per chunk, from group 0's
+    // chunk) and these chunks' V (likewise).
+    const int k0 = d * k_lines / hd, k1 = (d + 1) * k_lines / hd;
+    for (int j = 0; j < nk; ++j)
+      for (int i = k0; i < k1; ++i) __builtin_prefetch(pk[0][j].kr + i * 64, 0, 3);
+    const int v0 = d * v_lines / hd, v1 = (d + 1) * v_lines / hd;
+    for (int j = 0; j < NC; ++j)
+      for (int i = v0; i < v1; ++i) __builtin_prefetch(ch[0][c + j].vr + i * 64, 0, 3);
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < NC; ++j) {
+        const vf kv = vload(kp[g][j]);
+        kp[g][j] += bs_pad;
+        for (int r = 0; r < R; ++r) acc[g][r][j] = vfma(vset(qt[(g * hd + d) * R + r]), kv, acc[g][r][j]);
+      }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NC; ++j) vstore(S + (g * R + r) * kSStride + (c + j) * kKeyChunk, acc[g][r][j]);
+}
+
+template <class KT, int G, int R, int NVEC>
+SS_INLINE void pv_multi_block(float* o, const float* P, const float* corr, const Chunk<KT>* const* ch, const int* nk,
+                              int n_chunks, int hd, int d0) {
+  vf a[G][R][NVEC];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) {
+      const vf cr = vset(corr[g * R + r]);
+      for (int v = 0; v < NVEC; ++v) a[g][r][v] = vmul(vload(o + (g * R + r) * hd + d0 + v * W), cr);
+    }
+  for (int c = 0; c < n_chunks; ++c) {
+    const int n = nk[c];
+    for (int i = 0; i < n; ++i)
+      for (int g = 0; g < G; ++g) {
+        const KT* V = ch[g][c].V + static_cast<int64_t>(i) * hd + d0;
+        vf x[NVEC];
+        for (int v = 0; v < NVEC; ++v) x[v] = vload(V + v * W);
+        for (int r = 0; r < R; ++r) {
+          const vf p = vset(P[(g * R + r) * kSStride + c * kKeyChunk + i]);
+          for (int v = 0; v < NVEC; ++v) a[g][r][v] = vfma(p, x[v], a[g][r][v]);
+        }
+      }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NVEC; ++v) vstore(o + (g * R + r) * hd + d0 + v * W, a[g][r][v]);
+}
+
+template <class KT, int G, int R>
+__attribute__((noinline)) void pv_multi(float* o, const float* P, const float* corr, const Chunk<KT>* const* ch,
+                                        const int* nk, int n_chunks, int hd) {
+  constexpr int NVEC = G * R * 2 <= 24 ? 2 : 1;  // accumulators: G * R * NVEC of 32 registers
+  int d = 0;
+  for (; d + NVEC * W <= hd; d += NVEC * W) pv_multi_block<KT, G, R, NVEC>(o, P, corr, ch, nk, n_chunks, hd, d);
+  for (; d + W <= hd; d += W) pv_multi_block<KT, G, R, 1>(o, P, corr, ch, nk, n_chunks, hd, d);
+}
+
+// Rows of G groups of one token at position pos; q[g * R + r]; O rows in scratch as attend_microtile.
+template <class KT, int G, int R>
+void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* const* q, int pos, int g0,
+                        float* scratch) {
+  constexpr int NR = G * R, NC = 2;
+  const int hd = L.head_dim, bs = L.block_size;
+  const int cpb = L.bs_pad / kKeyChunk;
+  float* S = scratch;                                   // [NR][kSStride]
+  float* O = S + static_cast<int64_t>(kMultiRows) * kSStride;  // [NR][hd], then q transposed [G][hd][R]
+  float* qt = O + static_cast<int64_t>(kMultiRows) * hd;
+  float m[NR], l[NR];
+  for (int r = 0; r < NR; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+  const int last = (pos / bs) * cpb + (pos % bs) / kKeyChunk;
+  std::memset(O, 0, sizeof(float) * static_cast<size_t>(NR) * hd);
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < hd; ++d)
+      for (int r = 0; r < R; ++r) qt[(g * hd + d) * R + r] = q[g * R + r][d];
+  const KT* kbase = static_cast<const KT*>(L.k_cache);
+  const KT* vbase = static_cast<const KT*>(L.v_cache);
+  // K (and V) lines of the G heads of one chunk: contiguous when a block is one chunk.
+  const int k_lines = cpb == 1 ? static_cast<int>(G * hd * kKeyChunk * sizeof(KT) / 64) : 0;
+  static thread_local Chunk<KT> chs[G][kPassChunks];
+  const Chunk<KT>* ch[G];
+  for (int g = 0; g < G; ++g) ch[g] = chs[g];
+  int nk[kPassChunks];
+  for (int p0 = 0; p0 <= last; p0 += kPassChunks) {
+    const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
+    for (int c = 0; c < n_chunks; ++c) {
+      const int i = p0 + c;
+      const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
+      const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
+      for (int g = 0; g < G; ++g) {
+        const int64_t kh = static_cast<int64_t>(g0 + g) * hd * L.bs_pad, vh = static_cast<int64_t>(g0 + g) * L.bs_pad * hd;
+        chs[g][c] = Chunk<KT>{kbase + base + kh + c0, vbase + base + vh + static_cast<int64_t>(c0) * hd, j * bs + c0,
+                              bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
+        chs[g][c].kr = reinterpret_cast<const char*>(chs[g][c].K);
+        chs[g][c].vr = reinterpret_cast<const char*>(chs[g][c].V);
+      }
+    }
+    // 1. scores, NC chunks per call (the tail one at a time), prefetching the next NC chunks' K.
+    for (int c = 0; c < NC && c < n_chunks; ++c)
+      for (int i = 0; i < k_lines; ++i) __builtin_prefetch(ch[0][c].kr + i * 64, 0, 3);
+    for (int c = 0; c < n_chunks; c += NC) {
+      const int p1 = c + NC;
+      const int n_ahead = p1 >= n_chunks ? 0 : n_chunks - p1 < NC ? n_chunks - p1 : NC;
+      const Chunk<KT>* ahead[G];
+      for (int g = 0; g < G; ++g) ahead[g] = ch[g] + (p1 < n_chunks ? p1 : 0);
+      if (c + NC <= n_chunks) {
+        qk_multi<KT, G, R, NC>(qt, ch, c, L.bs_pad, hd, S, ahead, k_lines ? n_ahead : 0, k_lines, k_lines);
+      } else {
+        for (int cc = c; cc < n_chunks; ++cc)
+          qk_multi<KT, G, R, 1>(qt, ch, cc, L.bs_pad, hd, S, ahead, 0, k_lines, k_lines);
+      }
+    }
+    // 2-3. mask, max, exp, sum: per row (all rows share the position).
+    float corr[NR];
+    for (int r = 0; r < NR; ++r) {
+      float* Sr = S + static_cast<int64_t>(r) * kSStride;
+      vf mx = vset(kNegInf);
+      for (int c = 0; c < n_chunks; ++c) {
+        float* sc = Sr + c * kKeyChunk;
+        int valid = pos - ch[0][c].key0 + 1;
+        valid = valid < 0 ? 0 : valid > ch[0][c].len ? ch[0][c].len : valid;
+        for (int i = valid; i < kKeyChunk; ++i) sc[i] = kNegInf;
+        for (int v = 0; v < NV; ++v) mx = vmax(mx, vload(sc + v * W));
+      }
+      const float m_pass = vhmax(mx);
+      const float m_new = m[r] > m_pass ? m[r] : m_pass;
+      corr[r] = m[r] == kNegInf ? 0.0f : m_new != m[r] ? std::exp(m[r] - m_new) : 1.0f;
+      const vf mv = vset(m_new);
+      vf sum = vzero();
+      for (int c = 0; c < n_chunks; ++c)
+        for (int v = 0; v < NV; ++v) {
+          float* sp = Sr + c * kKeyChunk + v * W;
+          const vf e = vexp(vsub(vload(sp), mv));
+          vstore(sp, e);
+          sum = vadd(sum, e);
+        }
+      l[r] = l[r] * corr[r] + vhsum(sum);
+      m[r] = m_new;
+    }
+    // 4. O = O * corr + P V over the slots the row can see.
+    for (int c = 0; c < n_chunks; ++c) {
+      int valid = pos - ch[0][c].key0 + 1;
+      nk[c] = valid < 0 ? 0 : valid > ch[0][c].len ? ch[0][c].len : valid;
+    }
+    pv_multi<KT, G, R>(O, S, corr, ch, nk, n_chunks, hd);
+  }
+  for (int r = 0; r < NR; ++r) {
+    float* o = O + static_cast<int64_t>(r) * hd;
+    const vf vi = vset(1.0f / l[r]);
+    int d = 0;
+    for (; d + W <= hd; d += W) vstore(o + d, vmul(vload(o + d), vi));
+    for (; d < hd; ++d) o[d] = o[d] * (1.0f / l[r]);
+  }
+}
+
+template <class KT, int G, int R>
+void token_groups(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch, int g0) {
+  const int hd = L.head_dim;
+  const float* q[G * R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) q[g * R + r] = L.q + row * L.q_stride + static_cast<int64_t>((g0 + g) * R + r) * hd;
+  attend_token_multi<KT, G, R>(L, table, q, L.positions[row], g0, scratch);
+  const float* O = scratch + static_cast<int64_t>(kMultiRows) * kSStride;
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r)
+      std::memcpy(L.out + row * L.out_stride + static_cast<int64_t>((g0 + g) * R + r) * hd,
+                  O + static_cast<int64_t>(g * R + r) * hd, sizeof(float) * hd);
+}
+
+template <class KT>
+void attention_token_typed(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch) {
+  int g = 0;
+  if constexpr (W == 16 && kKeyChunk == 16) {
+    if (L.head_dim % W == 0) {
+      if (L.n_rep == 3)
+        for (; g + 3 <= L.n_kv; g += 3) token_groups<KT, 3, 3>(L, row, table, scratch, g);
+      else if (L.n_rep == 4)
+        for (; g + 2 <= L.n_kv; g += 2) token_groups<KT, 2, 4>(L, row, table, scratch, g);
+      else if (L.n_rep == 2)
+        for (; g + 4 <= L.n_kv; g += 4) token_groups<KT, 4, 2>(L, row, table, scratch, g);
+    }
+  }
+  for (; g < L.n_kv; ++g) attention_group_typed<KT>(L, row, g * L.n_rep, L.n_rep, table, scratch);
+}
+
+void attention_token_impl(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch) {
+  if (L.kv_f16)
+    attention_token_typed<uint16_t>(L, row, table, scratch);
+  else
+    attention_token_typed<float>(L, row, table, scratch);
+}
+
 void attention_group_impl(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
                           float* scratch) {
   if (L.kv_f16)
@@ -625,8 +838,8 @@ float max_value_impl(const float* x, int n) {
 
 OpsTable make_table(const char* name) {
   return OpsTable{name,           rmsnorm_impl,        add_rmsnorm_impl, add_impl,         silu_mul_impl,
-                  rope_impl,      attention_impl,      attention_group_impl, store_kv_impl, exp_weights_impl,
-                  max_value_impl};
+                  rope_impl,      attention_impl,      attention_group_impl, attention_token_impl, store_kv_impl,
+                  exp_weights_impl, max_value_impl};
 }
 
 }  // namespace

@@ -625,6 +625,43 @@ TEST_F(DefaultModel, DecodeAndBatchingAreBitIdentical) {
   check_prompt(4, both[1], "batched", kQuantTol, kQuantMargin);
 }
 
+// One decode step of every reference prompt at once (each prompt's earlier tokens cached by its own
+// prefill, blocks of different prompts interleaved), with 1 and 2 threads: many decode rows take the
+// attention path that reads several KV heads per block together (ops attention_token), few rows the
+// per-group path; either way each prompt's last logits are those of its one-batch prefill, bit for bit.
+TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
+  const int n = static_cast<int>(prompts_.size());
+  ASSERT_GE(n, 5);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << threads << " threads");
+    auto be = make_backend(*model_, 8 * n, threads, 16, KvType::F16);
+    ASSERT_NE(be, nullptr);
+    std::vector<std::vector<int32_t>> tables(n);
+    for (int s = 0; s < n; ++s)
+      for (int j = 0; j < 8; ++j) tables[s].push_back(j * n + s);  // interleaved across prompts
+    StepBatch b;
+    b.block_tables = tables;
+    std::vector<std::vector<float>> alone(n);
+    for (int s = 0; s < n; ++s) {
+      const auto& ids = prompts_[s].ids;
+      ASSERT_LE(ids.size(), 8u * 16u);
+      const int len = static_cast<int>(ids.size());
+      const auto full = step(*be, V_, ids, 0, len, tables[s]);  // fills the cache, then is the reference
+      alone[s].assign(full.end() - V_, full.end());
+      b.tokens.push_back(ids[len - 1]);
+      b.positions.push_back(len - 1);
+      b.seq_index.push_back(s);
+      b.logits_rows.push_back(s);
+    }
+    std::vector<float> out(static_cast<size_t>(n) * V_);
+    const auto st = be->forward(b, out.data());  // rewrites each last slot with the same K/V
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (int s = 0; s < n; ++s)
+      EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(s) * V_, alone[s].data(), sizeof(float) * V_), 0)
+          << "prompt " << s << ": decode among " << n << " sequences differs from its prefill";
+  }
+}
+
 }  // namespace
 
 namespace {
