@@ -68,14 +68,15 @@ inline V reduce16(V* v, Op op) {
   return i(_mm512_permutexvar_ps(idx, f(r)));
 }
 
-// 16 whole blocks of one token, row-major (group 1, the decode path): the same rule and bits as the
-// general loop below, with the per-block reductions and scalar stores done 16 at a time (measured:
-// bench_kernels "quantize" line, docs/perf/serving.md).
-void quantize32x16(const float* x, int64_t b0, int t, int C, const QActs& a) {
+// n <= 16 blocks of one token from block b0, row-major (group 1, the decode path): the same rule and
+// bits as the general loop below, with the per-block reductions and scalar stores done 16 at a time
+// (measured: bench_kernels "quantize" line, docs/perf/serving.md).
+void quantize32x16(const float* x, int64_t b0, int n, int t, int C, const QActs& a) {
   __m512 m[16];
   for (int j = 0; j < 16; ++j) {
     const float* xb = x + 32 * (b0 + j);
-    m[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb)), _mm512_abs_ps(_mm512_loadu_ps(xb + 16)));
+    m[j] = j < n ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb)), _mm512_abs_ps(_mm512_loadu_ps(xb + 16)))
+                 : _mm512_setzero_ps();
   }
   const __m512 amax = reduce16(m, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); });
   const __m512 vd = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
@@ -85,6 +86,10 @@ void quantize32x16(const float* x, int64_t b0, int t, int C, const QActs& a) {
   __m512i sums[16];
   int8_t* dst = a.qs + a.qidx(t, 32 * b0);
   for (int j = 0; j < 16; ++j) {
+    if (j >= n) {
+      sums[j] = _mm512_setzero_si512();
+      continue;
+    }
     const float* xb = x + 32 * (b0 + j);
     const __m512 vid = _mm512_set1_ps(id[j]);
     const __m512i i0 = round_q(_mm512_loadu_ps(xb), vid), i1 = round_q(_mm512_loadu_ps(xb + 16), vid);
@@ -94,16 +99,19 @@ void quantize32x16(const float* x, int64_t b0, int t, int C, const QActs& a) {
   }
   const __m512i sum = reduce16(sums, [](__m512i p, __m512i q) { return _mm512_add_epi32(p, q); });
   const int64_t si = a.sidx(t, b0);
-  _mm512_storeu_ps(a.d + si, vd);
-  _mm512_storeu_ps(a.s + si, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(sum)));
-  _mm512_storeu_si512(a.corr + si, _mm512_mullo_epi32(_mm512_set1_epi32(C), sum));
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+  _mm512_mask_storeu_ps(a.d + si, keep, vd);
+  _mm512_mask_storeu_ps(a.s + si, keep, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(sum)));
+  _mm512_mask_storeu_epi32(a.corr + si, keep, _mm512_mullo_epi32(_mm512_set1_epi32(C), sum));
 }
 
 void quantize32(const float* x, int t, int C, const QActs& a) {
-  int64_t b0 = 0;
-  if (a.group == 1)
-    for (; b0 + 16 <= a.nb(); b0 += 16) quantize32x16(x, b0, t, C, a);
-  for (; b0 < a.nb(); b0 += 16) {
+  if (a.group == 1) {
+    for (int64_t b0 = 0; b0 < a.nb(); b0 += 16)
+      quantize32x16(x, b0, static_cast<int>(std::min<int64_t>(16, a.nb() - b0)), t, C, a);
+    return;
+  }
+  for (int64_t b0 = 0; b0 < a.nb(); b0 += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, a.nb() - b0));
     alignas(64) float amax[16], d[16], id[16];
     for (int j = 0; j < n; ++j) {
