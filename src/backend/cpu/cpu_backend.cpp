@@ -456,13 +456,36 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
   const bool kv_f16 = kv_elem_ == 2;
 
+  const cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
+  // The activations of a packed product are quantized by the loop that produces them, each thread its
+  // rows (cpu/kernels.h, quantize_for_packed): none waits while one thread quantizes them all.
+  // pq: the consumer's weight (null: it quantizes for itself); extra work per row for for_rows.
+  auto qkv_jobs = [&](int l, cpu::MatmulJob* jobs) {
+    const auto& L = W.layers[l];
+    const LayerPacked& P = packed_[l];
+    jobs[0] = {&L.wq, &P.wq, q_.data(), qd};
+    jobs[1] = {&L.wk, &P.wk, k_.data(), kvd};
+    jobs[2] = {&L.wv, &P.wv, v_.data(), kvd};
+  };
+  auto packed_weight = [&](const cpu::MatmulJob* jobs, int n_jobs) -> const model::Tensor* {
+    return cpu::packed_path(jobs, n_jobs) ? jobs[0].W : nullptr;
+  };
+  auto quantize_rows = [&](const model::Tensor* pq, const float* x, int64_t ldx, int n, int r0, int r1) {
+    if (pq) cpu::quantize_for_packed(pq->type, pq->cols(), x, ldx, n, r0, r1, mms);
+  };
+  constexpr int64_t kQuantizeWork = 4;  // per value, in for_rows' units
+  cpu::MatmulJob qkv[3];
+  qkv_jobs(0, qkv);
+  const model::Tensor* pq = packed_weight(qkv, 3);
+
   // Embedding + first RMSNorm.
-  for_rows(T, 2 * H_, [&](int r0, int r1) {
+  for_rows(T, (2 + (pq ? kQuantizeWork : 0)) * H_, [&](int r0, int r1) {
     for (int t = r0; t < r1; ++t) {
       float* xt = x_.data() + static_cast<size_t>(t) * H_;
       cpu::get_row(W.token_embd, b.tokens[t], xt);
       ops.rmsnorm(xt, layer_consts_[0].attn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
     }
+    quantize_rows(pq, xn_.data(), H_, T, r0, r1);
   });
   sw.lap(pf.other_s);
 
@@ -474,11 +497,8 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     unsigned char* vc = kc + layer_bytes;
 
     const LayerPacked& P = packed_[l];
-    {
-      const cpu::MatmulJob qkv[3] = {{&L.wq, &P.wq, q_.data(), qd}, {&L.wk, &P.wk, k_.data(), kvd},
-                                     {&L.wv, &P.wv, v_.data(), kvd}};
-      cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, {mm_scratch_.data(), mm_scratch_.size()}, pool_);
-    }
+    qkv_jobs(l, qkv);  // (pq: whether the loop before quantized xn_ for them)
+    cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);
     sw.lap(pf.matmul_s);
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
@@ -566,36 +586,50 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
 
     matmul(L.wo, P.wo, ar, n, qd, tmp_.data(), H_);
     sw.lap(pf.matmul_s);
-    for_rows(n, 3 * H_, [&](int r0, int r1) {
+    const cpu::MatmulJob gate_up[2] = {{&L.w_gate, &P.w_gate, gate_.data(), I_}, {&L.w_up, &P.w_up, up_.data(), I_}};
+    pq = packed_weight(gate_up, 2);
+    for_rows(n, (3 + (pq ? kQuantizeWork : 0)) * H_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)
         ops.add_rmsnorm(xr + static_cast<size_t>(t) * H_, tmp_.data() + static_cast<size_t>(t) * H_,
                         lc.ffn_norm.data(), xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
+      quantize_rows(pq, xn_.data(), H_, n, r0, r1);
     });
     sw.lap(pf.other_s);
-    {
-      const cpu::MatmulJob gate_up[2] = {{&L.w_gate, &P.w_gate, gate_.data(), I_}, {&L.w_up, &P.w_up, up_.data(), I_}};
-      cpu::matmul_multi(gate_up, 2, xn_.data(), n, H_, {mm_scratch_.data(), mm_scratch_.size()}, pool_);
-    }
+    cpu::matmul_multi(gate_up, 2, xn_.data(), n, H_, mms, pool_, pq != nullptr);
     sw.lap(pf.matmul_s);
-    for_rows(n, 8 * I_, [&](int r0, int r1) {
+    const cpu::MatmulJob down{&L.w_down, &P.w_down, tmp_.data(), H_};
+    pq = packed_weight(&down, 1);
+    for_rows(n, (8 + (pq ? kQuantizeWork : 0)) * I_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)
         ops.silu_mul(gate_.data() + static_cast<size_t>(t) * I_, up_.data() + static_cast<size_t>(t) * I_, I_);
+      quantize_rows(pq, gate_.data(), I_, n, r0, r1);
     });
     sw.lap(pf.other_s);
-    matmul(L.w_down, P.w_down, gate_.data(), n, I_, tmp_.data(), H_);
+    cpu::matmul_multi(&down, 1, gate_.data(), n, I_, mms, pool_, pq != nullptr);
     sw.lap(pf.matmul_s);
     // Residual, then the next RMSNorm (the next layer's, or the final one before lm_head).
     const float* next_norm = last ? output_norm_.data() : layer_consts_[l + 1].attn_norm.data();
-    for_rows(n, 3 * H_, [&](int r0, int r1) {
+    const model::Tensor& out_w = W.output.valid() ? W.output : W.token_embd;
+    const cpu::MatmulJob head{&out_w, &packed_out_, logits, V_};
+    if (last) {
+      pq = packed_weight(&head, 1);
+    } else {
+      qkv_jobs(l + 1, qkv);
+      pq = packed_weight(qkv, 3);
+    }
+    for_rows(n, (3 + (pq ? kQuantizeWork : 0)) * H_, [&](int r0, int r1) {
       for (int t = r0; t < r1; ++t)
         ops.add_rmsnorm(xr + static_cast<size_t>(t) * H_, tmp_.data() + static_cast<size_t>(t) * H_, next_norm,
                         xn_.data() + static_cast<size_t>(t) * H_, H_, eps);
+      quantize_rows(pq, xn_.data(), H_, n, r0, r1);
     });
     sw.lap(pf.other_s);
   }
 
   if (R > 0) {
-    matmul(W.output.valid() ? W.output : W.token_embd, packed_out_, xn_.data(), R, H_, logits, V_);
+    const model::Tensor& out_w = W.output.valid() ? W.output : W.token_embd;
+    const cpu::MatmulJob head{&out_w, &packed_out_, logits, V_};
+    cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mms, pool_, pq != nullptr && packed_weight(&head, 1) != nullptr);
     sw.lap(pf.lm_head_s);
   }
   return {};

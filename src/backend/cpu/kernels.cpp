@@ -159,23 +159,42 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& poo
 }
 
 void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
-            int64_t ldy, MatmulScratch scratch, ThreadPool& pool) {
+            int64_t ldy, MatmulScratch scratch, ThreadPool& pool, bool prequantized) {
   if (P.empty() || active_isa() != Isa::Avx512 || P.type != W.type || P.rows != W.rows() || P.cols != W.cols())
     return matmul(W, x, n_tok, ldx, y, ldy, scratch, pool);
   const MatmulJob job{&W, &P, y, ldy};
-  matmul_multi(&job, 1, x, n_tok, ldx, scratch, pool);  // the packed path (one job: always fused)
+  matmul_multi(&job, 1, x, n_tok, ldx, scratch, pool, prequantized);  // the packed path (one job: always fused)
 }
 
-void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
-                  ThreadPool& pool) {
-  if (n_tok <= 0 || n_jobs <= 0) return;
-  constexpr int kMaxJobs = 8;
-  bool fused = active_isa() == Isa::Avx512 && n_jobs <= kMaxJobs;
+namespace {
+constexpr int kMaxJobs = 8;
+}  // namespace
+
+bool packed_path(const MatmulJob* jobs, int n_jobs) {
+  bool fused = active_isa() == Isa::Avx512 && n_jobs > 0 && n_jobs <= kMaxJobs;
   for (int j = 0; j < n_jobs && fused; ++j) {
     const MatmulJob& b = jobs[j];
     fused = !b.P->empty() && b.P->type == jobs[0].P->type && b.P->cols == jobs[0].P->cols &&
             b.P->type == b.W->type && b.P->rows == b.W->rows() && b.P->cols == b.W->cols();
   }
+  return fused;
+}
+
+void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_t ldx, int n_tok, int t0, int t1,
+                         MatmulScratch scratch) {
+  if (scratch.bytes < matmul_scratch_bytes(type, cols, n_tok)) {
+    std::fprintf(stderr, "ss::cpu::quantize_for_packed: scratch %zu bytes < %zu\n", scratch.bytes,
+                 matmul_scratch_bytes(type, cols, n_tok));
+    std::abort();
+  }
+  const detail::QActs a = detail::carve_qacts(scratch.buf, cols, n_tok, 1, 32);
+  detail::avx512::quantize(type, x, ldx, t0, t1, a);
+}
+
+void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
+                  ThreadPool& pool, bool prequantized) {
+  if (n_tok <= 0 || n_jobs <= 0) return;
+  const bool fused = packed_path(jobs, n_jobs);
   if (!fused) {
     for (int j = 0; j < n_jobs; ++j) matmul(*jobs[j].W, *jobs[j].P, x, n_tok, ldx, jobs[j].y, jobs[j].ldy, scratch, pool);
     return;
@@ -195,8 +214,8 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
       if (b < e) detail::avx512::rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
     }
   };
-  if (n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier
-    detail::avx512::quantize(W0.type, x, ldx, 0, n_tok, a);
+  if (prequantized || n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier
+    if (!prequantized) detail::avx512::quantize(W0.type, x, ldx, 0, n_tok, a);
     pool.run(products);
     return;
   }

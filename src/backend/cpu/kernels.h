@@ -58,8 +58,9 @@ size_t packed_bytes(const model::Tensor& W);
 PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst, ThreadPool& pool);
 
 // matmul through P when it is non-empty and the active ISA is AVX-512, else through W. Same contract.
+// prequantized: see matmul_multi.
 void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
-            int64_t ldy, MatmulScratch scratch, ThreadPool& pool);
+            int64_t ldy, MatmulScratch scratch, ThreadPool& pool, bool prequantized = false);
 
 // Several products of the same activations (Q, K and V; gate and up), as one: when every matrix is
 // packed with one type and the ISA is AVX-512 the activations are quantized once and all row groups
@@ -70,8 +71,18 @@ struct MatmulJob {
   float* y;
   int64_t ldy;
 };
+//
+// A caller that produces x in its own parallel loop over tokens can quantize each token there too
+// (quantize_for_packed, same bits), so no thread waits while one quantizes them all: when
+// packed_path(jobs) is true, matmul_multi(..., prequantized = true) takes the activations from the
+// scratch as they are (all n_tok tokens must have been quantized into it for jobs[0]'s weight type).
 void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
-                  ThreadPool& pool);
+                  ThreadPool& pool, bool prequantized = false);
+bool packed_path(const MatmulJob* jobs, int n_jobs);
+// Tokens [t0, t1) of x (n_tok tokens in all) into the scratch, for the packed path of weights of type
+// `type` and `cols` columns. Tokens of one product may be quantized by different threads.
+void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_t ldx, int n_tok, int t0, int t1,
+                         MatmulScratch scratch);
 
 // One row of a tensor to fp32 (embedding lookup).
 void get_row(const model::Tensor& W, int64_t row, float* out);
