@@ -351,6 +351,61 @@ __attribute__((noinline)) void pv_rows(float* o, const float* P, const float* co
     }
 }
 
+// Key chunk i (of the whole context) of the KV head at element offsets k_head / v_head in a block.
+template <class KT>
+SS_INLINE Chunk<KT> make_chunk(const AttnLayer& L, const int32_t* table, int i, int64_t k_head, int64_t v_head) {
+  const int cpb = L.bs_pad / kKeyChunk, bs = L.block_size;
+  const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
+  const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
+  Chunk<KT> c{static_cast<const KT*>(L.k_cache) + base + k_head + c0,
+              static_cast<const KT*>(L.v_cache) + base + v_head + static_cast<int64_t>(c0) * L.head_dim, j * bs + c0,
+              bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
+  c.kr = reinterpret_cast<const char*>(c.K);
+  c.vr = reinterpret_cast<const char*>(c.V);
+  return c;
+}
+
+// One row's softmax pass over its scores Sr (n_chunks chunks; keys past `pos` masked to -inf): the
+// running max m and sum l are updated, Sr becomes exp(S - max), and the factor for the row's O so
+// far is returned. Every micro-tile calls exactly this per row, which keeps their rows bit-identical.
+template <class KT>
+SS_INLINE float softmax_row_pass(float* Sr, int pos, const Chunk<KT>* ch, int n_chunks, float& m, float& l) {
+  vf mx = vset(kNegInf);
+  for (int c = 0; c < n_chunks; ++c) {
+    float* sc = Sr + c * kKeyChunk;
+    int valid = pos - ch[c].key0 + 1;
+    valid = valid < 0 ? 0 : valid > ch[c].len ? ch[c].len : valid;
+    for (int i = valid; i < kKeyChunk; ++i) sc[i] = kNegInf;
+    for (int v = 0; v < NV; ++v) mx = vmax(mx, vload(sc + v * W));
+  }
+  const float m_pass = vhmax(mx);
+  const float m_new = m > m_pass ? m : m_pass;
+  const float corr = m == kNegInf ? 0.0f : m_new != m ? std::exp(m - m_new) : 1.0f;
+  const vf mv = vset(m_new);
+  vf sum = vzero();
+  for (int c = 0; c < n_chunks; ++c)
+    for (int v = 0; v < NV; ++v) {
+      float* sp = Sr + c * kKeyChunk + v * W;
+      const vf e = vexp(vsub(vload(sp), mv));
+      vstore(sp, e);
+      sum = vadd(sum, e);
+    }
+  l = l * corr + vhsum(sum);
+  m = m_new;
+  return corr;
+}
+
+// O rows /= their softmax sums.
+SS_INLINE void normalize_rows(float* O, const float* l, int nr, int hd) {
+  for (int r = 0; r < nr; ++r) {
+    float* o = O + static_cast<int64_t>(r) * hd;
+    const vf vi = vset(1.0f / l[r]);
+    int d = 0;
+    for (; d + W <= hd; d += W) vstore(o + d, vmul(vload(o + d), vi));
+    for (; d < hd; ++d) o[d] = o[d] * (1.0f / l[r]);
+  }
+}
+
 // Rows r0 .. r0+nr (nr <= kRows) of one head; q/pos indexed by row; O/Msc/Lsc per row in scratch.
 template <class KT, int NR, int NC>
 void attend_microtile(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr,
@@ -374,18 +429,10 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
     for (int r = 0; r < NR; ++r) qt[d * NR + r] = q[r < nr ? r : 0][d];
 
   Chunk<KT> ch[kPassChunks];
-  const KT* kbase = static_cast<const KT*>(L.k_cache);
-  const KT* vbase = static_cast<const KT*>(L.v_cache);
   int nk[kPassChunks];
   for (int p0 = 0; p0 <= last; p0 += kPassChunks) {
     const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
-    for (int c = 0; c < n_chunks; ++c) {
-      const int i = p0 + c;
-      const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
-      const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
-      ch[c] = Chunk<KT>{kbase + base + k_head + c0, vbase + base + v_head + static_cast<int64_t>(c0) * hd, j * bs + c0,
-                        bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
-    }
+    for (int c = 0; c < n_chunks; ++c) ch[c] = make_chunk<KT>(L, table, p0 + c, k_head, v_head);
     // 1. scores, NC chunks per pass over K (the tail one chunk at a time). A decode step reads each
     // chunk once, from DRAM, in 2 KiB pieces too short for the hardware prefetcher: while NC chunks
     // compute, the next NC chunks' K and these chunks' V (needed after the softmax) are prefetched.
@@ -406,31 +453,8 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
     float corr[kRows];
     for (int r = nr; r < NR; ++r)  // padding rows: P = 0
       std::memset(S + static_cast<int64_t>(r) * kSStride, 0, sizeof(float) * n_chunks * kKeyChunk);
-    for (int r = 0; r < nr; ++r) {
-      float* Sr = S + static_cast<int64_t>(r) * kSStride;
-      vf mx = vset(kNegInf);
-      for (int c = 0; c < n_chunks; ++c) {
-        float* sc = Sr + c * kKeyChunk;
-        int valid = pos[r] - ch[c].key0 + 1;
-        valid = valid < 0 ? 0 : valid > ch[c].len ? ch[c].len : valid;
-        for (int i = valid; i < kKeyChunk; ++i) sc[i] = kNegInf;
-        for (int v = 0; v < NV; ++v) mx = vmax(mx, vload(sc + v * W));
-      }
-      const float m_pass = vhmax(mx);
-      const float m_new = m[r] > m_pass ? m[r] : m_pass;
-      corr[r] = m[r] == kNegInf ? 0.0f : m_new != m[r] ? std::exp(m[r] - m_new) : 1.0f;
-      const vf mv = vset(m_new);
-      vf sum = vzero();
-      for (int c = 0; c < n_chunks; ++c)
-        for (int v = 0; v < NV; ++v) {
-          float* sp = Sr + c * kKeyChunk + v * W;
-          const vf e = vexp(vsub(vload(sp), mv));
-          vstore(sp, e);
-          sum = vadd(sum, e);
-        }
-      l[r] = l[r] * corr[r] + vhsum(sum);
-      m[r] = m_new;
-    }
+    for (int r = 0; r < nr; ++r)
+      corr[r] = softmax_row_pass(S + static_cast<int64_t>(r) * kSStride, pos[r], ch, n_chunks, m[r], l[r]);
     // 4. O = O * corr + P V, all rows sharing each V load; per chunk, the slots any row can see.
     for (int c = 0; c < n_chunks; ++c) {
       int n = 0;
@@ -444,14 +468,7 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
     for (int r = nr; r < NR; ++r) corr[r] = 0.0f;  // padding rows: O rows beyond nr are scratch
     pv_rows<KT, NR>(O, S, corr, ch, nk, n_chunks, hd);
   }
-  // Normalised rows go back into O; the caller copies them out.
-  for (int r = 0; r < nr; ++r) {
-    float* o = O + static_cast<int64_t>(r) * hd;
-    const vf vi = vset(1.0f / l[r]);
-    int d = 0;
-    for (; d + W <= hd; d += W) vstore(o + d, vmul(vload(o + d), vi));
-    for (; d < hd; ++d) o[d] = o[d] * (1.0f / l[r]);
-  }
+  normalize_rows(O, l, nr, hd);  // back into O; the caller copies the rows out
 }
 
 // The micro-tile instance for nr rows: fewer rows trade rows for chunks per K pass.
@@ -610,8 +627,6 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
   for (int g = 0; g < G; ++g)
     for (int d = 0; d < hd; ++d)
       for (int r = 0; r < R; ++r) qt[(g * hd + d) * R + r] = q[g * R + r][d];
-  const KT* kbase = static_cast<const KT*>(L.k_cache);
-  const KT* vbase = static_cast<const KT*>(L.v_cache);
   // K (and V) lines of the G heads of one chunk: contiguous when a block is one chunk.
   const int k_lines = cpb == 1 ? static_cast<int>(G * hd * kKeyChunk * sizeof(KT) / 64) : 0;
   static thread_local Chunk<KT> chs[G][kPassChunks];
@@ -620,18 +635,10 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
   int nk[kPassChunks];
   for (int p0 = 0; p0 <= last; p0 += kPassChunks) {
     const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
-    for (int c = 0; c < n_chunks; ++c) {
-      const int i = p0 + c;
-      const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
-      const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
-      for (int g = 0; g < G; ++g) {
-        const int64_t kh = static_cast<int64_t>(g0 + g) * hd * L.bs_pad, vh = static_cast<int64_t>(g0 + g) * L.bs_pad * hd;
-        chs[g][c] = Chunk<KT>{kbase + base + kh + c0, vbase + base + vh + static_cast<int64_t>(c0) * hd, j * bs + c0,
-                              bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
-        chs[g][c].kr = reinterpret_cast<const char*>(chs[g][c].K);
-        chs[g][c].vr = reinterpret_cast<const char*>(chs[g][c].V);
-      }
-    }
+    for (int c = 0; c < n_chunks; ++c)
+      for (int g = 0; g < G; ++g)
+        chs[g][c] = make_chunk<KT>(L, table, p0 + c, static_cast<int64_t>(g0 + g) * hd * L.bs_pad,
+                                   static_cast<int64_t>(g0 + g) * L.bs_pad * hd);
     // 1. scores, NC chunks per call (the tail one at a time), prefetching the next NC chunks' K.
     for (int c = 0; c < NC && c < n_chunks; ++c)
       for (int i = 0; i < k_lines; ++i) __builtin_prefetch(ch[0][c].kr + i * 64, 0, 3);
@@ -649,31 +656,8 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
     }
     // 2-3. mask, max, exp, sum: per row (all rows share the position).
     float corr[NR];
-    for (int r = 0; r < NR; ++r) {
-      float* Sr = S + static_cast<int64_t>(r) * kSStride;
-      vf mx = vset(kNegInf);
-      for (int c = 0; c < n_chunks; ++c) {
-        float* sc = Sr + c * kKeyChunk;
-        int valid = pos - ch[0][c].key0 + 1;
-        valid = valid < 0 ? 0 : valid > ch[0][c].len ? ch[0][c].len : valid;
-        for (int i = valid; i < kKeyChunk; ++i) sc[i] = kNegInf;
-        for (int v = 0; v < NV; ++v) mx = vmax(mx, vload(sc + v * W));
-      }
-      const float m_pass = vhmax(mx);
-      const float m_new = m[r] > m_pass ? m[r] : m_pass;
-      corr[r] = m[r] == kNegInf ? 0.0f : m_new != m[r] ? std::exp(m[r] - m_new) : 1.0f;
-      const vf mv = vset(m_new);
-      vf sum = vzero();
-      for (int c = 0; c < n_chunks; ++c)
-        for (int v = 0; v < NV; ++v) {
-          float* sp = Sr + c * kKeyChunk + v * W;
-          const vf e = vexp(vsub(vload(sp), mv));
-          vstore(sp, e);
-          sum = vadd(sum, e);
-        }
-      l[r] = l[r] * corr[r] + vhsum(sum);
-      m[r] = m_new;
-    }
+    for (int r = 0; r < NR; ++r)
+      corr[r] = softmax_row_pass(S + static_cast<int64_t>(r) * kSStride, pos, ch[0], n_chunks, m[r], l[r]);
     // 4. O = O * corr + P V over the slots the row can see.
     for (int c = 0; c < n_chunks; ++c) {
       int valid = pos - ch[0][c].key0 + 1;
@@ -681,13 +665,7 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
     }
     pv_multi<KT, G, R>(O, S, corr, ch, nk, n_chunks, hd);
   }
-  for (int r = 0; r < NR; ++r) {
-    float* o = O + static_cast<int64_t>(r) * hd;
-    const vf vi = vset(1.0f / l[r]);
-    int d = 0;
-    for (; d + W <= hd; d += W) vstore(o + d, vmul(vload(o + d), vi));
-    for (; d < hd; ++d) o[d] = o[d] * (1.0f / l[r]);
-  }
+  normalize_rows(O, l, NR, hd);
 }
 
 template <class KT, int G, int R>
