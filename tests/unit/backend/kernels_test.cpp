@@ -574,3 +574,78 @@ TEST(Kernels, ActivationQuantizationFollowsTheRule) {
           }
   }
 }
+
+// attention_token (one decode row, every head; several GQA groups per micro-tile where the ISA allows)
+// gives attention_group's bits for each group, on every ISA, for GQA shapes of 1-4 heads per group
+// and group counts that leave a remainder, fp16 and fp32 caches, scattered blocks, one-pass and
+// multi-pass contexts; and both agree with softmax attention computed in double from the same cache.
+TEST(CpuOps, AttentionTokenEqualsPerGroupAttention) {
+  namespace o = ss::cpu::ops;
+  std::mt19937 g(seed() + 9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Shape {
+    int n_kv, n_rep, hd;
+  };
+  for (const Shape sh : {Shape{3, 3, 64}, Shape{2, 4, 64}, Shape{4, 2, 64}, Shape{5, 2, 32}, Shape{3, 4, 64},
+                         Shape{2, 7, 64}, Shape{1, 1, 64}})
+    for (bool f16 : {true, false})
+      for (int pos : {0, 17, 130, 2100}) {
+        SCOPED_TRACE(testing::Message() << "n_kv " << sh.n_kv << " n_rep " << sh.n_rep << " hd " << sh.hd
+                                        << (f16 ? " f16" : " f32") << " pos " << pos);
+        const int bs = 16, n_blocks = pos / bs + 1, nh = sh.n_kv * sh.n_rep, hd = sh.hd;
+        const int64_t per = static_cast<int64_t>(sh.n_kv) * hd * bs;  // K (or V) elements of a block
+        const int64_t stride = 2 * per;                                  // K then V, as the backend lays them
+        const int total_blocks = 2 * n_blocks + 3;
+        std::vector<int32_t> table(n_blocks);
+        for (int j = 0; j < n_blocks; ++j) table[j] = (j * 7 + 2) % total_blocks;  // scattered, distinct
+        std::vector<float> kf(static_cast<size_t>(total_blocks * stride));
+        for (auto& v : kf) v = nd(g);
+        std::vector<uint16_t> kh(kf.size());
+        for (size_t i = 0; i < kf.size(); ++i) {
+          kh[i] = ss::model::fp32_to_fp16(kf[i]);
+          if (f16) kf[i] = ss::model::fp16_to_fp32(kh[i]);  // the values the fp16 kernels see
+        }
+        std::vector<float> q(static_cast<size_t>(nh) * hd);
+        for (auto& v : q) v = 0.3f * nd(g);
+        const int32_t positions[1] = {pos};
+        const char* base = f16 ? reinterpret_cast<const char*>(kh.data()) : reinterpret_cast<const char*>(kf.data());
+        const size_t el = f16 ? 2 : 4;
+        std::vector<float> out_tok(q.size(), NAN), out_grp(q.size(), NAN);
+        o::AttnLayer L{q.data(), nh * hd, out_tok.data(), nh * hd, base, base + per * el, stride, hd, bs, bs,
+                       sh.n_rep, positions, f16, sh.n_kv};
+        std::vector<float> scratch(o::attn_scratch_floats(hd));
+        for (Isa isa : supported_isas()) {
+          SCOPED_TRACE(ss::cpu::isa_name(isa));
+          const auto& ops = o::ops_for(isa);
+          std::fill(out_tok.begin(), out_tok.end(), NAN);
+          std::fill(out_grp.begin(), out_grp.end(), NAN);
+          L.out = out_tok.data();
+          ops.attention_token(L, 0, table.data(), scratch.data());
+          L.out = out_grp.data();
+          for (int k = 0; k < sh.n_kv; ++k) ops.attention_group(L, 0, k * sh.n_rep, sh.n_rep, table.data(), scratch.data());
+          ASSERT_EQ(std::memcmp(out_tok.data(), out_grp.data(), sizeof(float) * out_tok.size()), 0);
+          // Reference in double: softmax(q . K) V over positions 0..pos.
+          for (int h = 0; h < nh; ++h) {
+            const int kv = h / sh.n_rep;
+            std::vector<double> s(pos + 1);
+            double mx = -1e300, sum = 0;
+            for (int p = 0; p <= pos; ++p) {
+              const int64_t b = static_cast<int64_t>(table[p / bs]) * stride;
+              double d = 0;
+              for (int i = 0; i < hd; ++i) d += static_cast<double>(q[h * hd + i]) * kf[b + (kv * hd + i) * bs + p % bs];
+              s[p] = d;
+              mx = std::max(mx, d);
+            }
+            for (int p = 0; p <= pos; ++p) sum += (s[p] = std::exp(s[p] - mx));
+            for (int i = 0; i < hd; ++i) {
+              double r = 0;
+              for (int p = 0; p <= pos; ++p) {
+                const int64_t b = static_cast<int64_t>(table[p / bs]) * stride + per;
+                r += s[p] * kf[b + (kv * bs + p % bs) * hd + i];
+              }
+              ASSERT_NEAR(out_tok[h * hd + i], r / sum, 1e-4) << "head " << h << " dim " << i;
+            }
+          }
+        }
+      }
+}
