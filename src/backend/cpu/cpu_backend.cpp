@@ -529,8 +529,8 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
 
     // Attention: (query tile, head) items pulled from a shared counter, costliest first.
     {
-      cpu::ops::AttnLayer A{q_.data(), qd,  att_.data(), qd,         kc,
-                            vc,        2 * block_stride_ * cfg_.n_layers, hd_, bs, bs_pad_, nh_ / nkv_, b.positions.data(), kv_f16, nkv_};
+      cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, 2 * block_stride_ * cfg_.n_layers,
+                            hd_,       bs,      bs_pad_,     nh_ / nkv_, b.positions.data(), kv_f16, nkv_};
       struct Ctx {
         CpuBackend* self;
         const cpu::ops::AttnLayer* A;

@@ -182,8 +182,12 @@ bool packed_path(const MatmulJob* jobs, int n_jobs) {
 
 void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_t ldx, int n_tok, int t0, int t1,
                          MatmulScratch scratch) {
-  if (scratch.bytes < matmul_scratch_bytes(type, cols, n_tok)) {
-    std::fprintf(stderr, "ss::cpu::quantize_for_packed: scratch %zu bytes < %zu\n", scratch.bytes,
+  // Caller bugs (only valid where packed_path() is true): fail loudly, never run AVX-512 code without it.
+  if (active_isa() != Isa::Avx512 || detail::packed_format(type).block_bytes == 0 ||
+      scratch.bytes < matmul_scratch_bytes(type, cols, n_tok)) {
+    std::fprintf(stderr,
+                 "ss::cpu::quantize_for_packed: no packed path here (isa %s, type %d) or scratch %zu < %zu bytes\n",
+                 isa_name(active_isa()), static_cast<int>(type), scratch.bytes,
                  matmul_scratch_bytes(type, cols, n_tok));
     std::abort();
   }

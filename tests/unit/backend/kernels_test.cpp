@@ -558,7 +558,8 @@ TEST(Kernels, ActivationQuantizationFollowsTheRule) {
                 for (int i = 0; i < 32; ++i) {
                   const float q = std::nearbyint(xb[i] * id);
                   sum += static_cast<int32_t>(q);
-                  ASSERT_EQ(a.qs[a.qidx(t, 32 * b + i)], static_cast<int8_t>(q)) << "t " << t << " value " << 32 * b + i;
+                  ASSERT_EQ(a.qs[a.qidx(t, 32 * b + i)], static_cast<int8_t>(q))
+                      << "t " << t << " value " << 32 * b + i;
                 }
                 const int64_t si = a.sidx(t, b);
                 ASSERT_EQ(a.d[si], dd) << "t " << t << " block " << b;
@@ -622,7 +623,8 @@ TEST(CpuOps, AttentionTokenEqualsPerGroupAttention) {
           L.out = out_tok.data();
           ops.attention_token(L, 0, table.data(), scratch.data());
           L.out = out_grp.data();
-          for (int k = 0; k < sh.n_kv; ++k) ops.attention_group(L, 0, k * sh.n_rep, sh.n_rep, table.data(), scratch.data());
+          for (int k = 0; k < sh.n_kv; ++k)
+            ops.attention_group(L, 0, k * sh.n_rep, sh.n_rep, table.data(), scratch.data());
           ASSERT_EQ(std::memcmp(out_tok.data(), out_grp.data(), sizeof(float) * out_tok.size()), 0);
           // Reference in double: softmax(q . K) V over positions 0..pos.
           for (int h = 0; h < nh; ++h) {
@@ -632,7 +634,8 @@ TEST(CpuOps, AttentionTokenEqualsPerGroupAttention) {
             for (int p = 0; p <= pos; ++p) {
               const int64_t b = static_cast<int64_t>(table[p / bs]) * stride;
               double d = 0;
-              for (int i = 0; i < hd; ++i) d += static_cast<double>(q[h * hd + i]) * kf[b + (kv * hd + i) * bs + p % bs];
+              for (int i = 0; i < hd; ++i)
+                d += static_cast<double>(q[h * hd + i]) * kf[b + (kv * hd + i) * bs + p % bs];
               s[p] = d;
               mx = std::max(mx, d);
             }
