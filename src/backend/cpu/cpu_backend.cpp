@@ -474,9 +474,11 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     if (pq) cpu::quantize_for_packed(pq->type, pq->cols(), x, ldx, n, r0, r1, mms);
   };
   constexpr int64_t kQuantizeWork = 4;  // per value, in for_rows' units
-  cpu::MatmulJob qkv[3];
+  cpu::MatmulJob qkv[3];  // the current layer's (the previous layer's end fills in the next one's)
   qkv_jobs(0, qkv);
   const model::Tensor* pq = packed_weight(qkv, 3);
+  const model::Tensor& out_w = W.output.valid() ? W.output : W.token_embd;
+  const cpu::MatmulJob head{&out_w, &packed_out_, logits, V_};
 
   // Embedding + first RMSNorm.
   for_rows(T, (2 + (pq ? kQuantizeWork : 0)) * H_, [&](int r0, int r1) {
@@ -497,8 +499,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     unsigned char* vc = kc + layer_bytes;
 
     const LayerPacked& P = packed_[l];
-    qkv_jobs(l, qkv);  // (pq: whether the loop before quantized xn_ for them)
-    cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);
+    cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);  // pq: the loop before quantized xn_
     sw.lap(pf.matmul_s);
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
@@ -609,8 +610,6 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     sw.lap(pf.matmul_s);
     // Residual, then the next RMSNorm (the next layer's, or the final one before lm_head).
     const float* next_norm = last ? output_norm_.data() : layer_consts_[l + 1].attn_norm.data();
-    const model::Tensor& out_w = W.output.valid() ? W.output : W.token_embd;
-    const cpu::MatmulJob head{&out_w, &packed_out_, logits, V_};
     if (last) {
       pq = packed_weight(&head, 1);
     } else {
@@ -627,8 +626,6 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   }
 
   if (R > 0) {
-    const model::Tensor& out_w = W.output.valid() ? W.output : W.token_embd;
-    const cpu::MatmulJob head{&out_w, &packed_out_, logits, V_};
     cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mms, pool_, pq != nullptr && packed_weight(&head, 1) != nullptr);
     sw.lap(pf.lm_head_s);
   }

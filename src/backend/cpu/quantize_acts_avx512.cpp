@@ -32,14 +32,20 @@ void zero_token(const QActs& a, int t) {
   }
 }
 
-// Scales of up to 16 blocks at once: the two divisions of act_scale dominate per-block work when done
-// one block at a time. Vector division is IEEE-exact like the scalar one, so the bits are the same.
+// Scales of 16 blocks at once: the two divisions of act_scale dominate per-block work when done one
+// block at a time. Vector division is IEEE-exact like the scalar one, so the bits are the same.
+// Returns d; *id = 1/d (0 where d is 0).
+inline __m512 scales16(__m512 amax, __m512* id) {
+  const __m512 vd = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+  const __mmask16 nz = _mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+  *id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), vd);
+  return vd;
+}
 inline void scales16(const float* amax, int n, float* d, float* id) {
   const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-  const __m512 vd = _mm512_div_ps(_mm512_maskz_loadu_ps(m, amax), _mm512_set1_ps(127.0f));
-  const __mmask16 nz = _mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_OQ);
-  _mm512_mask_storeu_ps(d, m, vd);
-  _mm512_mask_storeu_ps(id, m, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), vd));
+  __m512 vid;
+  _mm512_mask_storeu_ps(d, m, scales16(_mm512_maskz_loadu_ps(m, amax), &vid));
+  _mm512_mask_storeu_ps(id, m, vid);
 }
 
 // 16 horizontal reductions at once: lane j of the result = op over the 16 lanes of v[j]. Four rounds
@@ -79,10 +85,10 @@ void quantize32x16(const float* x, int64_t b0, int n, int t, int C, const QActs&
                  : _mm512_setzero_ps();
   }
   const __m512 amax = reduce16(m, [](__m512 p, __m512 q) { return _mm512_max_ps(p, q); });
-  const __m512 vd = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
-  const __mmask16 nz = _mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+  __m512 vid;
+  const __m512 vd = scales16(amax, &vid);
   alignas(64) float id[16];
-  _mm512_store_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), vd));
+  _mm512_store_ps(id, vid);
   __m512i sums[16];
   int8_t* dst = a.qs + a.qidx(t, 32 * b0);
   for (int j = 0; j < 16; ++j) {
