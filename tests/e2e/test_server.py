@@ -201,7 +201,10 @@ def test_cancellation_frees_blocks(srv):
     aborted_before = _finished(srv, "abort")
     with requests.post(srv.url + "/v1/completions", json=body, headers=AUTH, stream=True, timeout=60) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
+        # Hold the line iterator: a dropped one closes the connection, and the server would (rightly)
+        # cancel the request before we look at its blocks.
+        lines = r.iter_lines()
+        for line in lines:
             if line.startswith(b"data: "):
                 break
         deadline = time.time() + 5  # the stats snapshot is refreshed just after a step's tokens go out
