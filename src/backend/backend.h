@@ -19,9 +19,16 @@ struct KvCacheConfig {
   int num_blocks = 0;   // blocks per layer
   int block_size = 16;  // tokens per block
   // Element type of the cached K/V. F16 halves the memory and the bytes decode reads per token;
-  // F32 keeps attention at full precision (tests that compare against fp32 references use it).
-  enum class DType { F32, F16 } dtype = DType::F16;
+  // F32 keeps attention at full precision (tests that compare against fp32 references use it); Q8
+  // (int8 with a scale per token and KV head, as llama.cpp's q8_0 cache) halves F16's bytes again at
+  // a small cost in accuracy -- opt-in, like --cache-type-k q8_0 there and --kv-cache-dtype fp8 in vLLM.
+  enum class DType { F32, F16, Q8 } dtype = DType::F16;
 };
+// "f32", "f16", "q8_0"; parse_kv_dtype returns false for anything else.
+const char* kv_dtype_name(KvCacheConfig::DType t);
+bool parse_kv_dtype(const std::string& s, KvCacheConfig::DType* out);
+// Bytes of one KV block (every layer's K and V) in the CPU backend's layout (blocks padded to 16 slots).
+int64_t cpu_kv_block_bytes(const KvCacheConfig& kv, int n_layers, int n_kv_heads, int head_dim);
 
 // One step. Token i belongs to sequence seq_index[i], sits at position positions[i], and its K/V is
 // stored in block block_tables[seq][positions[i] / block_size] at slot positions[i] % block_size.

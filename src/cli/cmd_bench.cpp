@@ -99,6 +99,7 @@ struct DecodeArgs {
   int steps = 64;
   int reps = 3;
   std::string json_path;
+  backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
 };
 
 void run_decode(const DecodeArgs& a) {
@@ -113,6 +114,7 @@ void run_decode(const DecodeArgs& a) {
   backend::BackendOptions bo;
   bo.threads = a.threads;
   bo.kv.block_size = bs;
+  bo.kv.dtype = a.kv_dtype;
   bo.kv.num_blocks = per_seq * max_batch;
   bo.max_batch_tokens = std::max(max_batch, a.context);
   auto be = backend::CpuBackend::create(model, bo);
@@ -135,8 +137,8 @@ void run_decode(const DecodeArgs& a) {
     pb.logits_rows = {a.context - 1};
     if (auto st = cpu.forward(pb, logits.data()); !st.ok()) return fail(st.message());
   }
-  std::printf("model: %s, %d threads, context %d, %d decode steps per rep (median of %d)\n", model.path.c_str(),
-              cpu.threads(), a.context, a.steps, a.reps);
+  std::printf("model: %s, %d threads, context %d, %s KV cache, %d decode steps per rep (median of %d)\n",
+              model.path.c_str(), cpu.threads(), a.context, backend::kv_dtype_name(a.kv_dtype), a.steps, a.reps);
   std::printf("%6s %10s %12s %9s | %8s %8s %8s %8s %8s  (ms per step)\n", "batch", "step ms", "tok/s", "x first",
               "matmul", "lm_head", "attn", "rope_kv", "other");
   nlohmann::json results = nlohmann::json::array();
@@ -179,8 +181,12 @@ void run_decode(const DecodeArgs& a) {
   }
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
-    f << nlohmann::json{{"model", model.path}, {"threads", cpu.threads()}, {"context", a.context},
-                        {"steps", a.steps}, {"results", results}}
+    f << nlohmann::json{{"model", model.path},
+                        {"threads", cpu.threads()},
+                        {"context", a.context},
+                        {"kv_cache_dtype", backend::kv_dtype_name(a.kv_dtype)},
+                        {"steps", a.steps},
+                        {"results", results}}
              .dump(2)
       << "\n";
     if (!f) return fail(a.json_path + ": cannot write");
@@ -210,6 +216,7 @@ void register_bench(CLI::App& app) {
   dc->add_option("--steps", d->steps, "Decode steps per repetition")->check(CLI::Range(1, 1 << 16));
   dc->add_option("--reps", d->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   dc->add_option("--json", d->json_path, "Also write results as JSON to this file");
+  add_kv_dtype_option(dc, &d->kv_dtype);
   dc->callback([d] { run_decode(*d); });
   register_bench_serve(*b);
 }

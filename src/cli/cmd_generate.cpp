@@ -31,6 +31,7 @@ struct GenerateArgs {
   int threads = 0;
   int ctx = 0;
   bool quiet = false;
+  backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -63,6 +64,7 @@ void run_generate(const GenerateArgs& a) {
   bo.threads = a.threads;
   bo.kv.block_size = 16;
   bo.kv.num_blocks = (ctx + bo.kv.block_size - 1) / bo.kv.block_size;
+  bo.kv.dtype = a.kv_dtype;
   auto be = backend::make_cpu_backend(model, bo);
   if (!be.ok()) return fail(be.message());
 
@@ -120,6 +122,7 @@ void register_generate(CLI::App& app) {
   c->add_option("--seed,-s", a->seed, "Random seed (same seed, same text); default random");
   c->add_option("--threads", a->threads, "CPU threads (default: all cores)");
   c->add_option("--ctx", a->ctx, "Context size in tokens (default: prompt + max-tokens)");
+  add_kv_dtype_option(c, &a->kv_dtype);
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
   c->callback([a] { run_generate(*a); });
 }

@@ -38,6 +38,7 @@ struct ServeArgs {
   int block_size = 16;
   int num_kv_blocks = 0;
   double kv_cache_mib = 0;
+  backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
   int long_prompt_threshold = 256;
   int max_prefill_with_decodes = kDefaultPrefillWithDecodes;
   int max_model_len = 0;
@@ -107,14 +108,12 @@ void run_serve(const ServeArgs& a) {
   backend::BackendOptions bo;
   bo.threads = a.threads;
   bo.kv.block_size = a.block_size;
+  bo.kv.dtype = a.kv_dtype;
   bo.max_batch_tokens = a.max_num_batched_tokens;
   if (a.num_kv_blocks > 0) {
     bo.kv.num_blocks = a.num_kv_blocks;
   } else {
-    // The CPU backend stores K and V per layer (fp16 by default), blocks padded to 16 slots.
-    const int64_t slots = (a.block_size + 15) / 16 * 16;
-    const int64_t elem = bo.kv.dtype == backend::KvCacheConfig::DType::F16 ? 2 : 4;
-    const int64_t block_bytes = static_cast<int64_t>(mc.n_layers) * 2 * mc.n_kv_heads * mc.head_dim * slots * elem;
+    const int64_t block_bytes = backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
     const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
     bo.kv.num_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
   }
@@ -198,10 +197,10 @@ void run_serve(const ServeArgs& a) {
   mi.created = static_cast<int64_t>(std::time(nullptr));
   server->set_ready(*engine, mi);
   std::fprintf(stderr,
-               "selfserve: serving '%s' on http://%s:%d — %d KV blocks of %d tokens, max_model_len %d, "
+               "selfserve: serving '%s' on http://%s:%d — %d KV blocks of %d tokens (%s), max_model_len %d, "
                "max_num_seqs %d, %s\n",
-               mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size, max_len, a.max_num_seqs,
-               backend->name().c_str());
+               mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
+               backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str());
 
   io.join();  // until SIGTERM/SIGINT and the drain
   std::fprintf(stderr, "selfserve: stopped\n");
@@ -227,6 +226,7 @@ void register_serve(CLI::App& app) {
   auto* nb = c->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks")->check(CLI::Range(1, 1 << 24));
   c->add_option("--kv-cache-mib", a->kv_cache_mib, "KV cache size in MiB (default 512)")
       ->check(CLI::PositiveNumber)->excludes(nb);
+  add_kv_dtype_option(c, &a->kv_dtype);
   c->add_option("--long-prompt-threshold", a->long_prompt_threshold, "Prompts this long wait in the long lane")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   c->add_option("--max-prefill-tokens-with-decodes", a->max_prefill_with_decodes,

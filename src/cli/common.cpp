@@ -3,7 +3,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
+#include <vector>
 
 #include "cli/default_model.h"
 
@@ -35,6 +38,18 @@ Expected<std::unique_ptr<model::Model>> open_model(const std::string& path_or_em
   auto m = model::load_model(path, opts);
   progress.finish();
   return m;
+}
+
+void add_kv_dtype_option(CLI::App* cmd, backend::KvCacheConfig::DType* dtype) {
+  using T = backend::KvCacheConfig::DType;
+  std::vector<std::string> names;
+  for (T t : {T::F16, T::F32, T::Q8}) names.push_back(backend::kv_dtype_name(t));
+  cmd->add_option_function<std::string>(
+         "--kv-cache-dtype", [dtype](const std::string& s) { backend::parse_kv_dtype(s, dtype); },
+         "KV cache element type: f16, f32, or q8_0 (8-bit with a scale per token and KV head: half of f16's "
+         "memory and decode reads, slightly less accurate)")
+      ->check(CLI::IsMember(names))
+      ->default_str(backend::kv_dtype_name(*dtype));
 }
 
 uint64_t peak_rss_bytes() {

@@ -4,10 +4,18 @@
 #include <memory>
 #include <string>
 
+#include "backend/backend.h"
 #include "common/status.h"
 #include "model/model.h"
 
+namespace CLI {
+class App;
+}
+
 namespace ss::cli {
+
+// --kv-cache-dtype f16|f32|q8_0 on a subcommand (default f16).
+void add_kv_dtype_option(CLI::App* cmd, backend::KvCacheConfig::DType* dtype);
 
 // Progress line on stderr ("loading  42% ...") when stderr is a terminal or always when forced.
 class Progress {

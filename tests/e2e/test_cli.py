@@ -28,6 +28,17 @@ def test_greedy_chat_is_deterministic_and_answers(selfserve, default_model):
     assert b"Paris" in a.stdout
 
 
+def test_q8_kv_cache_answers_and_bad_dtype_is_a_clear_error(selfserve, default_model):
+    # (Without "Answer in one sentence." this tiny model's greedy answer already flips between an f32 and
+    # an f16 cache; with it, f32, f16 and q8_0 all answer.)
+    r = selfserve("generate", "--chat", "--prompt", "What is the capital of France? Answer in one sentence.",
+                  "--temperature", "0", "--max-tokens", "32", "--kv-cache-dtype", "q8_0", "--quiet")
+    assert b"Paris" in r.stdout
+    bad = selfserve("generate", "--prompt", "Hi", "--kv-cache-dtype", "q4", check=False)
+    assert bad.returncode != 0
+    assert b"--kv-cache-dtype" in bad.stderr and b"q8_0" in bad.stderr, bad.stderr
+
+
 def test_peak_rss_under_twice_the_file(selfserve, default_model):
     r = selfserve("generate", "--prompt", "Hello", "--max-tokens", "8", "--quiet")
     m = STATS.search(r.stderr)
@@ -84,7 +95,7 @@ def test_bench_decode_reports_every_batch_size(selfserve, default_model, tmp_pat
                   "--threads", "1", "--json", str(out))
     assert b"x first" in r.stdout
     j = json.loads(out.read_text())
-    assert j["context"] == 20 and j["steps"] == 4 and j["threads"] == 1
+    assert j["context"] == 20 and j["steps"] == 4 and j["threads"] == 1 and j["kv_cache_dtype"] == "f16"
     assert [x["batch"] for x in j["results"]] == [1, 3]
     for x in j["results"]:
         assert len(x["step_ms_all"]) == 2 and x["step_ms"] in x["step_ms_all"]

@@ -195,6 +195,23 @@ def test_concurrency_and_batch_invariance(srv):
     assert all(t for t in together)
 
 
+def test_q8_kv_cache_server_is_batch_invariant_and_holds_more_blocks(srv, tmp_path):
+    # The 8-bit cache stores a token in about half of fp16's bytes, so the same --kv-cache-mib holds
+    # nearly twice the blocks; greedy text stays the same alone and among 16 concurrent requests.
+    q8 = Server(tmp_path, "q8", *_model_args(srv), "--api-key", API_KEY, "--kv-cache-dtype", "q8_0",
+                "--max-num-seqs", "16", "--kv-cache-mib", "256")
+    try:
+        assert q8.metric("selfserve_kv_cache_blocks_total") >= 1.8 * srv.metric("selfserve_kv_cache_blocks_total")
+        prompts = [f"Write one sentence about the number {i}." for i in range(16)]
+        alone = [greedy_completion(q8, p, 16) for p in prompts[:2]]
+        with cf.ThreadPoolExecutor(16) as ex:
+            together = list(ex.map(lambda p: greedy_completion(q8, p, 16), prompts))
+        assert together[:2] == alone
+        assert all(t for t in together)
+    finally:
+        assert q8.stop() == 0, q8.log_text()
+
+
 def test_cancellation_frees_blocks(srv):
     body = {"model": srv.model, "prompt": "Tell me a very long story.", "max_tokens": 1000, "temperature": 0,
             "ignore_eos": True, "stream": True}

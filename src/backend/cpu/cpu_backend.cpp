@@ -193,17 +193,21 @@ Status CpuBackend::init() {
   }
   bs_pad_ = (kv_.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
   block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
-  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16 ? 2 : 4;
-  const size_t per_kind = static_cast<size_t>(c.n_layers) * kv_.num_blocks * block_stride_;
+  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16  ? cpu::ops::KvElem::F16
+             : kv_.dtype == KvCacheConfig::DType::Q8 ? cpu::ops::KvElem::Q8
+                                                     : cpu::ops::KvElem::F32;
+  kv_scale_offset_ = kv_elem_ == cpu::ops::KvElem::Q8 ? block_stride_ : 0;
+  kv_layer_bytes_ = cpu_kv_block_bytes(kv_, 1, nkv_, hd_) / 2;
+  const size_t kv_bytes = static_cast<size_t>(cpu_kv_block_bytes(kv_, c.n_layers, nkv_, hd_)) * kv_.num_blocks;
   // Anonymous pages are zero: never-written padding slots read as finite zeros. The whole cache is
   // committed now, as vLLM and llama.cpp reserve theirs at start: no step pays page faults (measured:
   // ~6% of a fresh server's time under 16 streams went to zeroing pages on first touch), and a
   // cache that does not fit in memory fails at start-up (an error here, at worst the OOM killer) instead
   // of later under load.
-  const std::string kv_what = std::to_string(2 * per_kind * kv_elem_) + " bytes for " +
+  const std::string kv_what = std::to_string(kv_bytes) + " bytes for " +
                               std::to_string(kv_.num_blocks) + " blocks of " + std::to_string(kv_.block_size) +
                               " tokens); lower kv.num_blocks";
-  if (!kv_cache_.allocate(2 * per_kind * kv_elem_))
+  if (!kv_cache_.allocate(kv_bytes))
     return make_error("cpu backend: cannot allocate the KV cache (" + kv_what);
   {
     std::atomic<bool> ok{true};
@@ -452,9 +456,9 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   // Block-major KV: block j holds every layer's slice of it, so a sequence's memory is its blocks;
   // a layer's slice is its K (layer_bytes) and then its V.
-  const int64_t layer_bytes = block_stride_ * static_cast<int64_t>(kv_elem_);
+  const int64_t layer_bytes = kv_layer_bytes_;
   const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
-  const bool kv_f16 = kv_elem_ == 2;
+  const int64_t kv_elem_bytes = kv_elem_ == cpu::ops::KvElem::F32 ? 4 : kv_elem_ == cpu::ops::KvElem::F16 ? 2 : 1;
 
   const cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
   // The activations of a packed product are quantized by the loop that produces them, each thread its
@@ -522,7 +526,8 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
         ops.rope(qt, nh_, hd_, rope_dim_, cs, interleaved, q_scale);
         ops.rope(kt, nkv_, hd_, rope_dim_, cs, interleaved, 1.0f);
         const int64_t blk = b.block_tables[b.seq_index[t]][p / bs];
-        ops.store_kv(kt, vt, kc + blk * block_bytes, vc + blk * block_bytes, nkv_, hd_, bsp, p % bs, kv_f16);
+        ops.store_kv(kt, vt, kc + blk * block_bytes, vc + blk * block_bytes, nkv_, hd_, bsp, p % bs, kv_elem_,
+                     kv_scale_offset_);
       }
     });
     sw.lap(pf.rope_kv_s);
@@ -530,8 +535,9 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
 
     // Attention: (query tile, head) items pulled from a shared counter, costliest first.
     {
-      cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, 2 * block_stride_ * cfg_.n_layers,
-                            hd_,       bs,      bs_pad_,     nh_ / nkv_, b.positions.data(), kv_f16, nkv_};
+      cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, block_bytes / kv_elem_bytes,
+                            hd_,       bs,      bs_pad_,     nh_ / nkv_, b.positions.data(), kv_elem_, nkv_,
+                            kv_scale_offset_};
       struct Ctx {
         CpuBackend* self;
         const cpu::ops::AttnLayer* A;
@@ -642,6 +648,36 @@ void CpuBackend::parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) {
   pool_.run([&](int) {
     for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(ctx, i);
   });
+}
+
+const char* kv_dtype_name(KvCacheConfig::DType t) {
+  switch (t) {
+    case KvCacheConfig::DType::F32: return "f32";
+    case KvCacheConfig::DType::F16: return "f16";
+    case KvCacheConfig::DType::Q8: return "q8_0";
+  }
+  return "?";
+}
+
+bool parse_kv_dtype(const std::string& s, KvCacheConfig::DType* out) {
+  for (auto t : {KvCacheConfig::DType::F32, KvCacheConfig::DType::F16, KvCacheConfig::DType::Q8})
+    if (s == kv_dtype_name(t)) {
+      *out = t;
+      return true;
+    }
+  return false;
+}
+
+int64_t cpu_kv_block_bytes(const KvCacheConfig& kv, int n_layers, int n_kv_heads, int head_dim) {
+  const int64_t slots = (kv.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
+  const int64_t elems = static_cast<int64_t>(n_kv_heads) * head_dim * slots;  // K (or V) of one layer
+  int64_t per_kind = 0;
+  switch (kv.dtype) {
+    case KvCacheConfig::DType::F32: per_kind = 4 * elems; break;
+    case KvCacheConfig::DType::F16: per_kind = 2 * elems; break;
+    case KvCacheConfig::DType::Q8: per_kind = elems + 4 * static_cast<int64_t>(n_kv_heads) * slots; break;
+  }
+  return 2 * per_kind * n_layers;
 }
 
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts) {

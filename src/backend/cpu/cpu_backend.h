@@ -81,8 +81,10 @@ class CpuBackend final : public Backend {
 
   int H_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, I_ = 0, V_ = 0, rope_dim_ = 0, bs_pad_ = 0;
   int max_position_ = 0;      // positions past this are rejected (max of context and KV capacity)
-  int64_t block_stride_ = 0;  // elements per KV block per layer
-  size_t kv_elem_ = 4;        // bytes per cached element (fp32 or fp16)
+  int64_t block_stride_ = 0;  // elements of K (or V) per KV block per layer
+  cpu::ops::KvElem kv_elem_ = cpu::ops::KvElem::F32;
+  int64_t kv_layer_bytes_ = 0;  // one block's K (or V) of one layer, with its Q8 scales
+  int64_t kv_scale_offset_ = 0; // Q8: bytes from a block's K (V) to its scales
   std::vector<LayerConsts> layer_consts_;
   // Matrices in the AVX-512 packed layout (cpu/kernels.h), when the CPU and the type allow; empty
   // otherwise. The model's own pages of a packed tensor are released (read again only by get_row and

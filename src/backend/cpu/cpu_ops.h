@@ -16,11 +16,18 @@ constexpr int kAttnTile = 32;   // query rows of one sequence sharing each K/V b
 constexpr int kKeyChunk = 16;   // keys per score vector; blocks are padded to a multiple
 constexpr int kPassChunks = 128;  // key chunks per softmax pass (longer contexts rescale between passes)
 
+// How the cache stores an element. Q8: int8 with one fp32 scale per (slot, KV head) -- the 8-bit
+// cache of llama.cpp's q8_0 with one block per head: scale = max|x| / 127 over the head's head_dim
+// values, q = round-half-even(x * (1 / scale)) clamped to +-127, x ~ q * scale; a head with a non-finite value stores q = 0
+// and a NaN scale, so the NaN reaches the output as it would from a float cache.
+enum class KvElem : uint8_t { F32, F16, Q8 };
+
 // Per layer: where q, the output and this layer's paged K/V cache live.
 // K cache: [num_blocks][n_kv][head_dim][bs_pad] (transposed so 16 keys fill one vector);
 // V cache: [num_blocks][n_kv][bs_pad][head_dim]; bs_pad = block_size rounded up to kKeyChunk.
 // Consecutive blocks are block_stride elements apart, which may hold other layers' blocks in between.
-// Elements are fp32, or fp16 (IEEE, round to nearest even) when kv_f16.
+// Elements are fp32, fp16 (IEEE, round to nearest even) or Q8; a Q8 block's K scales,
+// [n_kv][bs_pad] floats, sit scale_offset bytes past the block's K (its V scales likewise past its V).
 struct AttnLayer {
   const float* q;          // q[t * q_stride + h * head_dim + d], RoPE'd and pre-scaled by 1/sqrt(hd)
   int64_t q_stride;
@@ -34,8 +41,9 @@ struct AttnLayer {
   int bs_pad;
   int n_rep;               // query heads per KV head (GQA)
   const int32_t* positions;  // by token index
-  bool kv_f16;
+  KvElem kv_elem;
   int n_kv;                // KV heads: a block's K (and its V) is n_kv * head_dim * bs_pad elements
+  int64_t scale_offset;    // Q8 only: bytes from a block's K (V) to its K (V) scales
 };
 
 // Attention of query rows `rows[0..n_rows)` (token indices of one sequence, n_rows <= kAttnTile)
@@ -73,9 +81,10 @@ struct OpsTable {
   AttnFn attention;
   AttnGroupFn attention_group;
   AttnTokenFn attention_token;
-  // One token's K and V (n_kv heads of head_dim each) into `slot` of their blocks (block bases).
+  // One token's K and V (n_kv heads of head_dim each) into `slot` of their blocks (block bases);
+  // scale_offset as AttnLayer's (Q8 only).
   void (*store_kv)(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int head_dim,
-                   int64_t bs_pad, int slot, bool f16);
+                   int64_t bs_pad, int slot, KvElem elem, int64_t scale_offset);
   // Sampling weights w[i] = exp(fma(x[i], scale, -shift)) for i < n, with the same bits on every ISA
   // (one polynomial, evaluated with the same roundings), and block_sums[j] = the sum of block j's weights
   // (kSampleBlock values; the last block may be shorter) in double, in a fixed order.

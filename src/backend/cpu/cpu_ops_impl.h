@@ -66,6 +66,9 @@ SS_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 SS_INLINE vf vload(const uint16_t* p) {  // fp16
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+SS_INLINE vf vload(const int8_t* p) {  // Q8 (unscaled)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 // fp32 -> fp16 (round to nearest even), n <= W values.
 SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
   const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
@@ -102,6 +105,9 @@ SS_INLINE vf vload(const float* p) { return _mm256_loadu_ps(p); }
 SS_INLINE void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 SS_INLINE vf vload(const uint16_t* p) {  // fp16
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+SS_INLINE vf vload(const int8_t* p) {  // Q8 (unscaled)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
   alignas(16) uint16_t tmp[8];
@@ -153,6 +159,7 @@ SS_INLINE vf vzero() { return 0.0f; }
 SS_INLINE vf vset(float a) { return a; }
 SS_INLINE vf vload(const float* p) { return *p; }
 SS_INLINE vf vload(const uint16_t* p) { return model::fp16_to_fp32(*p); }
+SS_INLINE vf vload(const int8_t* p) { return static_cast<float>(*p); }
 SS_INLINE void store_f16(uint16_t* dst, const float* src, int n) {
   for (int i = 0; i < n; ++i) dst[i] = model::fp32_to_fp16(src[i]);
 }
@@ -171,6 +178,11 @@ SS_INLINE vf vexp(vf x) { return exp_poly(x); }
 constexpr int NV = kKeyChunk / W;  // vectors per key chunk
 SS_INLINE float vload_scalar(const float* p) { return *p; }
 SS_INLINE float vload_scalar(const uint16_t* p) { return model::fp16_to_fp32(*p); }
+SS_INLINE float vload_scalar(const int8_t* p) { return static_cast<float>(*p); }
+// Q8 caches (KT = int8_t) carry a scale per slot: a score is (q . K_int) * k_scale, and a key's weight
+// in P V is P * v_scale; float caches have neither multiply.
+template <class KT>
+constexpr bool kScaled = sizeof(KT) == 1;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 SS_INLINE float sum_squares(const float* x, int n) {
@@ -264,6 +276,8 @@ struct Chunk {
   const KT* V;  // [slot][hd] at this chunk's first slot
   int key0;        // position of slot 0
   int len;         // slots that exist in the block (< 16 only when block_size % 16 != 0)
+  const float* ks;  // Q8: K and V scales of this chunk's slots (else null)
+  const float* vs;
 };
 
 // Slots of chunk c that a query at position pos sees.
@@ -304,6 +318,12 @@ __attribute__((noinline)) void qk_group(const float* qt, const Chunk<KT>* ch, in
         for (int v = 0; v < NV; ++v) acc[r][c][v] = vfma(qb, kv[c][v], acc[r][c][v]);
     }
   }
+  if constexpr (kScaled<KT>)
+    for (int c = 0; c < NC; ++c)
+      for (int v = 0; v < NV; ++v) {
+        const vf sc = vload(ch[c].ks + v * W);
+        for (int r = 0; r < NR; ++r) acc[r][c][v] = vmul(acc[r][c][v], sc);
+      }
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c)
       for (int v = 0; v < NV; ++v) vstore(S + r * kSStride + c * kKeyChunk + v * W, acc[r][c][v]);
@@ -328,7 +348,7 @@ SS_INLINE void pv_block(float* o, const float* P, const float* corr, const Chunk
       vf x[NVEC];
       for (int v = 0; v < NVEC; ++v) x[v] = vload(V + static_cast<int64_t>(i) * hd + v * W);
       for (int r = 0; r < NR; ++r) {
-        const vf p = vset(Pc[r * kSStride + i]);
+        const vf p = vset(kScaled<KT> ? Pc[r * kSStride + i] * ch[c].vs[i] : Pc[r * kSStride + i]);
         for (int v = 0; v < NVEC; ++v) a[r][v] = vfma(p, x[v], a[r][v]);
       }
     }
@@ -350,21 +370,30 @@ __attribute__((noinline)) void pv_rows(float* o, const float* P, const float* co
     for (int r = 0; r < NR; ++r) {
       float a = o[r * hd + d] * corr[r];
       for (int c = 0; c < n_chunks; ++c)
-        for (int i = 0; i < nk[c]; ++i)
-          a += P[r * kSStride + c * kKeyChunk + i] * vload_scalar(ch[c].V + static_cast<int64_t>(i) * hd + d);
+        for (int i = 0; i < nk[c]; ++i) {
+          const float p = P[r * kSStride + c * kKeyChunk + i];
+          a += (kScaled<KT> ? p * ch[c].vs[i] : p) * vload_scalar(ch[c].V + static_cast<int64_t>(i) * hd + d);
+        }
       o[r * hd + d] = a;
     }
 }
 
-// Key chunk i (of the whole context) of the KV head at element offsets k_head / v_head in a block.
+// Key chunk i (of the whole context) of KV head g.
 template <class KT>
-SS_INLINE Chunk<KT> make_chunk(const AttnLayer& L, const int32_t* table, int i, int64_t k_head, int64_t v_head) {
+SS_INLINE Chunk<KT> make_chunk(const AttnLayer& L, const int32_t* table, int i, int g) {
   const int cpb = L.bs_pad / kKeyChunk, bs = L.block_size;
   const int j = i / cpb, c0 = (i % cpb) * kKeyChunk;
   const int64_t base = static_cast<int64_t>(table[j]) * L.block_stride;
-  return Chunk<KT>{static_cast<const KT*>(L.k_cache) + base + k_head + c0,
-                   static_cast<const KT*>(L.v_cache) + base + v_head + static_cast<int64_t>(c0) * L.head_dim,
-                   j * bs + c0, bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk};
+  const int64_t head = static_cast<int64_t>(g) * L.head_dim * L.bs_pad;  // K's [hd][bs_pad], V's [bs_pad][hd]
+  Chunk<KT> ch{static_cast<const KT*>(L.k_cache) + base + head + c0,
+               static_cast<const KT*>(L.v_cache) + base + head + static_cast<int64_t>(c0) * L.head_dim,
+               j * bs + c0, bs - c0 < kKeyChunk ? bs - c0 : kKeyChunk, nullptr, nullptr};
+  if constexpr (kScaled<KT>) {
+    const int64_t sc = L.scale_offset / static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(g) * L.bs_pad + c0;
+    ch.ks = reinterpret_cast<const float*>(static_cast<const KT*>(L.k_cache) + base) + sc;
+    ch.vs = reinterpret_cast<const float*>(static_cast<const KT*>(L.v_cache) + base) + sc;
+  }
+  return ch;
 }
 
 // One row's softmax pass over its scores Sr (n_chunks chunks; keys past `pos` masked to -inf): the
@@ -409,7 +438,7 @@ SS_INLINE void normalize_rows(float* O, const float* l, int nr, int hd) {
 // Rows r0 .. r0+nr (nr <= kRows) of one head; q/pos indexed by row; O/Msc/Lsc per row in scratch.
 template <class KT, int NR, int NC>
 void attend_microtile(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr,
-                      int64_t k_head, int64_t v_head, float* scratch) {
+                      int g, float* scratch) {
   const int hd = L.head_dim, bs = L.block_size;
   const int cpb = L.bs_pad / kKeyChunk;  // chunks per block
   float* S = scratch;                                  // [kRows][kSStride]
@@ -432,7 +461,7 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
   int nk[kPassChunks];
   for (int p0 = 0; p0 <= last; p0 += kPassChunks) {
     const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
-    for (int c = 0; c < n_chunks; ++c) ch[c] = make_chunk<KT>(L, table, p0 + c, k_head, v_head);
+    for (int c = 0; c < n_chunks; ++c) ch[c] = make_chunk<KT>(L, table, p0 + c, g);
     // 1. scores, NC chunks per pass over K (the tail one chunk at a time). A decode step reads each
     // chunk once, from DRAM, in 2 KiB pieces too short for the hardware prefetcher: while NC chunks
     // compute, the next NC chunks' K and these chunks' V (needed after the softmax) are prefetched.
@@ -472,27 +501,25 @@ void attend_microtile(const AttnLayer& L, const int32_t* table, const float* con
 
 // The micro-tile instance for nr rows: fewer rows trade rows for chunks per K pass.
 template <class KT>
-void attend_rows(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr,
-                 int64_t k_head, int64_t v_head, float* scratch) {
+void attend_rows(const AttnLayer& L, const int32_t* table, const float* const* q, const int32_t* pos, int nr, int g,
+                 float* scratch) {
   if (nr == 1)
-    attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_microtile<KT, 1, kRows>(L, table, q, pos, nr, g, scratch);
   else if (nr == 2)
-    attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_microtile<KT, 2, kRows / 2>(L, table, q, pos, nr, g, scratch);
   else if (nr == 3)  // a decode row's GQA group of 3 heads (SmolLM2, Llama-3 8B...): no padding row
-    attend_microtile<KT, 3, kRows == 8 ? 3 : 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_microtile<KT, 3, kRows == 8 ? 3 : 1>(L, table, q, pos, nr, g, scratch);
   else if (nr <= 4)
-    attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_microtile<KT, 4, kRows / 4>(L, table, q, pos, nr, g, scratch);
   else
-    attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_microtile<KT, kRows, 1>(L, table, q, pos, nr, g, scratch);
 }
 
 template <class KT>
 void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
                      float* scratch) {
   const int hd = L.head_dim;
-  const int64_t bs_pad = L.bs_pad;
   const int g = head / L.n_rep;
-  const int64_t k_head = static_cast<int64_t>(g) * hd * bs_pad, v_head = static_cast<int64_t>(g) * bs_pad * hd;
   float* O = scratch + static_cast<int64_t>(kRows) * kSStride;
   static_assert(kRows == 8 || kRows == 4);
   for (int r0 = 0; r0 < n_rows; r0 += kRows) {
@@ -503,7 +530,7 @@ void attention_typed(const AttnLayer& L, const int32_t* rows, int n_rows, int he
       q[r] = L.q + rows[r0 + r] * L.q_stride + static_cast<int64_t>(head) * hd;
       pos[r] = L.positions[rows[r0 + r]];
     }
-    attend_rows<KT>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_rows<KT>(L, table, q, pos, nr, g, scratch);
     for (int r = 0; r < nr; ++r)
       std::memcpy(L.out + rows[r0 + r] * L.out_stride + static_cast<int64_t>(head) * hd,
                   O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
@@ -514,9 +541,7 @@ template <class KT>
 void attention_group_typed(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
                            float* scratch) {
   const int hd = L.head_dim;
-  const int64_t bs_pad = L.bs_pad;
   const int g = head0 / L.n_rep;
-  const int64_t k_head = static_cast<int64_t>(g) * hd * bs_pad, v_head = static_cast<int64_t>(g) * bs_pad * hd;
   float* O = scratch + static_cast<int64_t>(kRows) * kSStride;
   for (int h0 = 0; h0 < n_heads; h0 += kRows) {
     const int nr = n_heads - h0 < kRows ? n_heads - h0 : kRows;
@@ -526,7 +551,7 @@ void attention_group_typed(const AttnLayer& L, int32_t row, int head0, int n_hea
       q[r] = L.q + row * L.q_stride + static_cast<int64_t>(head0 + h0 + r) * hd;
       pos[r] = L.positions[row];
     }
-    attend_rows<KT>(L, table, q, pos, nr, k_head, v_head, scratch);
+    attend_rows<KT>(L, table, q, pos, nr, g, scratch);
     for (int r = 0; r < nr; ++r)
       std::memcpy(L.out + row * L.out_stride + static_cast<int64_t>(head0 + h0 + r) * hd,
                   O + static_cast<int64_t>(r) * hd, sizeof(float) * hd);
@@ -566,6 +591,12 @@ __attribute__((noinline)) void qk_multi(const float* qt, const Chunk<KT>* const*
         for (int r = 0; r < R; ++r) acc[g][r][j] = vfma(vset(qt[(g * hd + d) * R + r]), kv, acc[g][r][j]);
       }
   }
+  if constexpr (kScaled<KT>)
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < NC; ++j) {
+        const vf sc = vload(ch[g][c + j].ks);
+        for (int r = 0; r < R; ++r) acc[g][r][j] = vmul(acc[g][r][j], sc);
+      }
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < NC; ++j) vstore(S + (g * R + r) * kSStride + (c + j) * kKeyChunk, acc[g][r][j]);
@@ -588,7 +619,8 @@ SS_INLINE void pv_multi_block(float* o, const float* P, const float* corr, const
         vf x[NVEC];
         for (int v = 0; v < NVEC; ++v) x[v] = vload(V + v * W);
         for (int r = 0; r < R; ++r) {
-          const vf p = vset(P[(g * R + r) * kSStride + c * kKeyChunk + i]);
+          const float pr = P[(g * R + r) * kSStride + c * kKeyChunk + i];
+          const vf p = vset(kScaled<KT> ? pr * ch[g][c].vs[i] : pr);
           for (int v = 0; v < NVEC; ++v) a[g][r][v] = vfma(p, x[v], a[g][r][v]);
         }
       }
@@ -637,8 +669,7 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
     const int n_chunks = last + 1 - p0 < kPassChunks ? last + 1 - p0 : kPassChunks;
     for (int c = 0; c < n_chunks; ++c)
       for (int g = 0; g < G; ++g)
-        chs[g][c] = make_chunk<KT>(L, table, p0 + c, static_cast<int64_t>(g0 + g) * hd * L.bs_pad,
-                                   static_cast<int64_t>(g0 + g) * L.bs_pad * hd);
+        chs[g][c] = make_chunk<KT>(L, table, p0 + c, g0 + g);
     // 1. scores, NC chunks per call (the tail one at a time), prefetching the next NC chunks' K.
     for (int c = 0; c < NC && c < n_chunks; ++c)
       for (int i = 0; i < lines; ++i) __builtin_prefetch(reinterpret_cast<const char*>(ch[0][c].K) + i * 64, 0, 3);
@@ -696,37 +727,70 @@ void attention_token_typed(const AttnLayer& L, int32_t row, const int32_t* table
 }
 
 void attention_token_impl(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch) {
-  if (L.kv_f16)
-    attention_token_typed<uint16_t>(L, row, table, scratch);
-  else
-    attention_token_typed<float>(L, row, table, scratch);
+  switch (L.kv_elem) {
+    case KvElem::F16: return attention_token_typed<uint16_t>(L, row, table, scratch);
+    case KvElem::Q8: return attention_token_typed<int8_t>(L, row, table, scratch);
+    case KvElem::F32: return attention_token_typed<float>(L, row, table, scratch);
+  }
 }
 
 void attention_group_impl(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
                           float* scratch) {
-  if (L.kv_f16)
-    attention_group_typed<uint16_t>(L, row, head0, n_heads, table, scratch);
-  else
-    attention_group_typed<float>(L, row, head0, n_heads, table, scratch);
+  switch (L.kv_elem) {
+    case KvElem::F16: return attention_group_typed<uint16_t>(L, row, head0, n_heads, table, scratch);
+    case KvElem::Q8: return attention_group_typed<int8_t>(L, row, head0, n_heads, table, scratch);
+    case KvElem::F32: return attention_group_typed<float>(L, row, head0, n_heads, table, scratch);
+  }
 }
 
 void attention_impl(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
                     float* scratch) {
-  if (L.kv_f16)
-    attention_typed<uint16_t>(L, rows, n_rows, head, table, scratch);
-  else
-    attention_typed<float>(L, rows, n_rows, head, table, scratch);
+  switch (L.kv_elem) {
+    case KvElem::F16: return attention_typed<uint16_t>(L, rows, n_rows, head, table, scratch);
+    case KvElem::Q8: return attention_typed<int8_t>(L, rows, n_rows, head, table, scratch);
+    case KvElem::F32: return attention_typed<float>(L, rows, n_rows, head, table, scratch);
+  }
+}
+
+// One head's hd values as Q8 (cpu_ops.h's KvElem rule), element i at dst[i * step]; returns the scale.
+// Plain scalar code, the same on every ISA (the cache is written once per token: not hot).
+inline float quantize_head_q8(const float* x, int hd, int8_t* dst, int64_t step) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < hd; ++i) {
+    const float a = std::fabs(x[i]);
+    finite = finite && a <= std::numeric_limits<float>::max();
+    amax = a > amax ? a : amax;
+  }
+  if (!finite) {
+    for (int i = 0; i < hd; ++i) dst[i * step] = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int i = 0; i < hd; ++i) {
+    float y = std::nearbyint(x[i] * inv);
+    y = y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y;
+    dst[i * step] = static_cast<int8_t>(y);
+  }
+  return scale;
 }
 
 // One token's K (n_kv heads of hd, contiguous) into its slot of the transposed block layout, and V.
 void store_kv_impl(const float* k, const float* v, void* k_block, void* v_block, int n_kv, int hd, int64_t bs_pad,
-                   int slot, bool f16) {
+                   int slot, KvElem elem, int64_t scale_offset) {
   for (int g = 0; g < n_kv; ++g) {
     const float* ks = k + static_cast<int64_t>(g) * hd;
     const float* vs = v + static_cast<int64_t>(g) * hd;
     const int64_t kofs = static_cast<int64_t>(g) * hd * bs_pad + slot;
     const int64_t vofs = (static_cast<int64_t>(g) * bs_pad + slot) * hd;
-    if (f16) {
+    if (elem == KvElem::Q8) {
+      const int64_t sofs = static_cast<int64_t>(g) * bs_pad + slot;
+      reinterpret_cast<float*>(static_cast<char*>(k_block) + scale_offset)[sofs] =
+          quantize_head_q8(ks, hd, static_cast<int8_t*>(k_block) + kofs, bs_pad);
+      reinterpret_cast<float*>(static_cast<char*>(v_block) + scale_offset)[sofs] =
+          quantize_head_q8(vs, hd, static_cast<int8_t*>(v_block) + vofs, 1);
+    } else if (elem == KvElem::F16) {
       uint16_t* kd = static_cast<uint16_t*>(k_block) + kofs;
       alignas(64) uint16_t tmp[16];
       for (int d0 = 0; d0 < hd; d0 += 16) {

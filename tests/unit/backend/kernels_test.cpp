@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -578,42 +579,72 @@ TEST(Kernels, ActivationQuantizationFollowsTheRule) {
 
 // attention_token (one decode row, every head; several GQA groups per micro-tile where the ISA allows)
 // gives attention_group's bits for each group, on every ISA, for GQA shapes of 1-4 heads per group
-// and group counts that leave a remainder, fp16 and fp32 caches, scattered blocks, one-pass and
-// multi-pass contexts; and both agree with softmax attention computed in double from the same cache.
+// and group counts that leave a remainder, fp16, fp32 and Q8 caches, scattered blocks, one-pass and
+// multi-pass contexts; and both agree with softmax attention computed in double from the values the
+// cache holds (for Q8: int8 times its slot's scale).
 TEST(CpuOps, AttentionTokenEqualsPerGroupAttention) {
   namespace o = ss::cpu::ops;
   std::mt19937 g(seed() + 9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  std::uniform_real_distribution<float> sd(0.002f, 0.03f);
   struct Shape {
     int n_kv, n_rep, hd;
   };
   for (const Shape sh : {Shape{3, 3, 64}, Shape{2, 4, 64}, Shape{4, 2, 64}, Shape{5, 2, 32}, Shape{3, 4, 64},
                          Shape{2, 7, 64}, Shape{1, 1, 64}})
-    for (bool f16 : {true, false})
+    for (o::KvElem elem : {o::KvElem::F16, o::KvElem::F32, o::KvElem::Q8})
       for (int pos : {0, 17, 130, 2100}) {
-        SCOPED_TRACE(testing::Message() << "n_kv " << sh.n_kv << " n_rep " << sh.n_rep << " hd " << sh.hd
-                                        << (f16 ? " f16" : " f32") << " pos " << pos);
+        const char* ename = elem == o::KvElem::F16 ? " f16" : elem == o::KvElem::F32 ? " f32" : " q8";
+        SCOPED_TRACE(testing::Message() << "n_kv " << sh.n_kv << " n_rep " << sh.n_rep << " hd " << sh.hd << ename
+                                        << " pos " << pos);
         const int bs = 16, n_blocks = pos / bs + 1, nh = sh.n_kv * sh.n_rep, hd = sh.hd;
         const int64_t per = static_cast<int64_t>(sh.n_kv) * hd * bs;  // K (or V) elements of a block
         const int64_t stride = 2 * per;                                  // K then V, as the backend lays them
         const int total_blocks = 2 * n_blocks + 3;
         std::vector<int32_t> table(n_blocks);
         for (int j = 0; j < n_blocks; ++j) table[j] = (j * 7 + 2) % total_blocks;  // scattered, distinct
+        // kf: the values the kernels see, in the fp32 layout; the fp16 / Q8 caches encode exactly these.
         std::vector<float> kf(static_cast<size_t>(total_blocks * stride));
-        for (auto& v : kf) v = nd(g);
         std::vector<uint16_t> kh(kf.size());
-        for (size_t i = 0; i < kf.size(); ++i) {
-          kh[i] = ss::model::fp32_to_fp16(kf[i]);
-          if (f16) kf[i] = ss::model::fp16_to_fp32(kh[i]);  // the values the fp16 kernels see
+        // Q8: per block K (per int8s, then n_kv * bs float scales) then V the same way.
+        const int64_t q8_region = per + 4 * static_cast<int64_t>(sh.n_kv) * bs;
+        std::vector<uint32_t> q8_words(static_cast<size_t>(total_blocks * 2 * q8_region / 4));
+        auto* q8 = reinterpret_cast<unsigned char*>(q8_words.data());
+        if (elem == o::KvElem::Q8) {
+          for (int b = 0; b < total_blocks; ++b)
+            for (int kind = 0; kind < 2; ++kind)
+              for (int kv = 0; kv < sh.n_kv; ++kv)
+                for (int slot = 0; slot < bs; ++slot) {
+                  unsigned char* region = q8 + (2 * b + kind) * q8_region;
+                  const float scale = sd(g);
+                  std::memcpy(region + per + 4 * (kv * bs + slot), &scale, 4);
+                  for (int d = 0; d < hd; ++d) {
+                    const int64_t at = kind == 0 ? (kv * hd + d) * bs + slot : (kv * bs + slot) * hd + d;
+                    const int v = qd(g);
+                    region[at] = static_cast<unsigned char>(static_cast<int8_t>(v));
+                    kf[b * stride + kind * per + at] = static_cast<float>(v) * scale;
+                  }
+                }
+        } else {
+          for (auto& v : kf) v = nd(g);
+          for (size_t i = 0; i < kf.size(); ++i) {
+            kh[i] = ss::model::fp32_to_fp16(kf[i]);
+            if (elem == o::KvElem::F16) kf[i] = ss::model::fp16_to_fp32(kh[i]);  // the values the fp16 kernels see
+          }
         }
         std::vector<float> q(static_cast<size_t>(nh) * hd);
         for (auto& v : q) v = 0.3f * nd(g);
         const int32_t positions[1] = {pos};
-        const char* base = f16 ? reinterpret_cast<const char*>(kh.data()) : reinterpret_cast<const char*>(kf.data());
-        const size_t el = f16 ? 2 : 4;
+        const char* base = elem == o::KvElem::F16   ? reinterpret_cast<const char*>(kh.data())
+                           : elem == o::KvElem::F32 ? reinterpret_cast<const char*>(kf.data())
+                                                    : reinterpret_cast<const char*>(q8);
+        const int64_t el = elem == o::KvElem::F16 ? 2 : elem == o::KvElem::F32 ? 4 : 1;
+        const int64_t region = elem == o::KvElem::Q8 ? q8_region : per * el;  // bytes of a block's K
         std::vector<float> out_tok(q.size(), NAN), out_grp(q.size(), NAN);
-        o::AttnLayer L{q.data(), nh * hd, out_tok.data(), nh * hd, base, base + per * el, stride, hd, bs, bs,
-                       sh.n_rep, positions, f16, sh.n_kv};
+        o::AttnLayer L{q.data(), nh * hd, out_tok.data(), nh * hd, base,     base + region, 2 * region / el,
+                       hd,       bs,      bs,             sh.n_rep, positions, elem,          sh.n_kv,
+                       per};
         std::vector<float> scratch(o::attn_scratch_floats(hd));
         for (Isa isa : supported_isas()) {
           SCOPED_TRACE(ss::cpu::isa_name(isa));
@@ -651,4 +682,68 @@ TEST(CpuOps, AttentionTokenEqualsPerGroupAttention) {
           }
         }
       }
+}
+
+// store_kv with Q8 writes, per KV head, scale = max|x| / 127 and q = round-half-even(x * (1 / scale))
+// (cpu_ops.h's rule, replayed here in scalar code) into the token's slot only, on every ISA; the
+// stored value is within half a step of the input; an all-zero head stores zeros with scale 0, and a
+// head holding inf or NaN stores zeros with a NaN scale.
+TEST(CpuOps, StoreKvQ8FollowsTheRule) {
+  namespace o = ss::cpu::ops;
+  std::mt19937 g(seed() + 10);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int n_kv = 4, hd = 64, bs = 16, slot = 5;
+  const int64_t per = static_cast<int64_t>(n_kv) * hd * bs, region = per + 4 * n_kv * bs;
+  std::vector<float> k(n_kv * hd), v(n_kv * hd);
+  for (int i = 0; i < n_kv * hd; ++i) {
+    k[i] = nd(g) * (i < hd ? 1.0f : i < 2 * hd ? 1e-20f : 300.0f);  // heads of very different magnitude
+    v[i] = nd(g);
+  }
+  for (int i = 0; i < hd; ++i) v[2 * hd + i] = 0.0f;  // an all-zero head
+  k[3 * hd + 7] = INFINITY;
+  v[3 * hd + 9] = NAN;
+  for (Isa isa : supported_isas()) {
+    SCOPED_TRACE(ss::cpu::isa_name(isa));
+    std::vector<uint32_t> words(static_cast<size_t>(2 * region / 4), 0x5A5A5A5Au);
+    auto* kb = reinterpret_cast<unsigned char*>(words.data());
+    unsigned char* vb = kb + region;
+    o::ops_for(isa).store_kv(k.data(), v.data(), kb, vb, n_kv, hd, bs, slot, o::KvElem::Q8, per);
+    std::vector<bool> written(2 * region, false);
+    for (int kind = 0; kind < 2; ++kind)
+      for (int h = 0; h < n_kv; ++h) {
+        SCOPED_TRACE(testing::Message() << (kind ? "V" : "K") << " head " << h);
+        const float* x = (kind ? v.data() : k.data()) + h * hd;
+        unsigned char* rb = kind ? vb : kb;
+        float scale;
+        std::memcpy(&scale, rb + per + 4 * (h * bs + slot), 4);
+        for (int b = 0; b < 4; ++b) written[kind * region + per + 4 * (h * bs + slot) + b] = true;
+        float amax = 0;
+        bool finite = true;
+        for (int i = 0; i < hd; ++i) {
+          finite = finite && std::isfinite(x[i]);
+          amax = std::max(amax, std::abs(x[i]));
+        }
+        if (!finite)
+          EXPECT_TRUE(std::isnan(scale));
+        else
+          EXPECT_EQ(scale, amax / 127.0f);
+        for (int i = 0; i < hd; ++i) {
+          const int64_t at = kind == 0 ? (h * hd + i) * bs + slot : (h * bs + slot) * hd + i;
+          written[kind * region + at] = true;
+          const int q = static_cast<int8_t>(rb[at]);
+          if (!finite || amax == 0) {
+            EXPECT_EQ(q, 0) << i;
+            continue;
+          }
+          const float want = std::clamp(std::nearbyint(x[i] * (1.0f / scale)), -127.0f, 127.0f);
+          EXPECT_EQ(q, static_cast<int>(want)) << i;
+          EXPECT_LE(std::abs(q * static_cast<double>(scale) - x[i]), 0.5 * scale * (1 + 1e-5)) << i;
+        }
+      }
+    for (int64_t i = 0; i < 2 * region; ++i) {
+      if (!written[i]) {
+        ASSERT_EQ(kb[i], 0x5A) << "byte " << i << " outside the slot was written";
+      }
+    }
+  }
 }
