@@ -4,7 +4,8 @@
 # /metrics and the threads' CPU time from /proc.
 #  1. decode scaling: 1 vs 16 concurrent streams, short prompts, 128 output tokens each, alternating
 #     (ROUNDS, default 3), with the engine's decode-only throughput at each level;
-#  2. the default request mix at concurrency 8: KV paging waste and scheduler/HTTP overhead.
+#  2. the default request mix at concurrency 8: KV paging waste and scheduler/HTTP overhead
+#     (skipped with SCALING_ONLY=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-18511}
@@ -61,6 +62,7 @@ print(f"decode-only tok/s, c=1: {r1} (median {m1:.1f}); c=16: {r16} (median {m16
 print(f"aggregate decode throughput, 16 streams / 1 stream: {m16 / m1:.2f}x")
 PY
 
+[ -n "${SCALING_ONLY:-}" ] && exit 0  # SCALING_ONLY=1: part 1 only
 m0=$(metrics); c0=$(cpu)
 echo "== 2. default mix (30% short, 50% medium, 20% long), concurrency 8"
 build/selfserve bench serve --url "$URL" --concurrency 8 --num-requests 24 --duration 240 --seed 11 \
