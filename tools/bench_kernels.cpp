@@ -1,7 +1,7 @@
 // Micro-benchmark of the CPU matmul kernels on the SmolLM2-135M shapes, plus the machine's floors.
 //
 //   bench_kernels [--isa all|scalar|avx2|avx512] [--threads 1,2] [--ntok 1,512] [--min-time 0.3]
-//                 [--floors] [--cold] [--type Q8_0] [--shape lm_head]
+//                 [--floors] [--cold] [--type Q8_0] [--shape lm_head] [--attention [--context 130]]
 //
 // Per case: median wall time of repeated calls (after warm-up), GFLOP/s = 2 rows cols n_tok / t and
 // GB/s = weight bytes / t. "matmul" is the public entry point (it picks the kernel); "per-token*"
@@ -9,6 +9,10 @@
 // "packed" runs matmul through the PackedMatrix form (AVX-512, Q4_0/Q4_1/Q8_0).
 // --cold cycles through copies of the weights totalling >= 1 GiB so they come from DRAM, not cache.
 // --floors measures read bandwidth (L2-sized, 64 MiB, 1 GiB) and the vpdpbusd / FMA peak per core.
+// --attention times the decode attention kernel alone (ops attention_token: one token row, every
+// head, SmolLM2's 3 KV heads x 3 query heads x 64) per KV element type: "hot" cycles the 30 layers of
+// one sequence (~3 MB, from cache), "cold" cycles sequences totalling >= 512 MiB (from DRAM), each
+// thread its own items; us per item (one sequence, one layer) and the cache bytes it reads per second.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_internal.h"
 #include "common/huge_buffer.h"
@@ -185,13 +190,83 @@ __attribute__((target("avx512f,fma"))) double fma_peak() {
   return iters * 12.0 * 16 / t;
 }
 
+// ---- attention ----
+void bench_attention(int context, const std::vector<int>& threads, double min_time) {
+  namespace o = ss::cpu::ops;
+  const int n_kv = 3, n_rep = 3, hd = 64, bs = 16, n_layers = 30, pos = context - 1;
+  const int nb = pos / bs + 1;
+  const auto& ops = o::ops_for(Isa::Avx512 <= ss::cpu::detected_isa() ? Isa::Avx512 : ss::cpu::detected_isa());
+  std::printf("decode attention (%s), context %d, %d KV x %d query heads x %d, %d layers:\n", ops.name, context, n_kv,
+              n_rep, hd, n_layers);
+  std::printf("%-5s %-5s %3s %10s %10s %10s %8s\n", "kv", "cache", "thr", "us/item", "best_us", "cpu_us", "GB/s");
+  for (o::KvElem e : {o::KvElem::F16, o::KvElem::Q8, o::KvElem::F32}) {
+    const int64_t el = e == o::KvElem::F32 ? 4 : e == o::KvElem::F16 ? 2 : 1;
+    const int64_t per = static_cast<int64_t>(n_kv) * hd * bs;  // K (or V) elements of a block
+    const int64_t region = per * el + (e == o::KvElem::Q8 ? 4 * n_kv * bs : 0);
+    const int64_t block_bytes = 2 * region * n_layers, seq_bytes = block_bytes * nb;
+    const double item_bytes = 2.0 * (pos + 1) * n_kv * hd * el;  // K and V of the visible keys
+    for (const bool cold : {false, true}) {
+      const int n_seq = cold ? static_cast<int>((512LL << 20) / seq_bytes + 1) : 1;
+      ss::HugeBuffer buf;
+      if (!buf.allocate(static_cast<size_t>(seq_bytes) * n_seq)) return;
+      std::mt19937 g(5);
+      for (size_t i = 0; i < buf.size(); i += 2) buf.data()[i] = static_cast<uint8_t>(g() & 0x3f);  // finite f16
+      if (e == o::KvElem::Q8)  // sane scales
+        for (int64_t b = 0; b < static_cast<int64_t>(nb) * n_seq; ++b)
+          for (int k = 0; k < 2 * n_layers; ++k) {
+            float* sc = reinterpret_cast<float*>(buf.data() + b * block_bytes + k * region + per);
+            for (int i = 0; i < n_kv * bs; ++i) sc[i] = 0.01f;
+          }
+      // Sequence s holds blocks s, s + n_seq, ...: scattered, as a serving cache's are.
+      std::vector<std::vector<int32_t>> tables(n_seq);
+      for (int s = 0; s < n_seq; ++s)
+        for (int j = 0; j < nb; ++j) tables[s].push_back(j * n_seq + s);
+      for (int nthr : threads) {
+        ThreadPool pool(nthr);
+        struct PerThread {
+          std::vector<float> q, out, scratch;
+          int next = 0;
+        };
+        std::vector<PerThread> pt(nthr);
+        for (auto& t : pt) {
+          t.q.assign(static_cast<size_t>(n_kv) * n_rep * hd, 0.1f);
+          t.out.resize(t.q.size());
+          t.scratch.resize(o::attn_scratch_floats(hd));
+        }
+        const int32_t positions[1] = {pos};
+        constexpr int kItems = 240;  // per thread per call: a 16-sequence decode step's share on 2 threads
+        const Result r = time_it(
+            [&] {
+              pool.run([&](int t) {
+                PerThread& p = pt[t];
+                for (int i = 0; i < kItems; ++i, ++p.next) {
+                  const int s = (p.next / n_layers * nthr + t) % n_seq, l = p.next % n_layers;
+                  const uint8_t* base = buf.data() + 2 * l * region;
+                  const o::AttnLayer L{p.q.data(), n_kv * n_rep * hd, p.out.data(), n_kv * n_rep * hd, base,
+                                       base + region, block_bytes / el, hd, bs, bs, n_rep, positions, e, n_kv,
+                                       per};
+                  ops.attention_token(L, 0, tables[s].data(), p.scratch.data());
+                }
+              });
+            },
+            min_time, nthr);
+        const double us = r.median_s * 1e6 / kItems;
+        std::printf("%-5s %-5s %3d %10.2f %10.2f %10.2f %8.1f\n",
+                    e == o::KvElem::F16 ? "f16" : e == o::KvElem::Q8 ? "q8_0" : "f32", cold ? "cold" : "hot", nthr, us,
+                    r.best_s * 1e6 / kItems, r.cpu_s * 1e6 / kItems, item_bytes * nthr / us / 1e3);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<Isa> isas;
   std::vector<int> threads{1, 2}, ntoks{1, 512};
   double min_time = 0.3;
-  bool floors = false, cold = false;
+  bool floors = false, cold = false, attention = false;
+  int context = 130;
   std::string type_override, shape_filter;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -214,12 +289,20 @@ int main(int argc, char** argv) {
       shape_filter = next();
     } else if (a == "--cold") {
       cold = true;
+    } else if (a == "--attention") {
+      attention = true;
+    } else if (a == "--context") {
+      context = std::max(1, std::atoi(next()));
     } else {
       std::fprintf(stderr, "unknown argument %s (see the comment at the top of tools/bench_kernels.cpp)\n", argv[i]);
       return 2;
     }
   }
   if (isas.empty()) isas = {Isa::Avx2, Isa::Avx512};
+  if (attention) {
+    bench_attention(context, threads, min_time);
+    return 0;
+  }
 
   if (floors) {
     std::printf("read bandwidth GB/s (threads 1 / 2):\n");
