@@ -186,13 +186,18 @@ def test_tokenize_detokenize(srv):
 
 # --- concurrency, batch invariance, cancellation, prefix cache -------------------------------
 
-def test_concurrency_and_batch_invariance(srv):
+def assert_batch_invariant(server):
+    """Greedy text of two prompts alone equals their text among 16 concurrent requests."""
     prompts = [f"Write one sentence about the number {i}." for i in range(16)]
-    alone = [greedy_completion(srv, p, 16) for p in prompts[:2]]
+    alone = [greedy_completion(server, p, 16) for p in prompts[:2]]
     with cf.ThreadPoolExecutor(16) as ex:
-        together = list(ex.map(lambda p: greedy_completion(srv, p, 16), prompts))
+        together = list(ex.map(lambda p: greedy_completion(server, p, 16), prompts))
     assert together[:2] == alone
     assert all(t for t in together)
+
+
+def test_concurrency_and_batch_invariance(srv):
+    assert_batch_invariant(srv)
 
 
 def test_q8_kv_cache_server_is_batch_invariant_and_holds_more_blocks(srv, tmp_path):
@@ -202,12 +207,7 @@ def test_q8_kv_cache_server_is_batch_invariant_and_holds_more_blocks(srv, tmp_pa
                 "--max-num-seqs", "16", "--kv-cache-mib", "256")
     try:
         assert q8.metric("selfserve_kv_cache_blocks_total") >= 1.8 * srv.metric("selfserve_kv_cache_blocks_total")
-        prompts = [f"Write one sentence about the number {i}." for i in range(16)]
-        alone = [greedy_completion(q8, p, 16) for p in prompts[:2]]
-        with cf.ThreadPoolExecutor(16) as ex:
-            together = list(ex.map(lambda p: greedy_completion(q8, p, 16), prompts))
-        assert together[:2] == alone
-        assert all(t for t in together)
+        assert_batch_invariant(q8)
     finally:
         assert q8.stop() == 0, q8.log_text()
 

@@ -206,6 +206,8 @@ class SynthForward : public ::testing::TestWithParam<const char*> {
     return t;
   }
 
+  void expect_lossy_cache(KvType type, double rel_tol, const char* name);
+
   void expect_matches_ref(const std::vector<float>& got, size_t s, const char* what) {
     const auto& ref = ref_.logits[s];
     ASSERT_EQ(got.size(), ref.size());
@@ -317,16 +319,16 @@ TEST_P(SynthForward, ThreadCountAndBlockSizeDoNotChangeResults) {
   }
 }
 
-TEST_P(SynthForward, Fp16KvCache) {
-  // fp16 K/V (11-bit significand) perturbs scores and values by <= 2^-12 relative: logits move by
-  // <= 3.3e-4 of their scale here (measured); hold them to kF16KvRelTol, and keep every invariance.
+// The last reference sequence through a cache of `type` on every ISA: logits within rel_tol of the
+// (fp32) reference's scale, and token by token and batched bit for bit equal to the prefill.
+void SynthForward::expect_lossy_cache(KvType type, double rel_tol, const char* name) {
   const size_t s = ref_.ids.size() - 1;
   const auto& ids = ref_.ids[s];
   for (auto isa : {ss::cpu::Isa::Scalar, ss::cpu::Isa::Avx2, ss::cpu::Isa::Avx512}) {
     if (static_cast<int>(isa) > static_cast<int>(ss::cpu::detected_isa())) continue;
     ss::cpu::force_isa(isa);
     SCOPED_TRACE(ss::cpu::isa_name(isa));
-    auto be = make_backend(*model_, n_blocks(), 2, 16, KvType::F16);
+    auto be = make_backend(*model_, n_blocks(), 2, 16, type);
     ASSERT_NE(be, nullptr);
     const auto prefill = step(*be, V_, ids, 0, ids.size(), table(s));
     double scale = 0, max_d = 0;
@@ -334,43 +336,27 @@ TEST_P(SynthForward, Fp16KvCache) {
       scale = std::max(scale, std::abs(double(ref_.logits[s][i])));
       max_d = std::max(max_d, std::abs(double(prefill[i]) - ref_.logits[s][i]));
     }
-    EXPECT_LE(max_d, kF16KvRelTol * scale) << "max |dlogit| " << max_d << " (scale " << scale << ")";
+    EXPECT_LE(max_d, rel_tol * scale) << "max |dlogit| " << max_d << " (scale " << scale << ")";
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3g", max_d / scale);
-    RecordProperty(std::string("f16kv_") + ss::cpu::isa_name(isa) + "_max_rel_diff", buf);
+    RecordProperty(std::string(name) + "_" + ss::cpu::isa_name(isa) + "_max_rel_diff", buf);
     EXPECT_TRUE(bit_equal(prefill, run_chunked(*be, V_, ids, table(s), 1)));
     const auto batched = run_interleaved(*be, V_, ref_.ids, tables(ref_.ids.size()));
     EXPECT_TRUE(bit_equal(prefill, batched[s]));
   }
 }
 
+TEST_P(SynthForward, Fp16KvCache) {
+  // fp16 K/V (11-bit significand) perturbs scores and values by <= 2^-12 relative: logits move by
+  // <= 3.3e-4 of their scale here (measured); hold them to kF16KvRelTol, and keep every invariance.
+  expect_lossy_cache(KvType::F16, kF16KvRelTol, "f16kv");
+}
+
 TEST_P(SynthForward, Q8KvCache) {
   // Q8 K/V: each element within half a step of max|head| / 127, i.e. <= 2^-8 of the head's largest
-  // value, where fp16's bound is 2^-12 of the element itself: held to 16x kF16KvRelTol. Every
-  // invariance (token by token, batched) stays bit for bit.
-  const size_t s = ref_.ids.size() - 1;
-  const auto& ids = ref_.ids[s];
-  for (auto isa : {ss::cpu::Isa::Scalar, ss::cpu::Isa::Avx2, ss::cpu::Isa::Avx512}) {
-    if (static_cast<int>(isa) > static_cast<int>(ss::cpu::detected_isa())) continue;
-    ss::cpu::force_isa(isa);
-    SCOPED_TRACE(ss::cpu::isa_name(isa));
-    auto be = make_backend(*model_, n_blocks(), 2, 16, KvType::Q8);
-    ASSERT_NE(be, nullptr);
-    const auto prefill = step(*be, V_, ids, 0, ids.size(), table(s));
-    double scale = 0, max_d = 0;
-    for (size_t i = 0; i < prefill.size(); ++i) {
-      scale = std::max(scale, std::abs(double(ref_.logits[s][i])));
-      max_d = std::max(max_d, std::abs(double(prefill[i]) - ref_.logits[s][i]));
-    }
-    EXPECT_LE(max_d, 16 * kF16KvRelTol * scale) << "max |dlogit| " << max_d << " (scale " << scale << ")";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3g", max_d / scale);
-    RecordProperty(std::string("q8kv_") + ss::cpu::isa_name(isa) + "_max_rel_diff", buf);
-    std::printf("[ q8 kv %s ] max |dlogit| / scale %.3g\n", ss::cpu::isa_name(isa), max_d / scale);
-    EXPECT_TRUE(bit_equal(prefill, run_chunked(*be, V_, ids, table(s), 1)));
-    const auto batched = run_interleaved(*be, V_, ref_.ids, tables(ref_.ids.size()));
-    EXPECT_TRUE(bit_equal(prefill, batched[s]));
-  }
+  // value, where fp16's bound is 2^-12 of the element itself: held to 16x kF16KvRelTol (measured
+  // 0.0043-0.0058 of the scale). Every invariance (token by token, batched) stays bit for bit.
+  expect_lossy_cache(KvType::Q8, 16 * kF16KvRelTol, "q8kv");
 }
 
 TEST_P(SynthForward, EveryIsaMatchesReference) {
