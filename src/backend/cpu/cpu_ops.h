@@ -18,8 +18,8 @@ constexpr int kPassChunks = 128;  // key chunks per softmax pass (longer context
 
 // How the cache stores an element. Q8: int8 with one fp32 scale per (slot, KV head) -- the 8-bit
 // cache of llama.cpp's q8_0 with one block per head: scale = max|x| / 127 over the head's head_dim
-// values, q = round-half-even(x * (1 / scale)) clamped to +-127, x ~ q * scale; a head with a non-finite value stores q = 0
-// and a NaN scale, so the NaN reaches the output as it would from a float cache.
+// values, q = round-half-even(x * (1 / scale)) clamped to +-127, x ~ q * scale. A head holding a
+// non-finite value stores q = 0 and a NaN scale, so the NaN reaches the output as from a float cache.
 enum class KvElem : uint8_t { F32, F16, Q8 };
 
 // Per layer: where q, the output and this layer's paged K/V cache live.
