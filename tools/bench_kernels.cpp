@@ -13,9 +13,12 @@
 // head, SmolLM2's 3 KV heads x 3 query heads x 64) per KV element type: "hot" cycles the 30 layers of
 // one sequence (~3 MB, from cache), "cold" cycles sequences totalling >= 512 MiB (from DRAM), each
 // thread its own items; us per item (one sequence, one layer) and the cache bytes it reads per second.
+// "cold+mm" runs the cold items on one thread while the other runs a 16-token packed matmul (ffn_up,
+// Q4_1, cold weights): can a step overlap DRAM-bound attention with compute-bound products?
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -191,8 +194,45 @@ __attribute__((target("avx512f,fma"))) double fma_peak() {
 }
 
 // ---- attention ----
+// A 16-token packed matmul over >= 512 MiB of weight copies (from DRAM), one call per run().
+struct ColdMatmul {
+  static constexpr int64_t kIn = 576, kOut = 1536, kTok = 16;
+  ss::model::Tensor W;
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<ss::cpu::PackedMatrix> packed;
+  ss::HugeBuffer buf;
+  std::vector<float> x = std::vector<float>(kTok * kIn, 0.5f), y = std::vector<float>(kTok * kOut);
+  std::vector<uint8_t> scratch;
+  ThreadPool pool{1};
+  size_t next = 0;
+  bool init() {
+    W.name = "ffn_up";
+    W.type = DType::Q4_1;
+    W.n_dims = 2;
+    W.ne[0] = kIn;
+    W.ne[1] = kOut;
+    W.nbytes = ss::model::row_bytes(W.type, kIn) * kOut;
+    const size_t pb = ss::cpu::packed_bytes(W), copies = (size_t{512} << 20) / W.nbytes + 1;
+    if (pb == 0 || !buf.allocate(pb * copies)) return false;
+    for (size_t c = 0; c < copies; ++c) {
+      ws.push_back(random_weights(W.type, kOut, kIn, 99 + static_cast<uint32_t>(c)));
+      W.data = ws.back().data();
+      packed.push_back(ss::cpu::pack_weights(W, buf.data() + c * pb, pool));
+    }
+    scratch.resize(ss::cpu::matmul_scratch_bytes(W.type, kIn, kTok));
+    return true;
+  }
+  void run() {
+    const size_t c = next++ % ws.size();
+    W.data = ws[c].data();
+    ss::cpu::matmul(W, packed[c], x.data(), kTok, kIn, y.data(), kOut, {scratch.data(), scratch.size()}, pool);
+  }
+};
+
 void bench_attention(int context, const std::vector<int>& threads, double min_time) {
   namespace o = ss::cpu::ops;
+  ColdMatmul mm;
+  const bool overlap = std::find(threads.begin(), threads.end(), 2) != threads.end() && mm.init();
   const int n_kv = 3, n_rep = 3, hd = 64, bs = 16, n_layers = 30, pos = context - 1;
   const int nb = pos / bs + 1;
   const auto& ops = o::ops_for(Isa::Avx512 <= ss::cpu::detected_isa() ? Isa::Avx512 : ss::cpu::detected_isa());
@@ -254,6 +294,32 @@ void bench_attention(int context, const std::vector<int>& threads, double min_ti
         std::printf("%-5s %-5s %3d %10.2f %10.2f %10.2f %8.1f\n",
                     e == o::KvElem::F16 ? "f16" : e == o::KvElem::Q8 ? "q8_0" : "f32", cold ? "cold" : "hot", nthr, us,
                     r.best_s * 1e6 / kItems, r.cpu_s * 1e6 / kItems, item_bytes * nthr / us / 1e3);
+      }
+      if (cold && overlap) {  // attention on this thread, the matmul on another, then the matmul alone
+        std::atomic<bool> stop{false};
+        long calls = 0, items = 0;
+        std::thread other([&] {
+          for (; !stop.load(std::memory_order_relaxed); ++calls) mm.run();
+        });
+        std::vector<float> q(static_cast<size_t>(n_kv) * n_rep * hd, 0.1f), out(q.size()),
+            scratch(o::attn_scratch_floats(hd));
+        const int32_t positions[1] = {pos};
+        const auto t0 = Clock::now();
+        double secs = 0;
+        for (; secs < 3 * min_time; ++items, secs = std::chrono::duration<double>(Clock::now() - t0).count()) {
+          const int s = static_cast<int>(items / n_layers % n_seq), l = static_cast<int>(items % n_layers);
+          const uint8_t* base = buf.data() + 2 * l * region;
+          const o::AttnLayer L{q.data(), n_kv * n_rep * hd, out.data(), n_kv * n_rep * hd, base, base + region,
+                               block_bytes / el, hd, bs, bs, n_rep, positions, e, n_kv, per};
+          ops.attention_token(L, 0, tables[s].data(), scratch.data());
+        }
+        stop = true;
+        other.join();
+        const Result alone = time_it([&] { mm.run(); }, min_time, 1);
+        std::printf("%-5s %-5s %3d %10.2f   (matmul 16x%lldx%lld on the other thread: %.1f us/call; alone %.1f)\n",
+                    e == o::KvElem::F16 ? "f16" : e == o::KvElem::Q8 ? "q8_0" : "f32", "+mm", 2, secs * 1e6 / items,
+                    static_cast<long long>(ColdMatmul::kIn), static_cast<long long>(ColdMatmul::kOut),
+                    secs * 1e6 / calls, alone.median_s * 1e6);
       }
     }
   }
