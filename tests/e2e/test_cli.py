@@ -19,9 +19,13 @@ def test_generate_same_seed_same_text(selfserve, default_model):
     assert int(m.group(3)) <= 24
 
 
+# "Answer in one sentence." gives the greedy answer a margin: without it this 135M model's answer flips
+# with the arithmetic (an f32 vs an f16 cache, or the AVX2 vs the AVX-512 kernels, answer in French).
+CAPITAL = "What is the capital of France? Answer in one sentence."
+
+
 def test_greedy_chat_is_deterministic_and_answers(selfserve, default_model):
-    args = ["generate", "--chat", "--prompt", "What is the capital of France?", "--temperature", "0",
-            "--max-tokens", "32", "--quiet"]
+    args = ["generate", "--chat", "--prompt", CAPITAL, "--temperature", "0", "--max-tokens", "32", "--quiet"]
     a = selfserve(*args)
     b = selfserve(*args)
     assert a.stdout == b.stdout
@@ -29,10 +33,8 @@ def test_greedy_chat_is_deterministic_and_answers(selfserve, default_model):
 
 
 def test_q8_kv_cache_answers_and_bad_dtype_is_a_clear_error(selfserve, default_model):
-    # (Without "Answer in one sentence." this tiny model's greedy answer already flips between an f32 and
-    # an f16 cache; with it, f32, f16 and q8_0 all answer.)
-    r = selfserve("generate", "--chat", "--prompt", "What is the capital of France? Answer in one sentence.",
-                  "--temperature", "0", "--max-tokens", "32", "--kv-cache-dtype", "q8_0", "--quiet")
+    r = selfserve("generate", "--chat", "--prompt", CAPITAL, "--temperature", "0", "--max-tokens", "32",
+                  "--kv-cache-dtype", "q8_0", "--quiet")
     assert b"Paris" in r.stdout
     bad = selfserve("generate", "--prompt", "Hi", "--kv-cache-dtype", "q4", check=False)
     assert bad.returncode != 0
