@@ -248,7 +248,10 @@ void bench_attention(int context, const std::vector<int>& threads, double min_ti
     for (const bool cold : {false, true}) {
       const int n_seq = cold ? static_cast<int>((512LL << 20) / seq_bytes + 1) : 1;
       ss::HugeBuffer buf;
-      if (!buf.allocate(static_cast<size_t>(seq_bytes) * n_seq)) return;
+      if (!buf.allocate(static_cast<size_t>(seq_bytes) * n_seq)) {
+        std::fprintf(stderr, "cannot allocate %lld bytes of KV cache\n", static_cast<long long>(seq_bytes) * n_seq);
+        return;
+      }
       std::mt19937 g(5);
       for (size_t i = 0; i < buf.size(); i += 2) buf.data()[i] = static_cast<uint8_t>(g() & 0x3f);  // finite f16
       if (e == o::KvElem::Q8)  // sane scales
