@@ -29,6 +29,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+cpu::ops::KvElem to_kv_elem(KvCacheConfig::DType t) {
+  switch (t) {
+    case KvCacheConfig::DType::F16: return cpu::ops::KvElem::F16;
+    case KvCacheConfig::DType::Q8: return cpu::ops::KvElem::Q8;
+    case KvCacheConfig::DType::F32: break;
+  }
+  return cpu::ops::KvElem::F32;
+}
+
 // Per-token stages below this many floats of work run inline (a pool dispatch costs ~10 us).
 constexpr int64_t kParallelMinWork = 1 << 15;
 
@@ -193,9 +202,7 @@ Status CpuBackend::init() {
   }
   bs_pad_ = (kv_.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
   block_stride_ = static_cast<int64_t>(nkv_) * hd_ * bs_pad_;
-  kv_elem_ = kv_.dtype == KvCacheConfig::DType::F16  ? cpu::ops::KvElem::F16
-             : kv_.dtype == KvCacheConfig::DType::Q8 ? cpu::ops::KvElem::Q8
-                                                     : cpu::ops::KvElem::F32;
+  kv_elem_ = to_kv_elem(kv_.dtype);
   kv_scale_offset_ = kv_elem_ == cpu::ops::KvElem::Q8 ? block_stride_ : 0;
   kv_layer_bytes_ = cpu_kv_block_bytes(kv_, 1, nkv_, hd_) / 2;
   const size_t kv_bytes = static_cast<size_t>(cpu_kv_block_bytes(kv_, c.n_layers, nkv_, hd_)) * kv_.num_blocks;
@@ -458,7 +465,6 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   // a layer's slice is its K (layer_bytes) and then its V.
   const int64_t layer_bytes = kv_layer_bytes_;
   const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
-  const int64_t kv_elem_bytes = kv_elem_ == cpu::ops::KvElem::F32 ? 4 : kv_elem_ == cpu::ops::KvElem::F16 ? 2 : 1;
 
   const cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
   // The activations of a packed product are quantized by the loop that produces them, each thread its
@@ -535,7 +541,8 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
 
     // Attention: (query tile, head) items pulled from a shared counter, costliest first.
     {
-      cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, block_bytes / kv_elem_bytes,
+      const int64_t kv_stride = block_bytes / cpu::ops::kv_elem_bytes(kv_elem_);  // in elements
+      cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, kv_stride,
                             hd_,       bs,      bs_pad_,     nh_ / nkv_, b.positions.data(), kv_elem_, nkv_,
                             kv_scale_offset_};
       struct Ctx {
@@ -632,7 +639,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
   }
 
   if (R > 0) {
-    cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mms, pool_, pq != nullptr && packed_weight(&head, 1) != nullptr);
+    cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mms, pool_, pq != nullptr);  // pq: the last loop's, for head
     sw.lap(pf.lm_head_s);
   }
   return {};
@@ -671,13 +678,9 @@ bool parse_kv_dtype(const std::string& s, KvCacheConfig::DType* out) {
 int64_t cpu_kv_block_bytes(const KvCacheConfig& kv, int n_layers, int n_kv_heads, int head_dim) {
   const int64_t slots = (kv.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
   const int64_t elems = static_cast<int64_t>(n_kv_heads) * head_dim * slots;  // K (or V) of one layer
-  int64_t per_kind = 0;
-  switch (kv.dtype) {
-    case KvCacheConfig::DType::F32: per_kind = 4 * elems; break;
-    case KvCacheConfig::DType::F16: per_kind = 2 * elems; break;
-    case KvCacheConfig::DType::Q8: per_kind = elems + 4 * static_cast<int64_t>(n_kv_heads) * slots; break;
-  }
-  return 2 * per_kind * n_layers;
+  const cpu::ops::KvElem e = to_kv_elem(kv.dtype);
+  const int64_t scales = e == cpu::ops::KvElem::Q8 ? 4 * static_cast<int64_t>(n_kv_heads) * slots : 0;
+  return 2 * (cpu::ops::kv_elem_bytes(e) * elems + scales) * n_layers;
 }
 
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts) {

@@ -4,9 +4,10 @@
 namespace ss::cpu::ops {
 
 size_t attn_scratch_floats(int head_dim) {
-  // Per micro-tile of at most 12 rows (8, or attention_token's groups of up to 3 x 4 query heads):
-  // S [12][kPassChunks * 16], O [12][head_dim], q^T [head_dim][12].
-  return static_cast<size_t>(12) * (kPassChunks * kKeyChunk + 2 * head_dim) + 64;
+  // Per micro-tile of at most kMultiRows rows (attention's tiles have 8 or fewer):
+  // S [rows][kPassChunks * 16], O [rows][head_dim], q^T [head_dim][rows].
+  static_assert(kMultiRows >= 8);
+  return static_cast<size_t>(kMultiRows) * (kPassChunks * kKeyChunk + 2 * head_dim) + 64;
 }
 
 const OpsTable& ops_scalar() {

@@ -15,12 +15,14 @@ namespace ss::cpu::ops {
 constexpr int kAttnTile = 32;   // query rows of one sequence sharing each K/V block read
 constexpr int kKeyChunk = 16;   // keys per score vector; blocks are padded to a multiple
 constexpr int kPassChunks = 128;  // key chunks per softmax pass (longer contexts rescale between passes)
+constexpr int kMultiRows = 12;    // query rows of attention_token's widest micro-tile (3 groups x 4 heads)
 
 // How the cache stores an element. Q8: int8 with one fp32 scale per (slot, KV head) -- the 8-bit
 // cache of llama.cpp's q8_0 with one block per head: scale = max|x| / 127 over the head's head_dim
 // values, q = round-half-even(x * (1 / scale)) clamped to +-127, x ~ q * scale. A head holding a
 // non-finite value stores q = 0 and a NaN scale, so the NaN reaches the output as from a float cache.
 enum class KvElem : uint8_t { F32, F16, Q8 };
+constexpr int kv_elem_bytes(KvElem e) { return e == KvElem::F32 ? 4 : e == KvElem::F16 ? 2 : 1; }
 
 // Per layer: where q, the output and this layer's paged K/V cache live.
 // K cache: [num_blocks][n_kv][head_dim][bs_pad] (transposed so 16 keys fill one vector);

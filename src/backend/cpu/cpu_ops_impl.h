@@ -280,13 +280,19 @@ struct Chunk {
   const float* vs;
 };
 
+// A key's weight in P V: its softmax weight p, times its V scale in a Q8 cache.
+template <class KT>
+SS_INLINE float key_weight(float p, const Chunk<KT>& c, int i) {
+  if constexpr (kScaled<KT>) return p * c.vs[i];
+  return p;
+}
+
 // Slots of chunk c that a query at position pos sees.
 template <class KT>
 SS_INLINE int visible_keys(int pos, const Chunk<KT>& c) {
   const int valid = pos - c.key0 + 1;
   return valid < 0 ? 0 : valid > c.len ? c.len : valid;
 }
-constexpr int kMultiRows = 12;  // attend_token_multi's most rows (G * R); attn_scratch_floats covers them
 
 // S[r * kSStride + c * 16 + lane] = q_r . K_c[:, lane] for NR rows and NC chunks; each score is one
 // FMA chain over d whatever NR and NC, so decode (one row) gets its parallel chains from chunks.
@@ -348,7 +354,7 @@ SS_INLINE void pv_block(float* o, const float* P, const float* corr, const Chunk
       vf x[NVEC];
       for (int v = 0; v < NVEC; ++v) x[v] = vload(V + static_cast<int64_t>(i) * hd + v * W);
       for (int r = 0; r < NR; ++r) {
-        const vf p = vset(kScaled<KT> ? Pc[r * kSStride + i] * ch[c].vs[i] : Pc[r * kSStride + i]);
+        const vf p = vset(key_weight(Pc[r * kSStride + i], ch[c], i));
         for (int v = 0; v < NVEC; ++v) a[r][v] = vfma(p, x[v], a[r][v]);
       }
     }
@@ -370,10 +376,9 @@ __attribute__((noinline)) void pv_rows(float* o, const float* P, const float* co
     for (int r = 0; r < NR; ++r) {
       float a = o[r * hd + d] * corr[r];
       for (int c = 0; c < n_chunks; ++c)
-        for (int i = 0; i < nk[c]; ++i) {
-          const float p = P[r * kSStride + c * kKeyChunk + i];
-          a += (kScaled<KT> ? p * ch[c].vs[i] : p) * vload_scalar(ch[c].V + static_cast<int64_t>(i) * hd + d);
-        }
+        for (int i = 0; i < nk[c]; ++i)
+          a += key_weight(P[r * kSStride + c * kKeyChunk + i], ch[c], i) *
+               vload_scalar(ch[c].V + static_cast<int64_t>(i) * hd + d);
       o[r * hd + d] = a;
     }
 }
@@ -619,8 +624,7 @@ SS_INLINE void pv_multi_block(float* o, const float* P, const float* corr, const
         vf x[NVEC];
         for (int v = 0; v < NVEC; ++v) x[v] = vload(V + v * W);
         for (int r = 0; r < R; ++r) {
-          const float pr = P[(g * R + r) * kSStride + c * kKeyChunk + i];
-          const vf p = vset(kScaled<KT> ? pr * ch[g][c].vs[i] : pr);
+          const vf p = vset(key_weight(P[(g * R + r) * kSStride + c * kKeyChunk + i], ch[g][c], i));
           for (int v = 0; v < NVEC; ++v) a[g][r][v] = vfma(p, x[v], a[g][r][v]);
         }
       }
@@ -726,30 +730,29 @@ void attention_token_typed(const AttnLayer& L, int32_t row, const int32_t* table
   for (; g < L.n_kv; ++g) attention_group_typed<KT>(L, row, g * L.n_rep, L.n_rep, table, scratch);
 }
 
-void attention_token_impl(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch) {
-  switch (L.kv_elem) {
-    case KvElem::F16: return attention_token_typed<uint16_t>(L, row, table, scratch);
-    case KvElem::Q8: return attention_token_typed<int8_t>(L, row, table, scratch);
-    case KvElem::F32: return attention_token_typed<float>(L, row, table, scratch);
+// f(KT{}) for the cache's element type.
+template <class F>
+SS_INLINE void with_kv_type(KvElem e, F&& f) {
+  switch (e) {
+    case KvElem::F16: return f(uint16_t{});
+    case KvElem::Q8: return f(int8_t{});
+    case KvElem::F32: return f(float{});
   }
+}
+
+void attention_token_impl(const AttnLayer& L, int32_t row, const int32_t* table, float* scratch) {
+  with_kv_type(L.kv_elem, [&](auto kt) { attention_token_typed<decltype(kt)>(L, row, table, scratch); });
 }
 
 void attention_group_impl(const AttnLayer& L, int32_t row, int head0, int n_heads, const int32_t* table,
                           float* scratch) {
-  switch (L.kv_elem) {
-    case KvElem::F16: return attention_group_typed<uint16_t>(L, row, head0, n_heads, table, scratch);
-    case KvElem::Q8: return attention_group_typed<int8_t>(L, row, head0, n_heads, table, scratch);
-    case KvElem::F32: return attention_group_typed<float>(L, row, head0, n_heads, table, scratch);
-  }
+  with_kv_type(L.kv_elem,
+               [&](auto kt) { attention_group_typed<decltype(kt)>(L, row, head0, n_heads, table, scratch); });
 }
 
 void attention_impl(const AttnLayer& L, const int32_t* rows, int n_rows, int head, const int32_t* table,
                     float* scratch) {
-  switch (L.kv_elem) {
-    case KvElem::F16: return attention_typed<uint16_t>(L, rows, n_rows, head, table, scratch);
-    case KvElem::Q8: return attention_typed<int8_t>(L, rows, n_rows, head, table, scratch);
-    case KvElem::F32: return attention_typed<float>(L, rows, n_rows, head, table, scratch);
-  }
+  with_kv_type(L.kv_elem, [&](auto kt) { attention_typed<decltype(kt)>(L, rows, n_rows, head, table, scratch); });
 }
 
 // One head's hd values as Q8 (cpu_ops.h's KvElem rule), element i at dst[i * step]; returns the scale.
