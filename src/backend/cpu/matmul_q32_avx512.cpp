@@ -289,100 +289,136 @@ void rows_t(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
 }
 
 // ---- packed weights (PackedMatrix, layout in kernels_internal.h): lanes = 16 output rows ----------
-// Per block, the 4 (nibble) or 8 (Q8_0) weight vectors are loaded once and each feeds NT tokens, whose
-// 4 activation bytes are broadcast (an embedded-broadcast memory operand of vpdpbusd). No staging, no
-// horizontal sums: the 16 lanes are the 16 rows' running sums, stored to y as one vector per token.
-template <DType T, int NT>
-[[gnu::always_inline]] inline void packed_tokens(const uint8_t* gp, int64_t nb, int block_bytes, const QActs& a, int t0,
-                                                 float* y, int64_t ldy, int64_t o0, __mmask16 keep,
-                                                 const uint8_t* pf) {
+// Per block, each group's 4 (nibble) or 8 (Q8_0) weight vectors are loaded once and each feeds NT
+// tokens, whose 4 activation bytes are broadcast. No staging, no horizontal sums: the 16 lanes are the
+// 16 rows' running sums, stored to y as one vector per token. With NG = 2 row groups per pass each
+// broadcast feeds two vpdpbusd (one per group): at 16 tokens the broadcasts take vector-pipe slots
+// beside the vpdpbusd and the float step, and halving them made the 16-token products 4-8% faster
+// (docs/perf/serving.md). Each group's arithmetic (integer sums, float step, order over blocks) is
+// the same whatever NG and NT, so the bits are too.
+// gp: the first group, group g + 1 at gp + group_bytes; keep_last: the last group's valid rows (the
+// others are whole). pf, pf_lines: lines to prefetch during this pass, spread evenly over its blocks.
+template <DType T, int NT, int NG>
+[[gnu::always_inline]] inline void packed_tokens(const uint8_t* gp, int64_t group_bytes, int64_t nb, int block_bytes,
+                                                 const QActs& a, int t0, float* y, int64_t ldy, int64_t o0,
+                                                 __mmask16 keep_last, const uint8_t* pf, int64_t pf_lines) {
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
-  // Short token runs split each block's integer sum over two chains (an exact integer add joins them)
-  // so the vpdpbusd latency chain is not the limit; the float step per block is the contract's.
-  constexpr int C = NT < 4 ? 2 : 1;
+  // Few chains (NG x NT) split each block's integer sum over two (an exact integer add joins them) so
+  // the vpdpbusd latency chain is not the limit; the float step per block is the contract's.
+  constexpr int C = NG * NT < 4 ? 2 : 1;
   const int64_t cols = a.cols;
   const int8_t* at[NT];
   const float* ad[NT];
   const float* as[NT];
   const int32_t* ac[NT];
-  __m512 acc[NT];
+  __m512 acc[NG][NT];
   for (int i = 0; i < NT; ++i) {
     at[i] = a.qs + (t0 + i) * cols;
     ad[i] = a.d + (t0 + i) * nb;
     as[i] = a.s + (t0 + i) * nb;
     ac[i] = a.corr + (t0 + i) * nb;
-    acc[i] = _mm512_setzero_ps();
+    for (int g = 0; g < NG; ++g) acc[g][i] = _mm512_setzero_ps();
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = gp + b * block_bytes;
-    if (pf)  // the next group's block b, so its weights arrive from DRAM while this group computes
-      for (int l = 0; l < block_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + b * block_bytes + l), _MM_HINT_T0);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const __m512 mw = F.min ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))) : dw;
-    __m512i isum[NT][C];
-    for (int i = 0; i < NT; ++i)
-      for (int c = 0; c < C; ++c) isum[i][c] = _mm512_setzero_si512();
-    const uint8_t* v = p + H;
+    for (int64_t l = b * pf_lines / nb, le = (b + 1) * pf_lines / nb; l < le; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+    const uint8_t* p[NG];
+    for (int g = 0; g < NG; ++g) p[g] = gp + g * group_bytes + b * block_bytes;
+    __m512i isum[NG][NT][C];
+    for (int g = 0; g < NG; ++g)
+      for (int i = 0; i < NT; ++i)
+        for (int c = 0; c < C; ++c) isum[g][i][c] = _mm512_setzero_si512();
     if constexpr (F.nib) {
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        const __m512i w = _mm512_loadu_si512(v + 64 * j);
-        const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        __m512i lo[NG], hi[NG];
+        for (int g = 0; g < NG; ++g) {
+          const __m512i w = _mm512_loadu_si512(p[g] + H + 64 * j);
+          lo[g] = _mm512_and_si512(w, low4);
+          hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        }
         for (int i = 0; i < NT; ++i) {
           const int8_t* x = at[i] + 32 * b + 4 * j;
-          isum[i][0] = _mm512_dpbusd_epi32(isum[i][0], lo, _mm512_set1_epi32(load_as<int32_t>(x)));
-          isum[i][C - 1] = _mm512_dpbusd_epi32(isum[i][C - 1], hi, _mm512_set1_epi32(load_as<int32_t>(x + 16)));
+          const __m512i xl = _mm512_set1_epi32(load_as<int32_t>(x)), xh = _mm512_set1_epi32(load_as<int32_t>(x + 16));
+          for (int g = 0; g < NG; ++g) {
+            isum[g][i][0] = _mm512_dpbusd_epi32(isum[g][i][0], lo[g], xl);
+            isum[g][i][C - 1] = _mm512_dpbusd_epi32(isum[g][i][C - 1], hi[g], xh);
+          }
         }
       }
     } else {
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
-        const __m512i w = _mm512_loadu_si512(v + 64 * k);
-        for (int i = 0; i < NT; ++i)
-          isum[i][k % C] =
-              _mm512_dpbusd_epi32(isum[i][k % C], w, _mm512_set1_epi32(load_as<int32_t>(at[i] + 32 * b + 4 * k)));
+        __m512i w[NG];
+        for (int g = 0; g < NG; ++g) w[g] = _mm512_loadu_si512(p[g] + H + 64 * k);
+        for (int i = 0; i < NT; ++i) {
+          const __m512i x = _mm512_set1_epi32(load_as<int32_t>(at[i] + 32 * b + 4 * k));
+          for (int g = 0; g < NG; ++g) isum[g][i][k % C] = _mm512_dpbusd_epi32(isum[g][i][k % C], w[g], x);
+        }
       }
     }
-    for (int i = 0; i < NT; ++i) {
-      const __m512i I = C == 2 ? _mm512_add_epi32(isum[i][0], isum[i][C - 1]) : isum[i][0];
-      acc[i] = block_step<T>(acc[i], I, dw, mw, _mm512_set1_ps(ad[i][b]), _mm512_set1_ps(as[i][b]),
-                             _mm512_set1_epi32(ac[i][b]));
+    for (int g = 0; g < NG; ++g) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[g])));
+      const __m512 mw = F.min ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[g] + 32))) : dw;
+      for (int i = 0; i < NT; ++i) {
+        const __m512i I = C == 2 ? _mm512_add_epi32(isum[g][i][0], isum[g][i][C - 1]) : isum[g][i][0];
+        acc[g][i] = block_step<T>(acc[g][i], I, dw, mw, _mm512_set1_ps(ad[i][b]), _mm512_set1_ps(as[i][b]),
+                                  _mm512_set1_epi32(ac[i][b]));
+      }
     }
   }
-  for (int i = 0; i < NT; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy + o0, keep, acc[i]);
+  for (int i = 0; i < NT; ++i)
+    for (int g = 0; g < NG; ++g)
+      _mm512_mask_storeu_ps(y + (t0 + i) * ldy + o0 + g * kPackRows, g + 1 == NG ? keep_last : __mmask16(0xFFFF),
+                            acc[g][i]);
 }
 
-constexpr int kPackedTokens = 8;  // tokens per pass: 8 float + 8 integer accumulators, 2 weight vectors
+// All tokens over NG groups starting at group g, in passes of up to KT tokens (registers: NG x KT float
+// and integer accumulators). The next NG groups (contiguous, fewer at the end of [g, g1)) are
+// prefetched while these compute, their lines split evenly over the passes so DRAM stays busy through
+// all of them.
+template <DType T, int NG, int KT>
+void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g, int64_t g1) {
+  const int64_t nb = P.cols / 32;
+  const int bb = packed_format(T).block_bytes;
+  const uint8_t* gp = P.data + g * P.group_bytes;
+  const int64_t o0 = g * kPackRows;
+  const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0 - (NG - 1) * kPackRows));
+  const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+  const int64_t next_lines = (std::clamp<int64_t>(g1 - g - NG, 0, NG) * P.group_bytes + 63) / 64;
+  const uint8_t* pf = gp + NG * P.group_bytes;
+  const int passes = (a.n_tok + KT - 1) / KT;
+  for (int pass = 0, t = 0; t < a.n_tok; ++pass, t += KT) {
+    const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
+    auto run = [&]<int NT>() {
+      packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0);
+    };
+    switch (std::min(KT, a.n_tok - t)) {
+      case 1: run.template operator()<1>(); break;
+      case 2: run.template operator()<2>(); break;
+      case 3: run.template operator()<3>(); break;
+      case 4: run.template operator()<std::min(4, KT)>(); break;
+      case 5: run.template operator()<std::min(5, KT)>(); break;
+      case 6: run.template operator()<std::min(6, KT)>(); break;
+      case 7: run.template operator()<std::min(7, KT)>(); break;
+      default: run.template operator()<KT>(); break;
+    }
+  }
+}
+
+// Tokens per pass: over one group 8 (8 float + 8 integer accumulators, 2 weight vectors), over a pair
+// 4 (2 x 4 + 2 x 4, 4 weight vectors). Below 4 tokens one group at a time.
+constexpr int kPackedTokens = 8, kPairTokens = 4;
 
 template <DType T>
 void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
-  const int64_t nb = P.cols / 32;
-  const int bb = packed_format(T).block_bytes;
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* gp = P.data + g * P.group_bytes;
-    const int64_t o0 = g * kPackRows;
-    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
-    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
-    // Prefetch the next group during the first pass over this one (later passes find it in cache).
-    const uint8_t* pf = g + 1 < g1 ? gp + P.group_bytes : nullptr;
-    int t = 0;
-    for (; t + kPackedTokens <= a.n_tok; t += kPackedTokens, pf = nullptr)
-      packed_tokens<T, kPackedTokens>(gp, nb, bb, a, t, y, ldy, o0, keep, pf);
-    switch (a.n_tok - t) {
-      case 0: break;
-      case 1: packed_tokens<T, 1>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      case 2: packed_tokens<T, 2>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      case 3: packed_tokens<T, 3>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      case 4: packed_tokens<T, 4>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      case 5: packed_tokens<T, 5>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      case 6: packed_tokens<T, 6>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-      default: packed_tokens<T, 7>(gp, nb, bb, a, t, y, ldy, o0, keep, pf); break;
-    }
-  }
+  int64_t g = g0;
+  if (a.n_tok >= kPairTokens)
+    for (; g + 2 <= g1; g += 2) packed_groups<T, 2, kPairTokens>(P, a, y, ldy, g, g1);
+  for (; g < g1; ++g) packed_groups<T, 1, kPackedTokens>(P, a, y, ldy, g, g1);
 }
-
 }  // namespace
 
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
