@@ -12,8 +12,11 @@ PORT=${PORT:-18511}
 OUT=${OUT:-/tmp/selfserve-bench}
 mkdir -p "$OUT"
 # SERVE_ARGS: extra `selfserve serve` options, e.g. SERVE_ARGS="--kv-cache-dtype q8_0".
+# SERVER: the binary that serves (default build/selfserve; an A/B can pass another build's copy);
+# the load generator is always build/selfserve.
+SERVER=${SERVER:-build/selfserve}
 # shellcheck disable=SC2086
-build/selfserve serve --port "$PORT" --quiet ${SERVE_ARGS:-} >"$OUT/server.log" 2>&1 &
+"$SERVER" serve --port "$PORT" --quiet ${SERVE_ARGS:-} >"$OUT/server.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 until python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$PORT/health').status!=200)" 2>/dev/null; do
