@@ -297,7 +297,7 @@ void rows_t(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
 // (docs/perf/serving.md). Each group's arithmetic (integer sums, float step, order over blocks) is
 // the same whatever NG and NT, so the bits are too.
 // gp: the first group, group g + 1 at gp + group_bytes; keep_last: the last group's valid rows (the
-// others are whole). pf, pf_lines: lines to prefetch during this pass, spread evenly over its blocks.
+// others are whole). pf, pf_lines: lines to prefetch during this pass, spread over its blocks.
 template <DType T, int NT, int NG>
 [[gnu::always_inline]] inline void packed_tokens(const uint8_t* gp, int64_t group_bytes, int64_t nb, int block_bytes,
                                                  const QActs& a, int t0, float* y, int64_t ldy, int64_t o0,
@@ -321,8 +321,9 @@ template <DType T, int NT, int NG>
     for (int g = 0; g < NG; ++g) acc[g][i] = _mm512_setzero_ps();
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t pf_per_block = (pf_lines + nb - 1) / nb;  // no division inside the loop
   for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t l = b * pf_lines / nb, le = (b + 1) * pf_lines / nb; l < le; ++l)
+    for (int64_t l = b * pf_per_block, le = std::min(l + pf_per_block, pf_lines); l < le; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
     const uint8_t* p[NG];
     for (int g = 0; g < NG; ++g) p[g] = gp + g * group_bytes + b * block_bytes;
