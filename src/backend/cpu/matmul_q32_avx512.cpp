@@ -376,6 +376,14 @@ template <DType T, int NT, int NG>
                             acc[g][i]);
 }
 
+// f.template operator()<n>() for a run-time n in [1, N].
+template <int N, class F>
+[[gnu::always_inline]] inline void with_tokens(int n, F&& f) {
+  if constexpr (N > 1)
+    if (n < N) return with_tokens<N - 1>(n, f);
+  f.template operator()<N>();
+}
+
 // All tokens over NG groups starting at group g, in passes of up to KT tokens (registers: NG x KT float
 // and integer accumulators). The next NG groups (contiguous, fewer at the end of [g, g1)) are
 // prefetched while these compute, their lines split evenly over the passes so DRAM stays busy through
@@ -393,19 +401,9 @@ void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
   const int passes = (a.n_tok + KT - 1) / KT;
   for (int pass = 0, t = 0; t < a.n_tok; ++pass, t += KT) {
     const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
-    auto run = [&]<int NT>() {
+    with_tokens<KT>(std::min(KT, a.n_tok - t), [&]<int NT>() {
       packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0);
-    };
-    switch (std::min(KT, a.n_tok - t)) {
-      case 1: run.template operator()<1>(); break;
-      case 2: run.template operator()<2>(); break;
-      case 3: run.template operator()<3>(); break;
-      case 4: run.template operator()<std::min(4, KT)>(); break;
-      case 5: run.template operator()<std::min(5, KT)>(); break;
-      case 6: run.template operator()<std::min(6, KT)>(); break;
-      case 7: run.template operator()<std::min(7, KT)>(); break;
-      default: run.template operator()<KT>(); break;
-    }
+    });
   }
 }
 
