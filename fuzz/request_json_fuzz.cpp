@@ -67,6 +67,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!er.sampling.validate().ok()) std::abort();
       for (int32_t id : er.prompt)
         if (id < 0 || id >= env.m.vocab_size) std::abort();
+      for (const auto& [id, v] : er.sampling.logit_bias)
+        if (id < 0 || id >= env.m.vocab_size || !(v >= -100.0f && v <= 100.0f)) std::abort();
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
       TextOutput text(*env.tok, g.stop, g.skip_special_tokens);
       ChoiceOutput o;

@@ -135,7 +135,7 @@ Status Engine::step() {
         Sequence* s = d.seq;
         float* row = e.logits_.data() + d.logits_row * c.vocab;
         e.sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
-        if (s->req.logprobs >= 0)  // the sampler left the penalized logits in row
+        if (s->req.logprobs >= 0)  // the sampler left the biased, penalized logits in row
           row_logprobs(row, e.cfg_.vocab_size, e.sampled_[i], s->req.logprobs, e.logprobs_[i].chosen,
                        e.logprobs_[i].top);
       }, &ctx);

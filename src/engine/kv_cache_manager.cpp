@@ -19,13 +19,21 @@ BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens) {
   return mix64(h ^ tokens.size());
 }
 
+BlockHash salted_root(std::string_view salt) {
+  if (salt.empty()) return kRootBlockHash;
+  uint64_t h = mix64(kRootBlockHash ^ 0x5a17ULL);
+  for (unsigned char c : salt) h = mix64(h ^ c) + 0x9e3779b97f4a7c15ULL;
+  h = mix64(h ^ salt.size());
+  return h == kRootBlockHash ? h + 1 : h;  // never the unsalted root
+}
+
 KvCacheManager::KvCacheManager(int num_blocks, int block_size, bool enable_prefix_caching)
     : pool_(num_blocks, block_size), caching_(enable_prefix_caching) {}
 
 void KvCacheManager::extend_hashes(SeqBlocks& seq, std::span<const int32_t> tokens, int num_full) const {
   const int bs = block_size();
   for (int b = static_cast<int>(seq.hashes.size()); b < num_full; ++b) {
-    const BlockHash parent = b == 0 ? kRootBlockHash : seq.hashes[b - 1];
+    const BlockHash parent = b == 0 ? seq.root : seq.hashes[b - 1];
     seq.hashes.push_back(hash_block(parent, tokens.subspan(static_cast<size_t>(b) * bs, bs)));
   }
 }
@@ -38,7 +46,7 @@ int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq
     const int max_blocks = static_cast<int>(tokens.size() - 1) / bs;  // keep the last token to compute
     extend_hashes(seq, tokens, max_blocks);
     for (int b = 0; b < max_blocks; ++b) {
-      const BlockHash parent = b == 0 ? kRootBlockHash : seq.hashes[b - 1];
+      const BlockHash parent = b == 0 ? seq.root : seq.hashes[b - 1];
       const BlockId id = pool_.lookup(seq.hashes[b], parent, tokens.subspan(static_cast<size_t>(b) * bs, bs));
       if (id < 0) break;
       hits.push_back(id);
@@ -83,7 +91,7 @@ void KvCacheManager::publish(SeqBlocks& seq, std::span<const int32_t> tokens, in
   if (full <= seq.num_published) return;
   extend_hashes(seq, tokens, full);
   for (int b = seq.num_published; b < full; ++b) {
-    const BlockHash parent = b == 0 ? kRootBlockHash : seq.hashes[b - 1];
+    const BlockHash parent = b == 0 ? seq.root : seq.hashes[b - 1];
     pool_.publish(seq.table[b], seq.hashes[b], parent, tokens.subspan(static_cast<size_t>(b) * bs, bs));
   }
   seq.num_published = full;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "engine/block_pool.h"
@@ -15,6 +16,9 @@ namespace ss::engine {
 // Hash of a full block given its parent's hash (kRootBlockHash for the first block).
 inline constexpr BlockHash kRootBlockHash = 0x73656c6673657276ULL;  // "selfserv"
 BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens);
+// The chain's root for a request's cache salt (vLLM's cache_salt): requests with different salts
+// never share cached blocks; an empty salt gives kRootBlockHash.
+BlockHash salted_root(std::string_view salt);
 
 // One sequence's KV state, owned by the sequence and edited only through KvCacheManager.
 struct SeqBlocks {
@@ -22,6 +26,7 @@ struct SeqBlocks {
   std::vector<BlockHash> hashes;   // chain hashes of the token sequence's full blocks; they depend
                                    // on content only, so they survive preemption
   int num_published = 0;           // leading table blocks already in (or taken from) the cache
+  BlockHash root = kRootBlockHash; // parent hash of the first block (salted_root of the request)
 };
 
 struct PrefixCacheStats {

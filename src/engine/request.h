@@ -40,7 +40,8 @@ struct TokenEvent {
   FinishReason finish = FinishReason::None;
   std::string error;  // set for FinishReason::Error
   // With Request::logprobs >= 0 (token events only): the token's log-probability and the most likely
-  // tokens', from the log-softmax of the logits after penalties and before temperature / truncation.
+  // tokens', from the log-softmax of the logits after logit bias and penalties and before
+  // temperature / truncation.
   bool has_logprob = false;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs{};  // (id, logprob), most likely first, ties by id
@@ -69,6 +70,9 @@ struct Request {
   StopHook stop_hook;             // optional
   std::optional<Clock::time_point> deadline;
   CancelToken cancel;             // optional
+  // Prefix-cache isolation (vLLM's cache_salt): only requests with the same salt share cached
+  // blocks; empty is the shared default.
+  std::string cache_salt;
   Clock::time_point arrival = Clock::now();
   EventCallback on_event;         // optional (a request nobody listens to still runs)
 };

@@ -36,6 +36,11 @@ Status SamplingParams::validate() const {
     return make_error("presence_penalty must be in [-2, 2], got " + num(presence_penalty));
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     return make_error("frequency_penalty must be in [-2, 2], got " + num(frequency_penalty));
+  for (const auto& [id, v] : logit_bias) {
+    if (id < 0) return make_error("logit_bias token id must be >= 0, got " + std::to_string(id));
+    if (!(v >= -100.0f && v <= 100.0f))
+      return make_error("logit_bias values must be in [-100, 100], got " + num(v) + " for token " + std::to_string(id));
+  }
   return {};
 }
 
@@ -68,6 +73,8 @@ double Sampler::next_uniform() {
 }
 
 void Sampler::apply_penalties(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output) {
+  for (const auto& [id, v] : params_.logit_bias)
+    if (id >= 0 && id < vocab_) logits[id] += v;
   const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {
     // Each distinct token once, whether it appears in the prompt or the output (HF semantics).

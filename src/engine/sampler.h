@@ -1,10 +1,11 @@
-// Token sampling: penalties, then greedy or temperature / top-k / top-p / min-p, from a seeded RNG.
+// Token sampling: logit bias and penalties, then greedy or temperature / top-k / top-p / min-p, from a seeded RNG.
 // Same seed and same logits give the same token on every run and machine (the weights' exp has the
 // same bits on every ISA).
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -19,9 +20,13 @@ struct SamplingParams {
   float repetition_penalty = 1.0f; // CTRL/HF style, over prompt and output tokens
   float presence_penalty = 0.0f;   // OpenAI style, over output tokens
   float frequency_penalty = 0.0f;  // OpenAI style, over output tokens
+  // OpenAI's logit_bias: (token id, value in [-100, 100]) added to that token's logit before the
+  // penalties (as vLLM and llama.cpp order them); ±100 bans or forces a token in practice.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
 
   // Clear message when a value is outside its range (e.g. "top_p must be in (0, 1], got 1.5").
+  // Token ids of logit_bias are checked against the vocabulary by whoever knows it (the scheduler).
   Status validate() const;
   bool greedy() const { return temperature <= 0.0f; }
 };
@@ -30,7 +35,7 @@ class Sampler {
  public:
   Sampler(const SamplingParams& params, int vocab_size);
 
-  // Picks the next token. `logits` (vocab_size floats) is modified in place (penalties).
+  // Picks the next token. `logits` (vocab_size floats) is modified in place (bias, penalties).
   // prompt: the prompt's ids; output: ids generated so far.
   int32_t sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
 

@@ -29,6 +29,7 @@ Sequence::Sequence(Request r, int vocab_size) : req(std::move(r)), sampler(req.s
   tokens = std::move(req.prompt);
   req.prompt.clear();
   num_prompt = static_cast<int>(tokens.size());
+  kv.root = salted_root(req.cache_salt);
   tokens.reserve(static_cast<size_t>(num_prompt) + std::max(0, req.max_tokens));
 }
 
@@ -74,6 +75,10 @@ Status Scheduler::check(const Request& r) const {
       return make_error("prompt token " + std::to_string(r.prompt[i]) + " at position " + std::to_string(i) +
                         " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   SS_TRY(r.sampling.validate());
+  for (const auto& [id, v] : r.sampling.logit_bias)
+    if (id >= vocab_)
+      return make_error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                        std::to_string(vocab_) + ")");
   if (r.max_tokens < 1) return make_error("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (total > max_len_) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 namespace ss::server {
 
@@ -296,6 +297,38 @@ std::optional<ApiError> parse_stop(const json* j, const ModelInfo& m, std::vecto
   return std::nullopt;
 }
 
+// {"<token id>": bias in [-100, 100], ...}: OpenAI's logit_bias. Keys are decimal token ids of the
+// vocabulary; one id spelled twice ("7" and "07") is rejected rather than resolved by key order.
+std::optional<ApiError> parse_logit_bias(const json& j, const ModelInfo& m, std::vector<std::pair<int32_t, float>>& out) {
+  if (!j.is_object()) return bad(std::string("'logit_bias' must be an object, got ") + type_name(j), "logit_bias");
+  std::map<int32_t, float> bias;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = 0;
+    bool digits = !key.empty() && key.size() <= 10;
+    for (char ch : key) {
+      if (ch < '0' || ch > '9') digits = false;
+      else id = id * 10 + (ch - '0');
+    }
+    if (!digits) return bad("'logit_bias' keys must be token ids (decimal integers), got '" + key + "'", "logit_bias");
+    if (id >= m.vocab_size)
+      return bad("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                     std::to_string(m.vocab_size) + ")",
+                 "logit_bias");
+    const json& v = it.value();
+    if (!v.is_number())
+      return bad("'logit_bias' values must be numbers, got " + std::string(type_name(v)) + " for token " + key,
+                 "logit_bias");
+    const double b = v.get<double>();
+    if (!std::isfinite(b) || b < -100.0 || b > 100.0)
+      return bad("'logit_bias' values must be in [-100, 100], got " + num(b) + " for token " + key, "logit_bias");
+    if (!bias.emplace(static_cast<int32_t>(id), static_cast<float>(b)).second)
+      return bad("logit_bias names token " + std::to_string(id) + " twice", "logit_bias");
+  }
+  out.assign(bias.begin(), bias.end());
+  return std::nullopt;
+}
+
 std::string context_message(const ModelInfo& m, size_t prompt, int64_t max_tokens, bool chat) {
   const char* what = chat ? "messages" : "prompt";
   if (max_tokens <= 0)
@@ -366,10 +399,16 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     else
       g.timeout_s = t->get<double>();
   }
-  if (const json* lb = f.get("logit_bias"); lb && !f.failed()) {
-    if (!lb->is_object()) f.fail(bad("'logit_bias' must be an object", "logit_bias"));
-    else if (!lb->empty()) f.fail(bad("logit_bias is not supported", "logit_bias", "unsupported_parameter"));
+  if (const json* cs = f.get("cache_salt"); cs && !f.failed()) {
+    if (!cs->is_string() || cs->get_ref<const std::string&>().empty())
+      f.fail(bad(std::string("'cache_salt' must be a non-empty string, got ") +
+                     (cs->is_string() ? "an empty string" : type_name(*cs)),
+                 "cache_salt"));
+    else
+      g.cache_salt = cs->get<std::string>();
   }
+  if (const json* lb = f.get("logit_bias"); lb && !f.failed())
+    if (auto e = parse_logit_bias(*lb, m, g.sampling.logit_bias)) f.fail(*e);
   if (const json* rf = f.get("response_format"); rf && !f.failed()) {
     auto t = rf->is_object() ? rf->find("type") : rf->end();
     if (!rf->is_object() || t == rf->end() || !t->is_string())
@@ -568,6 +607,7 @@ engine::Request to_engine_request(const GenerationRequest& g, int choice, const 
     for (int32_t id : m.tokenizer->eog_ids())
       if (std::find(r.stop_ids.begin(), r.stop_ids.end(), id) == r.stop_ids.end()) r.stop_ids.push_back(id);
   r.logprobs = g.logprobs;
+  r.cache_salt = g.cache_salt;
   return r;
 }
 

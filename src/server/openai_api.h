@@ -77,6 +77,7 @@ struct GenerationRequest {
   int logprobs = -1;  // < 0: none; k: each token's logprob plus the top k
   bool echo = false;  // completions: prepend the prompt text
   std::optional<double> timeout_s;
+  std::string cache_salt;  // vLLM's: prefix-cache isolation (non-empty when given)
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   int prompt_index(int choice) const { return choice / n; }

@@ -177,6 +177,37 @@ def test_stop_strings_and_seeded_n(srv):
     assert [ch.text for ch in a.choices] == [ch.text for ch in b.choices]
 
 
+def test_logit_bias(srv):
+    """OpenAI's logit_bias through the official client: +100 forces a token, -100 bans the greedy one
+    (the next most likely token, by the unbiased request's own top_logprobs, takes its place)."""
+    c = srv.client()
+    tok = lambda text: requests.post(srv.url + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                                     headers=AUTH).json()["tokens"]
+    banana = tok(" banana")[0]
+    forced = c.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                  logit_bias={str(banana): 100}, logprobs=1, extra_body={"ignore_eos": True})
+    want = requests.post(srv.url + "/detokenize", json={"tokens": [banana] * 4}, headers=AUTH).json()["prompt"]
+    assert forced.choices[0].text == want
+    assert all(lp > -1e-3 for lp in forced.choices[0].logprobs.token_logprobs)  # logprobs after the bias
+
+    base = c.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=1, temperature=0,
+                                logprobs=2)
+    top = sorted(base.choices[0].logprobs.top_logprobs[0].items(), key=lambda kv: -kv[1])
+    best, second = top[0][0], top[1][0]
+    assert base.choices[0].text == best
+    best_ids = tok(best)
+    assert len(best_ids) == 1, f"{best!r} is not one token"
+    banned = c.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=1, temperature=0,
+                                  logit_bias={str(best_ids[0]): -100})
+    assert banned.choices[0].text == second
+
+    for bias in ({"-1": 5}, {"1000000": 5}, {"5": 101}, {"5": "x"}, [5]):
+        r = requests.post(srv.url + "/v1/completions", headers=AUTH,
+                          json={"prompt": "hi", "max_tokens": 1, "logit_bias": bias})
+        assert r.status_code == 400, (bias, r.text)
+        assert r.json()["error"]["param"] == "logit_bias"
+
+
 def test_tokenize_detokenize(srv):
     t = requests.post(srv.url + "/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
     assert t["count"] == len(t["tokens"]) > 0
@@ -254,6 +285,28 @@ def test_prefix_cache_hits_on_shared_system_prompt(srv):
     n_sys = len(requests.post(srv.url + "/tokenize", json={"prompt": system}, headers=AUTH).json()["tokens"])
     assert hits >= 2 * (n_sys // 16 - 1) * 16, f"{hits} hit tokens for a {n_sys}-token system prompt"
     assert srv.metric("selfserve_prefix_cache_hit_rate") > 0
+
+
+def test_cache_salt_isolates_prefix_reuse(srv):
+    """vLLM's cache_salt: a repeated system prompt hits the prefix cache only under the same salt."""
+    system = "You are a careful archivist. " + " ".join(f"Entry {i}: keep the ledger exact." for i in range(20))
+    c = srv.client()
+
+    def hit_tokens(q, salt):
+        h0 = srv.metric("selfserve_prefix_cache_hits_total")
+        r = c.chat.completions.create(model=srv.model, messages=chat_msgs(q, system), max_tokens=4, temperature=0,
+                                      extra_body={"cache_salt": salt})
+        return srv.metric("selfserve_prefix_cache_hits_total") - h0, r.choices[0].message.content
+
+    first, text = hit_tokens("Who keeps the ledger?", "tenant-a")
+    assert first == 0
+    same, text_same = hit_tokens("Who keeps the ledger?", "tenant-a")
+    assert same >= 32 and text_same == text
+    other, text_other = hit_tokens("Who keeps the ledger?", "tenant-b")
+    assert other == 0 and text_other == text
+    r = requests.post(srv.url + "/v1/chat/completions", headers=AUTH,
+                      json={"messages": chat_msgs("x"), "max_tokens": 1, "cache_salt": ""})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
 
 
 def test_request_timeout(srv):

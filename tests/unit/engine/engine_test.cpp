@@ -86,6 +86,11 @@ TEST(Engine, AdmissionErrorsAreClear) {
   Request bad = make_request(spec({1, 2}, 4), nullptr);
   bad.sampling.top_p = 2.0f;
   EXPECT_FALSE(e->add_request(std::move(bad)).ok());
+  Request bias = make_request(spec({1, 2}, 4), nullptr);
+  bias.sampling.logit_bias = {{kVocab, 1.0f}};
+  auto out_of_vocab = e->add_request(std::move(bias));
+  ASSERT_FALSE(out_of_vocab.ok());
+  EXPECT_NE(out_of_vocab.message().find("logit_bias token id"), std::string::npos) << out_of_vocab.message();
   auto ok = e->add_request(make_request(spec(std::vector<int32_t>(10, 1), 6), nullptr, 77));
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(*ok, 77u);
@@ -133,6 +138,33 @@ TEST(Engine, SharedSystemPromptReusesCachedBlocksWithSameOutputs) {
   run_all(*e);
   EXPECT_EQ(e->stats().prefix_hit_tokens - hits_before, 48);
   EXPECT_EQ(c.out[again].tokens, c.out[ids[0]].tokens);
+}
+
+// vLLM's cache_salt: the same prompt reuses cached blocks only under the same salt (an empty salt is
+// the shared default), and the output is the same whichever blocks it got.
+TEST(Engine, CacheSaltIsolatesPrefixReuse) {
+  std::mt19937 g(12);
+  Spec s{random_tokens(g, 49, kVocab), 6, 0.0f, 0, {}};  // 3 full blocks before the last token
+  FakeBackend be(64, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  auto run = [&](const std::string& salt) {
+    Request r = make_request(s, &c);
+    r.cache_salt = salt;
+    const int64_t before = e->stats().prefix_hit_tokens;
+    const RequestId id = *e->add_request(std::move(r));
+    run_all(*e);
+    EXPECT_EQ(c.out[id].tokens, run_alone(s, kVocab).tokens) << "salt '" << salt << "'";
+    return e->stats().prefix_hit_tokens - before;
+  };
+  EXPECT_EQ(run("tenant-a"), 0);
+  EXPECT_EQ(run("tenant-a"), 48);
+  EXPECT_EQ(run("tenant-b"), 0);
+  EXPECT_EQ(run(""), 0);
+  EXPECT_EQ(run(""), 48);
+  EXPECT_EQ(run("tenant-b"), 48);
+  EXPECT_NE(salted_root("tenant-a"), salted_root("tenant-b"));
+  EXPECT_EQ(salted_root(""), kRootBlockHash);
 }
 
 TEST(Engine, WholePromptCachedStillComputesLastToken) {

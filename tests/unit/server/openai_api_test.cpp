@@ -109,6 +109,26 @@ TEST_F(OpenAiApi, TopKMinusOneMeansOff) {
   EXPECT_EQ(r.value().sampling.top_k, 0);
 }
 
+TEST_F(OpenAiApi, LogitBias) {
+  // OpenAI's form: token ids as string keys; integers and floats alike.
+  auto r = completion(R"({"prompt":"hi","logit_bias":{"7":-100,"5":10.5,"0":0}})");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const std::vector<std::pair<int32_t, float>> want = {{0, 0.0f}, {5, 10.5f}, {7, -100.0f}};
+  EXPECT_EQ(r.value().sampling.logit_bias, want);
+  EXPECT_EQ(to_engine_request(r.value(), 0, m_, 1).sampling.logit_bias, want);
+  const std::string last = std::to_string(m_.vocab_size - 1);
+  auto edge = completion(R"({"prompt":"hi","logit_bias":{")" + last + R"(":100}})");
+  ASSERT_TRUE(edge.ok()) << edge.error().message;
+  auto beyond = completion(R"({"prompt":"hi","logit_bias":{")" + std::to_string(m_.vocab_size) + R"(":1}})");
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.error().param, "logit_bias");
+  for (const char* body : {R"({"prompt":"hi","logit_bias":{}})", R"({"prompt":"hi","logit_bias":null})"}) {
+    auto e = completion(body);
+    ASSERT_TRUE(e.ok()) << body;
+    EXPECT_TRUE(e.value().sampling.logit_bias.empty());
+  }
+}
+
 TEST_F(OpenAiApi, StopAsString) {
   auto r = completion(R"({"prompt":"hi","stop":"\n\n"})");
   ASSERT_TRUE(r.ok());
@@ -163,6 +183,8 @@ TEST_F(OpenAiApi, WrongTypesAreRejectedNamingTheField) {
       {R"({"prompt":"hi","timeout":"x"})", "timeout"},
       {R"({"prompt":"hi","model":5})", "model"},
       {R"({"prompt":"hi","logit_bias":[1]})", "logit_bias"},
+      {R"({"prompt":"hi","cache_salt":5})", "cache_salt"},
+      {R"({"prompt":"hi","cache_salt":""})", "cache_salt"},
       {R"({"prompt":"hi","best_of":1.5})", "best_of"},
       {R"({"prompt":"hi","suffix":3})", "suffix"},
       {R"({"prompt":5})", "prompt"},
@@ -203,7 +225,18 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","stop_token_ids":[99999999]})", "stop_token_ids"},
       {R"({"prompt":"hi","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})", "stop"},
       {R"({"prompt":"hi","best_of":3})", "best_of"},
-      {R"({"prompt":"hi","logit_bias":{"5":10}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"5":101}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"5":-100.5}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"5":"10"}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"5":[1]}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"-1":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"1.5":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"abc":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{" 5":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"99999999":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"99999999999999999999":1}})", "logit_bias"},
+      {R"({"prompt":"hi","logit_bias":{"5":1,"005":2}})", "logit_bias"},
       {R"({"prompt":"hi","suffix":"tail"})", "suffix"},
       {R"({"prompt":"hi","response_format":{"type":"json_object"}})", "response_format"},
       {R"({"prompt":[-1]})", "prompt"},
@@ -351,6 +384,10 @@ TEST_F(OpenAiApi, ToEngineRequest) {
     for (int32_t id : tok_->eog_ids())
       EXPECT_NE(std::find(er.stop_ids.begin(), er.stop_ids.end(), id), er.stop_ids.end());
   }
+  EXPECT_EQ(to_engine_request(r.value(), 0, m_, 1).cache_salt, "");
+  auto salted = chat(R"({"messages":[{"role":"user","content":"x"}],"cache_salt":"tenant-7"})");
+  ASSERT_TRUE(salted.ok()) << salted.error().message;
+  EXPECT_EQ(to_engine_request(salted.value(), 0, m_, 1).cache_salt, "tenant-7");
   auto noseed = completion(R"({"prompt":"hi","ignore_eos":true})");
   ASSERT_TRUE(noseed.ok());
   engine::Request er = to_engine_request(noseed.value(), 0, m_, 555);
