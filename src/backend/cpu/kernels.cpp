@@ -1,6 +1,8 @@
 // Run-time ISA selection and the public entry points.
 #include "backend/cpu/kernels.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -13,14 +15,19 @@ namespace ss::cpu {
 
 namespace {
 
+// CPUID.1:ECX.F16C directly: clang's __builtin_cpu_supports has no "f16c" (GCC's has).
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 Isa detect() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
     return Isa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return Isa::Avx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return Isa::Avx2;
   return Isa::Scalar;
 }
 
