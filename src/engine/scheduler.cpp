@@ -227,6 +227,26 @@ Sequence* Scheduler::peek_waiting(Clock::time_point now, bool allow_long) const 
   return sh ? sh : lg;
 }
 
+// Prefill tokens the short lane could take this step: running short prompts' remaining tokens, and
+// the waiting short ones (preempted first) that have a seat, whole (their cached prefix is not
+// looked up here, so this errs towards the short lane).
+int64_t Scheduler::short_demand(int max_seqs) const {
+  int64_t need = 0;
+  for (const Sequence* s : running_) {
+    const int remaining = s->num_tokens() - s->num_computed;
+    if (s->lane == Lane::Short && remaining > 1) need += remaining;
+  }
+  int seats = max_seqs - static_cast<int>(running_.size());
+  for (const auto* q : {&resumed_, &short_})
+    for (const Sequence* s : *q) {
+      if (seats <= 0) break;
+      if (s->lane != Lane::Short) continue;
+      need += s->num_tokens();
+      --seats;
+    }
+  return need;
+}
+
 void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emission>& out) {
   plan.clear();
   decisions_.clear();
@@ -236,12 +256,7 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
 
   const int max_seqs = cfg_.max_num_seqs;
   budget_ = cfg_.max_num_batched_tokens;
-  // Cap long prefills only while short prompts are pending: waiting with a seat free, or admitted
-  // and still prefilling (else the older long prompt would take the budget first in (2)).
-  bool shorts_pending = !short_.empty() && static_cast<int>(running_.size()) < max_seqs;
-  for (const Sequence* s : running_)
-    shorts_pending |= s->lane == Lane::Short && s->num_tokens() - s->num_computed > 1;
-  long_left_ = shorts_pending ? long_cap_ : INT_MAX;
+  long_left_ = INT_MAX;  // set below, once the decodes have taken their part of the budget
 
   // (1) Decodes (one token to go), oldest first. A sequence preempted below is always newer than
   // the one asking, so indices before i stay put.
@@ -255,6 +270,12 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   // With decodes in this step, prefill work is capped so the step stays short (their TPOT).
   if (!decisions_.empty() && cfg_.max_prefill_tokens_with_decodes > 0)
     budget_ = std::min(budget_, cfg_.max_prefill_tokens_with_decodes);
+  // Cap long prefills only while short prompts are pending: waiting with a seat free, or admitted
+  // and still prefilling (else the older long prompt would take the budget first in (2)); and then
+  // only as far as the short work can use the budget, so a step is never left short by the cap.
+  const int64_t short_need = short_demand(max_seqs);
+  if (short_need > 0)
+    long_left_ = static_cast<int>(std::max<int64_t>(long_cap_, static_cast<int64_t>(budget_) - short_need));
   // (2) Running prefills (chunked), oldest first, with the budget left.
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     Sequence* s = running_[i];

@@ -159,6 +159,7 @@ class Scheduler {
   void pop_waiting(Sequence* s);
   void remove_running(Sequence* s);
   bool waited_too_long(const Sequence* s, Clock::time_point now) const;
+  int64_t short_demand(int max_seqs) const;
   void build_batch(StepPlan& plan);
 
   SchedulerConfig cfg_;

@@ -418,6 +418,38 @@ TEST(Engine, LongPromptDoesNotStarveShortOnes) {
   EXPECT_EQ(c.out[lng].finish, FinishReason::Length);
 }
 
+// The long-lane cap leaves the short lane room, but no more than it can use: with a 10-token short
+// prompt waiting, a long prefill takes the rest of a 64-token budget, not just its cap of 16.
+TEST(Engine, LongPrefillCapIsWorkConserving) {
+  std::mt19937 g(13);
+  FakeBackend be(256, 16, kVocab);
+  SchedulerConfig sc = small_config(8, 64);
+  sc.long_prompt_threshold = 32;
+  sc.max_long_prefill_tokens = 16;
+  auto e = make_engine(be, sc, kVocab);
+  Collector c;
+  // Per step: all tokens fed, and the long prompt's (the only positions >= 40).
+  std::vector<std::pair<int, int>> fed;
+  be.on_batch = [&](const backend::StepBatch& b) {
+    fed.emplace_back(static_cast<int>(b.tokens.size()),
+                     static_cast<int>(std::count_if(b.positions.begin(), b.positions.end(), [](int p) { return p >= 40; })));
+  };
+  const RequestId lng = *e->add_request(make_request(spec(random_tokens(g, 300, kVocab), 2), &c));
+  ASSERT_TRUE(e->step().ok());  // alone: the whole budget
+  const RequestId sh = *e->add_request(make_request(spec(random_tokens(g, 10, kVocab), 4), &c));
+  ASSERT_TRUE(e->step().ok());  // the short prompt whole (10), the long one the other 54
+  EXPECT_EQ(c.out[sh].tokens.size(), 1u) << "the short prompt was prefilled in one step";
+  // Many short prompts waiting (6 x 20 tokens > the budget): the cap holds, 16 for the long one.
+  for (int i = 0; i < 6; ++i) (void)e->add_request(make_request(spec(random_tokens(g, 20, kVocab), 2), &c));
+  ASSERT_TRUE(e->step().ok());
+  ASSERT_EQ(fed.size(), 3u);
+  EXPECT_EQ(fed[0], std::make_pair(64, 24));  // positions 40..63 of the first 64
+  EXPECT_EQ(fed[1], std::make_pair(64, 54));
+  EXPECT_EQ(fed[2], std::make_pair(64, 16));  // 1 decode + 16 long + 47 of the shorts
+  run_all(*e);
+  EXPECT_EQ(c.out[lng].finish, FinishReason::Length);
+}
+
 // Two shorts arrive every step, so the short lane never empties; returns the step at which the
 // long prompt produced its first token, or -1 if it had not within `limit` steps.
 static int steps_until_long_served(int max_wait_steps, int limit) {
