@@ -305,10 +305,10 @@ std::optional<ApiError> parse_logit_bias(const json& j, const ModelInfo& m, std:
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     int64_t id = 0;
-    bool digits = !key.empty() && key.size() <= 10;
-    for (char ch : key) {
-      if (ch < '0' || ch > '9') digits = false;
-      else id = id * 10 + (ch - '0');
+    bool digits = !key.empty() && key.size() <= 10;  // 10 digits cannot overflow int64
+    for (size_t i = 0; digits && i < key.size(); ++i) {
+      if (key[i] < '0' || key[i] > '9') digits = false;
+      else id = id * 10 + (key[i] - '0');
     }
     if (!digits) return bad("'logit_bias' keys must be token ids (decimal integers), got '" + key + "'", "logit_bias");
     if (id >= m.vocab_size)
