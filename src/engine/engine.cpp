@@ -65,6 +65,9 @@ Expected<RequestId> Engine::add_request(Request req) {
   SS_TRY(sched_.check(req));  // reads only immutable config
   if (req.logprobs > kMaxLogprobs)
     return make_error("logprobs must be <= " + std::to_string(kMaxLogprobs) + ", got " + std::to_string(req.logprobs));
+  if (req.prompt_logprobs > kMaxLogprobs)
+    return make_error("prompt_logprobs must be <= " + std::to_string(kMaxLogprobs) + ", got " +
+                      std::to_string(req.prompt_logprobs));
   std::lock_guard<std::mutex> lk(mu_);
   if (req.id == 0) {
     while (next_id_ == 0 || live_.count(next_id_)) ++next_id_;
@@ -113,6 +116,9 @@ Status Engine::step() {
   sched_.schedule(cfg_.clock(), plan_, emissions_);
   Status result;
   if (!plan_.seqs.empty()) {
+    // At most max_num_seqs sampling rows plus Scheduler::kMaxPromptLogprobRows prompt rows.
+    const size_t rows = plan_.batch.logits_rows.size();
+    if (logits_.size() < rows * static_cast<size_t>(cfg_.vocab_size)) logits_.resize(rows * cfg_.vocab_size);
     const auto t_fwd = std::chrono::steady_clock::now();
     Status st = be_.forward(plan_.batch, logits_.data());
     forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fwd).count();
@@ -139,8 +145,24 @@ Status Engine::step() {
           row_logprobs(row, e.cfg_.vocab_size, e.sampled_[i], s->req.logprobs, e.logprobs_[i].chosen,
                        e.logprobs_[i].top);
       }, &ctx);
+      // Prompt logprobs: the raw logits at each scored position, before anything edits them.
+      prompt_rows_.clear();
+      for (const ScheduledSeq& d : plan_.seqs)
+        for (int r = 0; r < d.num_prompt_rows; ++r)
+          prompt_rows_.push_back({d.seq, d.prompt_row0 + r, d.seq->num_computed + r});
+      if (!prompt_rows_.empty()) {
+        be_.parallel_for(static_cast<int>(prompt_rows_.size()), [](void* p, int i) {
+          Engine& e = *static_cast<Engine*>(p);
+          const PromptRow& pr = e.prompt_rows_[i];
+          Sequence* s = pr.seq;
+          PromptLogprob& out = s->prompt_lp[static_cast<size_t>(pr.pos)];
+          row_logprobs(e.logits_.data() + static_cast<size_t>(pr.row) * e.cfg_.vocab_size, e.cfg_.vocab_size,
+                       s->tokens[static_cast<size_t>(pr.pos) + 1], s->req.prompt_logprobs, out.logprob, out.top);
+        }, this);
+      }
       bool any_logprobs = false;
-      for (const ScheduledSeq& d : plan_.seqs) any_logprobs |= d.logits_row >= 0 && d.seq->req.logprobs >= 0;
+      for (const ScheduledSeq& d : plan_.seqs)
+        any_logprobs |= d.logits_row >= 0 && (d.seq->req.logprobs >= 0 || d.seq->wants_prompt_lp());
       const size_t first = emissions_.size();
       sched_.update(plan_, sampled_, emissions_);
       if (any_logprobs) {
@@ -152,7 +174,12 @@ Status Engine::step() {
           while (e < emissions_.size() && emissions_[e].seq != d.seq) ++e;
           if (e == emissions_.size()) break;
           TokenEvent& ev = emissions_[e++].event;
-          if (d.seq->req.logprobs < 0 || ev.token < 0) continue;
+          if (ev.token < 0) continue;
+          if (d.seq->wants_prompt_lp()) {
+            ev.prompt_logprobs = std::move(d.seq->prompt_lp);
+            d.seq->prompt_lp_sent = true;
+          }
+          if (d.seq->req.logprobs < 0) continue;
           ev.has_logprob = true;
           ev.logprob = logprobs_[i].chosen;
           ev.top_logprobs = logprobs_[i].top;

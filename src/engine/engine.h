@@ -103,6 +103,12 @@ class Engine {
     std::vector<std::pair<int32_t, float>> top;
   };
   std::vector<RowLogprobs> logprobs_;  // per plan row, for requests that asked
+  struct PromptRow {
+    Sequence* seq;
+    int row;  // logits row
+    int pos;  // position whose logits score the prompt token at pos + 1
+  };
+  std::vector<PromptRow> prompt_rows_;  // this step's, for Request::prompt_logprobs
   std::vector<RequestId> released_;
   std::vector<Request> taken_;
   std::vector<RequestId> taken_aborts_;

@@ -32,6 +32,13 @@ enum class FinishReason : uint8_t {
 };
 const char* to_string(FinishReason r);
 
+// One prompt token's log-probability (the log-softmax of the raw logits at the position before it)
+// and the k most likely tokens there (id, logprob), most likely first, ties by id.
+struct PromptLogprob {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top{};
+};
+
 // One event per sampled token (token >= 0). The last event of a request has finish != None; it
 // carries the final token for Length/Stop and token = -1 for Abort/Timeout/Error.
 struct TokenEvent {
@@ -45,6 +52,9 @@ struct TokenEvent {
   bool has_logprob = false;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs{};  // (id, logprob), most likely first, ties by id
+  // With Request::prompt_logprobs >= 0, on the first token event only: prompt tokens 1 .. n-1 (the
+  // first prompt token has no context to be scored in).
+  std::vector<PromptLogprob> prompt_logprobs{};
 };
 
 // Called on the engine thread, without engine locks held: keep it short and non-blocking. It may
@@ -67,6 +77,10 @@ struct Request {
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  // end-of-generation ids; the stop token is emitted, then Stop
   int logprobs = -1;              // < 0: none; k >= 0: each token's logprob plus the top k (k <= 64)
+  // < 0: none; k >= 0 (k <= 64): every prompt token's logprob plus the top k, delivered with the
+  // first sampled token (OpenAI's echo + logprobs, what lm-eval-harness scores prompts with). Such a
+  // request computes its whole prompt: it does not reuse cached prefix blocks (it still publishes).
+  int prompt_logprobs = -1;
   StopHook stop_hook;             // optional
   std::optional<Clock::time_point> deadline;
   CancelToken cancel;             // optional

@@ -30,6 +30,7 @@ Sequence::Sequence(Request r, int vocab_size) : req(std::move(r)), sampler(req.s
   req.prompt.clear();
   num_prompt = static_cast<int>(tokens.size());
   kv.root = salted_root(req.cache_salt);
+  if (req.prompt_logprobs >= 0) prompt_lp.resize(static_cast<size_t>(std::max(0, num_prompt - 1)));
   tokens.reserve(static_cast<size_t>(num_prompt) + std::max(0, req.max_tokens));
 }
 
@@ -179,6 +180,7 @@ void Scheduler::preempt(Sequence* victim) {
     if (decisions_[i].seq != victim) continue;
     budget_ += decisions_[i].num_tokens;
     if (decisions_[i].long_charged) long_left_ += decisions_[i].num_tokens;
+    plp_left_ += decisions_[i].prompt_rows;
     decisions_.erase(decisions_.begin() + static_cast<std::ptrdiff_t>(i));
     break;
   }
@@ -209,6 +211,11 @@ int Scheduler::reserve(Sequence* s, int want, bool is_decode) {
     if (is_decode) preempt(s);  // frees its blocks for the older ones; recomputed later
     return 0;
   }
+}
+
+int Scheduler::cap_prompt_rows(const Sequence* s, int c, int want) const {
+  if (s->prompt_rows(c, want) <= plp_left_) return want;
+  return std::max(0, plp_left_);  // every position up to the cap is a prompt row (c < num_prompt - 1)
 }
 
 bool Scheduler::waited_too_long(const Sequence* s, Clock::time_point now) const {
@@ -257,6 +264,7 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   const int max_seqs = cfg_.max_num_seqs;
   budget_ = cfg_.max_num_batched_tokens;
   long_left_ = INT_MAX;  // set below, once the decodes have taken their part of the budget
+  plp_left_ = kMaxPromptLogprobRows;
 
   // (1) Decodes (one token to go), oldest first. A sequence preempted below is always newer than
   // the one asking, so indices before i stay put.
@@ -282,21 +290,26 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     const int remaining = s->num_tokens() - s->num_computed;
     if (remaining <= 1) continue;
     const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
-    const int want = std::min({remaining, budget_, charged ? long_left_ : INT_MAX});
+    const int want = cap_prompt_rows(s, s->num_computed, std::min({remaining, budget_, charged ? long_left_ : INT_MAX}));
     if (want <= 0) continue;
     const int n = reserve(s, want, /*is_decode=*/false);
     if (n == 0) continue;
-    decisions_.push_back({s, n, charged});
+    const int rows = s->prompt_rows(s->num_computed, n);
+    decisions_.push_back({s, n, charged, rows});
     budget_ -= n;
+    plp_left_ -= rows;
     if (charged) long_left_ -= n;
   }
   // (3) Admissions. Not after a preemption: memory is short, and the preempted go first next step.
   while (!preempted_this_step_ && static_cast<int>(running_.size()) < max_seqs && budget_ > 0) {
     Sequence* s = peek_waiting(now, long_left_ > 0);
     if (!s) break;
-    const int cached = kv_.match_prefix(s->tokens, s->kv, hits_);
+    // A request that wants its prompt's logprobs computes every position (no cached prefix).
+    int cached = 0;
+    if (s->wants_prompt_lp()) hits_.clear();
+    else cached = kv_.match_prefix(s->tokens, s->kv, hits_);
     const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
-    const int want = std::min({s->num_tokens() - cached, budget_, charged ? long_left_ : INT_MAX});
+    const int want = cap_prompt_rows(s, cached, std::min({s->num_tokens() - cached, budget_, charged ? long_left_ : INT_MAX}));
     const int n = std::min(want, kv_.fit_tokens(s->kv, cached, hits_));
     if (n <= 0) break;  // head of line waits for memory; skipping it could starve it
     pop_waiting(s);
@@ -312,8 +325,10 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
       counters_.prompt_tokens += s->num_prompt;
     }
     running_.push_back(s);
-    decisions_.push_back({s, n, charged});
+    const int rows = s->prompt_rows(cached, n);
+    decisions_.push_back({s, n, charged, rows});
     budget_ -= n;
+    plp_left_ -= rows;
     if (charged) long_left_ -= n;
   }
   build_batch(plan);
@@ -332,6 +347,12 @@ void Scheduler::build_batch(StepPlan& plan) {
     }
     b.block_tables[i].assign(s->kv.table.begin(), s->kv.table.end());
     ScheduledSeq ss{s, n, -1};
+    if (decisions_[i].prompt_rows > 0) {
+      ss.prompt_row0 = static_cast<int>(b.logits_rows.size());
+      ss.num_prompt_rows = decisions_[i].prompt_rows;
+      const size_t t0 = b.tokens.size() - static_cast<size_t>(n);
+      for (int r = 0; r < ss.num_prompt_rows; ++r) b.logits_rows.push_back(static_cast<int32_t>(t0 + r));
+    }
     if (c + n == s->num_tokens()) {
       ss.logits_row = static_cast<int>(b.logits_rows.size());
       b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));

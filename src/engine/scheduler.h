@@ -7,6 +7,7 @@
 // lane, then the long lane) with what is left. When KV blocks run out, the newest running
 // sequence is preempted (blocks freed, recomputed later from prompt + output).
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -73,6 +74,16 @@ struct Sequence {
   int64_t arrival_step = 0;
   int num_preemptions = 0;
   bool prefix_counted = false;  // hit-rate counters see each request once
+  // Request::prompt_logprobs: filled by the engine as prefill chunks run; moved into the first
+  // token's event, after which the sequence is an ordinary one (e.g. when resumed).
+  std::vector<PromptLogprob> prompt_lp;
+  bool prompt_lp_sent = false;
+  bool wants_prompt_lp() const { return req.prompt_logprobs >= 0 && !prompt_lp_sent; }
+  // Logits rows a chunk of n tokens from position c needs for prompt logprobs: positions
+  // [c, min(c + n, num_prompt - 1)), each scoring the prompt token after it.
+  int prompt_rows(int c, int n) const {
+    return wants_prompt_lp() ? std::max(0, std::min(c + n, num_prompt - 1) - c) : 0;
+  }
   FinishReason finish = FinishReason::None;
 };
 
@@ -81,6 +92,10 @@ struct ScheduledSeq {
   Sequence* seq = nullptr;
   int num_tokens = 0;   // fed this step, from seq->num_computed on
   int logits_row = -1;  // >= 0: this step ends at the last known token, so a token is sampled
+  // Prompt logprobs: logits rows [prompt_row0, prompt_row0 + num_prompt_rows) are the positions
+  // from the chunk's start (seq->num_computed before the step) on.
+  int prompt_row0 = -1;
+  int num_prompt_rows = 0;
 };
 
 struct StepPlan {
@@ -113,6 +128,10 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
+  // Logits rows per step for prompt logprobs, all sequences together (so the engine's logits
+  // buffer stays bounded: max_num_seqs + this many rows); longer prompts take several steps.
+  static constexpr int kMaxPromptLogprobRows = 128;
+
   Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size, int vocab_size);
 
   // Admission control: a clear error if the request is malformed or could never fit the cache.
@@ -147,7 +166,10 @@ class Scheduler {
     Sequence* seq;
     int num_tokens;
     bool long_charged;  // counted against long_left_
+    int prompt_rows = 0;  // counted against plp_left_
   };
+  // A prefill chunk's size within the prompt-logprob rows left this step.
+  int cap_prompt_rows(const Sequence* s, int c, int want) const;
   void reap(Clock::time_point now, std::vector<Emission>& out);
   void finish(Sequence* s, FinishReason why, int32_t token, std::vector<Emission>& out,
               std::string error = {});
@@ -174,7 +196,7 @@ class Scheduler {
   std::vector<Decision> decisions_;
   std::vector<BlockId> hits_;
   uint64_t next_arrival_ = 0, next_admit_ = 0;
-  int budget_ = 0, long_left_ = 0;
+  int budget_ = 0, long_left_ = 0, plp_left_ = 0;
   bool preempted_this_step_ = false;
   SchedulerCounters counters_;
 };

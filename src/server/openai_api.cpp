@@ -503,27 +503,17 @@ json bytes_of(const std::string& s) {
 }
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; echoed prompt tokens
-// come first with null logprobs.
+// come first: the first with null logprobs (nothing precedes it), the others with prompt_lps (tokens
+// 1 .. n-1) when given, else null.
 json completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps, size_t text_offset,
-                         const std::vector<int32_t>* echo_ids) {
+                         const std::vector<int32_t>* echo_ids, const std::vector<TokenLogprob>* prompt_lps = nullptr) {
   json tokens = json::array(), lp = json::array(), top = json::array(), off = json::array();
   size_t pos = 0;
   auto add_offset = [&](const std::string& s) {
     off.push_back(pos);
     pos += s.size();
   };
-  if (echo_ids) {
-    for (int32_t id : *echo_ids) {
-      const std::string s = token_str(m, id);
-      tokens.push_back(s);
-      lp.push_back(nullptr);
-      top.push_back(nullptr);
-      add_offset(s);
-    }
-  }
-  pos = std::max(pos, text_offset);
-  for (const TokenLogprob& t : lps) {
-    const std::string s = token_str(m, t.token);
+  auto add = [&](const std::string& s, const TokenLogprob& t) {
     tokens.push_back(s);
     lp.push_back(t.logprob);
     json d = json::object();
@@ -531,10 +521,26 @@ json completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lp
       const std::string ts = token_str(m, id);
       if (!d.contains(ts)) d[ts] = v;
     }
-    if (!d.contains(s)) d[s] = t.logprob;  // the sampled token is always listed (as vLLM does)
+    if (!d.contains(s)) d[s] = t.logprob;  // the token itself is always listed (as vLLM does)
     top.push_back(std::move(d));
     add_offset(s);
+  };
+  if (echo_ids) {
+    const bool scored = prompt_lps && prompt_lps->size() + 1 == echo_ids->size();
+    for (size_t i = 0; i < echo_ids->size(); ++i) {
+      const std::string s = token_str(m, (*echo_ids)[i]);
+      if (scored && i > 0) {
+        add(s, (*prompt_lps)[i - 1]);
+        continue;
+      }
+      tokens.push_back(s);
+      lp.push_back(nullptr);
+      top.push_back(nullptr);
+      add_offset(s);
+    }
   }
+  pos = std::max(pos, text_offset);
+  for (const TokenLogprob& t : lps) add(token_str(m, t.token), t);
   return json{{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
 }
 
@@ -607,6 +613,8 @@ engine::Request to_engine_request(const GenerationRequest& g, int choice, const 
     for (int32_t id : m.tokenizer->eog_ids())
       if (std::find(r.stop_ids.begin(), r.stop_ids.end(), id) == r.stop_ids.end()) r.stop_ids.push_back(id);
   r.logprobs = g.logprobs;
+  // Completions' echo + logprobs scores the prompt too (OpenAI's legacy semantics, vLLM's too).
+  if (g.echo && g.logprobs >= 0) r.prompt_logprobs = g.logprobs;
   r.cache_salt = g.cache_salt;
   return r;
 }
@@ -687,7 +695,8 @@ nlohmann::json completion_response(const GenerationRequest& g, const ModelInfo& 
   for (const ChoiceOutput& c : choices) {
     const PromptInput& p = g.prompts[g.prompt_index(c.index)];
     json lp = nullptr;
-    if (g.logprobs >= 0) lp = completion_logprobs(m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr);
+    if (g.logprobs >= 0)
+      lp = completion_logprobs(m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr, &c.prompt_logprobs);
     arr.push_back(json{{"index", c.index},
                        {"text", g.echo ? p.text + c.text : c.text},
                        {"logprobs", lp},
@@ -723,6 +732,27 @@ nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, 
                  {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}};
   json out = envelope("text_completion", id, created, m, json::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+nlohmann::json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                     int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps) {
+  const PromptInput& p = g.prompts[g.prompt_index(index)];
+  const std::vector<TokenLogprob> none;
+  json choice = {{"index", index},
+                 {"text", p.text},
+                 {"logprobs", g.logprobs >= 0 ? completion_logprobs(m, none, 0, &p.ids, prompt_lps) : json(nullptr)},
+                 {"finish_reason", nullptr}};
+  json out = envelope("text_completion", id, created, m, json::array({choice}));
+  if (g.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
+                                                const std::vector<engine::PromptLogprob>& lps) {
+  std::vector<TokenLogprob> out;
+  out.reserve(lps.size());
+  for (size_t i = 0; i < lps.size() && i + 1 < ids.size(); ++i) out.push_back({ids[i + 1], lps[i].logprob, lps[i].top});
   return out;
 }
 

@@ -115,8 +115,15 @@ struct ChoiceOutput {
   std::string finish_reason;  // "stop", "length", "abort"
   std::optional<std::string> stop_reason;  // the matched stop string, if any
   std::vector<TokenLogprob> logprobs;
+  // echo + logprobs (completions): prompt tokens 1 .. n-1, from the engine's first token event;
+  // empty when none came (e.g. aborted first), and then the prompt's logprobs are null.
+  std::vector<TokenLogprob> prompt_logprobs;
   int completion_tokens = 0;
 };
+
+// The engine's prompt logprobs (tokens 1 .. n-1 of `ids`) as TokenLogprobs.
+std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
+                                                const std::vector<engine::PromptLogprob>& lps);
 
 struct Usage {
   int prompt_tokens = 0;
@@ -134,6 +141,10 @@ nlohmann::json chat_response(const GenerationRequest& g, const ModelInfo& m, con
 nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                                 int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
                                 size_t text_offset, const char* finish_reason);
+// The echoed prompt of choice `index` as the first streamed chunk; with logprobs, prompt_lps are
+// prompt tokens 1 .. n-1 (null logprobs where missing).
+nlohmann::json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                     int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps);
 nlohmann::json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                           int index, const char* role, const std::string* content,
                           const std::vector<TokenLogprob>* logprobs, const char* finish_reason);

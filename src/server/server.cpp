@@ -64,6 +64,7 @@ struct Delta {
   bool has_token = false;
   bool has_logprob = false;
   TokenLogprob lp;
+  std::vector<engine::PromptLogprob> prompt_lps;  // echo + logprobs: with the first token
   engine::FinishReason finish = engine::FinishReason::None;
   std::optional<std::string> stop_reason;
   std::string error;
@@ -653,6 +654,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
           d.has_logprob = true;
           d.lp = TokenLogprob{e.token, e.logprob, e.top_logprobs};
         }
+        d.prompt_lps = e.prompt_logprobs;
       }
       d.text = cs->text.take();
       if (e.finish != engine::FinishReason::None) {
@@ -722,6 +724,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   std::vector<ChoiceOutput> outs(nc);
   for (int c = 0; c < nc; ++c) outs[c].index = c;
   std::vector<size_t> streamed_len(nc, 0);  // completions text_offset
+  std::vector<char> echo_sent(nc, 0);       // completions echo + logprobs, streamed
   int remaining = nc;
   bool keep = req.keep_alive();
 
@@ -755,10 +758,9 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       if (chat) {
         const std::string empty;
         first += sse_event(dump_json(chat_chunk(g, mi, id, created, c, "assistant", &empty, nullptr, nullptr)));
-      } else if (g.echo) {
-        const std::string& text = g.prompts[g.prompt_index(c)].text;
-        first += sse_event(dump_json(completion_chunk(g, mi, id, created, c, text, nullptr, 0, nullptr)));
-        streamed_len[c] = text.size();
+      } else if (g.echo && g.logprobs < 0) {  // with logprobs the echo waits for the prompt's (below)
+        first += sse_event(dump_json(completion_echo_chunk(g, mi, id, created, c, nullptr)));
+        streamed_len[c] = g.prompts[g.prompt_index(c)].text.size();
       }
     }
     co_await send(first);
@@ -772,6 +774,14 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     for (Delta& d : batch) {
       ChoiceOutput& o = outs[d.choice];
       if (d.has_token) ++o.completion_tokens;
+      if (!d.prompt_lps.empty())
+        o.prompt_logprobs = prompt_token_logprobs(g.prompts[g.prompt_index(d.choice)].ids, d.prompt_lps);
+      if (g.stream && !chat && g.echo && g.logprobs >= 0 && !echo_sent[d.choice]) {
+        // The echoed prompt with its logprobs, which came with the choice's first event.
+        echo_sent[d.choice] = true;
+        payload += sse_event(dump_json(completion_echo_chunk(g, mi, id, created, d.choice, &o.prompt_logprobs)));
+        streamed_len[d.choice] = g.prompts[g.prompt_index(d.choice)].text.size();
+      }
       std::vector<TokenLogprob> lps;
       if (d.has_logprob) lps.push_back(d.lp);
       const bool done = d.finish != engine::FinishReason::None;

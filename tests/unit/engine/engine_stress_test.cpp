@@ -124,6 +124,7 @@ TEST(EngineStress, RandomWorkloadMatchesRunningAlone) {
     Collector c;
     std::map<RequestId, Spec> specs;
     std::map<RequestId, CancelToken> cancels;
+    std::map<RequestId, int> scored;  // Request::prompt_logprobs
     std::uniform_int_distribution<int> pct(0, 99);
     for (int step = 0; step < 5000 && (step < 250 || e->has_work()); ++step) {
       if (step < 250) {
@@ -136,6 +137,8 @@ TEST(EngineStress, RandomWorkloadMatchesRunningAlone) {
           s.temperature = pct(g) < 50 ? 0.0f : 1.0f;
           s.seed = static_cast<uint64_t>(pct(g));
           Request r = make_request(s, &c);
+          const int k_prompt = pct(g) < 20 ? pct(g) % 3 : -1;
+          r.prompt_logprobs = k_prompt;
           r.cancel = make_cancel_token();
           if (pct(g) < 10) r.deadline = now + std::chrono::milliseconds(pct(g));
           CancelToken tok = r.cancel;
@@ -143,6 +146,7 @@ TEST(EngineStress, RandomWorkloadMatchesRunningAlone) {
           ASSERT_TRUE(id.ok()) << id.message();
           specs[*id] = s;
           cancels[*id] = tok;
+          scored[*id] = k_prompt;
         }
         if (!specs.empty() && pct(g) < 5) {
           auto it = specs.begin();
@@ -167,6 +171,14 @@ TEST(EngineStress, RandomWorkloadMatchesRunningAlone) {
       ASSERT_NE(o.finish, FinishReason::None) << id;
       EXPECT_EQ(o.events_after_finish, 0);
       const auto ref = run_alone(s, kVocab).tokens;
+      // Prompt logprobs arrive once, with the first token (preemptions and recomputation included).
+      if (scored[id] >= 0 && !o.tokens.empty() && s.prompt.size() > 1) {  // one token: nothing to score
+        EXPECT_EQ(o.prompt_lp_events, 1) << "seed " << seed << " request " << id;
+        expect_prompt_logprobs(s.prompt, o.prompt_lp, scored[id], kVocab,
+                               "seed " + std::to_string(seed) + " request " + std::to_string(id));
+      } else {
+        EXPECT_EQ(o.prompt_lp_events, 0) << "seed " << seed << " request " << id;
+      }
       if (o.finish == FinishReason::Length) {
         ++completed;
         EXPECT_EQ(o.tokens, ref) << "seed " << seed << " request " << id;

@@ -167,6 +167,41 @@ TEST(Engine, CacheSaltIsolatesPrefixReuse) {
   EXPECT_EQ(salted_root(""), kRootBlockHash);
 }
 
+// Request::prompt_logprobs (the server's echo + logprobs): every prompt token after the first is
+// scored by the logits at the position before it, delivered once, with the first token's event. A
+// prompt longer than Scheduler::kMaxPromptLogprobRows takes several steps; the cached prefix is not
+// reused (each position needs its logits); the generated tokens are the plain request's.
+TEST(Engine, PromptLogprobsScoreEveryPromptToken) {
+  std::mt19937 g(14);
+  const int n = 300;
+  const Spec s = spec(random_tokens(g, n, kVocab), 3);
+  FakeBackend be(128, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 512), kVocab);
+  Collector c;
+  const RequestId plain = *e->add_request(make_request(s, &c));
+  run_all(*e);  // publishes the prompt's blocks
+  std::vector<int> fed;
+  be.on_batch = [&](const backend::StepBatch& b) { fed.push_back(static_cast<int>(b.tokens.size())); };
+  Request r = make_request(s, &c);
+  r.prompt_logprobs = 3;
+  const int64_t hits = e->stats().prefix_hit_tokens;
+  const RequestId scored = *e->add_request(std::move(r));
+  run_all(*e);
+  EXPECT_EQ(e->stats().prefix_hit_tokens, hits) << "a scored prompt reused cached blocks";
+  ASSERT_GE(fed.size(), 3u);
+  EXPECT_EQ(std::vector<int>(fed.begin(), fed.begin() + 3),
+            (std::vector<int>{Scheduler::kMaxPromptLogprobRows, Scheduler::kMaxPromptLogprobRows,
+                              n - 2 * Scheduler::kMaxPromptLogprobRows}));
+  const Outcome& o = c.out[scored];
+  EXPECT_EQ(o.tokens, c.out[plain].tokens);
+  EXPECT_EQ(o.prompt_lp_events, 1);
+  EXPECT_EQ(c.out[plain].prompt_lp_events, 0);
+  expect_prompt_logprobs(s.prompt, o.prompt_lp, 3, kVocab, "scored");
+  Request bad = make_request(s, nullptr);
+  bad.prompt_logprobs = 65;
+  EXPECT_FALSE(e->add_request(std::move(bad)).ok());
+}
+
 TEST(Engine, WholePromptCachedStillComputesLastToken) {
   std::mt19937 g(3);
   Spec s{random_tokens(g, 32, kVocab), 5, 0.0f, 0, {}};  // exactly 2 blocks

@@ -5,6 +5,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,6 +26,45 @@ inline uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+
+// The toy model's logits for a row whose context hashed to h.
+inline void logits_from_hash(uint64_t h, int vocab, float* out) {
+  for (int v = 0; v < vocab; ++v) out[v] = static_cast<float>(mix(h + v) >> 40) * (6.0f / 16777216.0f);
+}
+inline uint64_t hash_step(uint64_t h, int32_t token, int pos) {
+  return mix(h ^ (static_cast<uint64_t>(token) << 20) ^ static_cast<uint64_t>(pos));
+}
+// What FakeBackend returns at position p of a sequence of `tokens`, computed from the tokens alone.
+inline std::vector<float> reference_logits(const std::vector<int32_t>& tokens, int p, int vocab) {
+  uint64_t h = 12345;
+  for (int q = 0; q <= p; ++q) h = hash_step(h, tokens[q], q);
+  std::vector<float> out(vocab);
+  logits_from_hash(h, vocab, out.data());
+  return out;
+}
+
+// Request::prompt_logprobs against the toy model: token p + 1's log-softmax at position p, and the
+// k most likely tokens there (ties by id), recomputed from the prompt alone in double precision.
+inline void expect_prompt_logprobs(const std::vector<int32_t>& prompt, const std::vector<PromptLogprob>& got, int k,
+                                   int vocab, const std::string& what) {
+  ASSERT_EQ(got.size(), prompt.size() - 1) << what;
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    const std::vector<float> l = reference_logits(prompt, static_cast<int>(p), vocab);
+    double mx = l[0], z = 0;
+    for (float v : l) mx = std::max<double>(mx, v);
+    for (float v : l) z += std::exp(v - mx);
+    const double lse = mx + std::log(z);
+    EXPECT_NEAR(got[p].logprob, l[prompt[p + 1]] - lse, 1e-4) << what << " position " << p;
+    std::vector<int32_t> order(vocab);
+    for (int v = 0; v < vocab; ++v) order[v] = v;
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    ASSERT_EQ(got[p].top.size(), static_cast<size_t>(std::min(k, vocab))) << what;
+    for (int j = 0; j < k && j < vocab; ++j) {
+      EXPECT_EQ(got[p].top[j].first, order[j]) << what << " position " << p << " rank " << j;
+      EXPECT_NEAR(got[p].top[j].second, l[order[j]] - lse, 1e-4) << what;
+    }
+  }
 }
 
 class FakeBackend : public backend::Backend {
@@ -65,10 +106,9 @@ class FakeBackend : public backend::Backend {
         if (c.pos != q)
           return make_error("row " + std::to_string(r) + " reads position " + std::to_string(q) + " from block " +
                             std::to_string(table[q / bs]) + ", which holds position " + std::to_string(c.pos));
-        h = mix(h ^ (static_cast<uint64_t>(c.token) << 20) ^ static_cast<uint64_t>(q));
+        h = hash_step(h, c.token, q);
       }
-      float* out = logits + r * static_cast<size_t>(vocab_);
-      for (int v = 0; v < vocab_; ++v) out[v] = static_cast<float>(mix(h + v) >> 40) * (6.0f / 16777216.0f);
+      logits_from_hash(h, vocab_, logits + r * static_cast<size_t>(vocab_));
     }
     return {};
   }
@@ -84,7 +124,9 @@ class FakeBackend : public backend::Backend {
       return make_error("batch has " + std::to_string(n) + " tokens, budget " + std::to_string(max_tokens));
     if (max_seqs && static_cast<int>(b.block_tables.size()) > max_seqs)
       return make_error("batch has " + std::to_string(b.block_tables.size()) + " seqs, limit " + std::to_string(max_seqs));
-    if (b.logits_rows.size() > b.block_tables.size()) return make_error("more logits rows than sequences");
+    // One sampling row per sequence at most, plus prompt-logprob rows: never a token twice.
+    if (std::set<int32_t>(b.logits_rows.begin(), b.logits_rows.end()).size() != b.logits_rows.size())
+      return make_error("a logits row twice");
     std::vector<int> last(b.block_tables.size(), -1);
     std::map<int32_t, std::set<size_t>> written;  // block -> writing sequences
     for (size_t i = 0; i < n; ++i) {
@@ -139,6 +181,8 @@ inline Spec spec(std::vector<int32_t> prompt, int max_tokens, float temperature 
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<PromptLogprob> prompt_lp;  // from the event that carried them
+  int prompt_lp_events = 0;              // events that carried any
   FinishReason finish = FinishReason::None;
   int events_after_finish = 0;
   std::string error;
@@ -151,6 +195,10 @@ struct Collector {
       Outcome& o = out[e.id];
       if (o.finish != FinishReason::None) ++o.events_after_finish;
       if (e.token >= 0) o.tokens.push_back(e.token);
+      if (!e.prompt_logprobs.empty()) {
+        o.prompt_lp = e.prompt_logprobs;
+        ++o.prompt_lp_events;
+      }
       o.finish = e.finish;
       o.error = e.error;
     };

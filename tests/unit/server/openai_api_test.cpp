@@ -385,6 +385,15 @@ TEST_F(OpenAiApi, ToEngineRequest) {
       EXPECT_NE(std::find(er.stop_ids.begin(), er.stop_ids.end(), id), er.stop_ids.end());
   }
   EXPECT_EQ(to_engine_request(r.value(), 0, m_, 1).cache_salt, "");
+  EXPECT_EQ(to_engine_request(r.value(), 0, m_, 1).prompt_logprobs, -1) << "logprobs without echo";
+  for (const auto& [body, want] : std::vector<std::pair<std::string, int>>{
+           {R"({"prompt":"hi","echo":true,"logprobs":2})", 2},
+           {R"({"prompt":"hi","echo":true,"logprobs":0})", 0},
+           {R"({"prompt":"hi","echo":true})", -1}}) {
+    auto e = completion(body);
+    ASSERT_TRUE(e.ok()) << body;
+    EXPECT_EQ(to_engine_request(e.value(), 0, m_, 1).prompt_logprobs, want) << body;
+  }
   auto salted = chat(R"({"messages":[{"role":"user","content":"x"}],"cache_salt":"tenant-7"})");
   ASSERT_TRUE(salted.ok()) << salted.error().message;
   EXPECT_EQ(to_engine_request(salted.value(), 0, m_, 1).cache_salt, "tenant-7");
