@@ -201,6 +201,24 @@ def test_echo_logprobs_score_the_prompt_like_transformers(srv):
     assert checked > 50 and agree == checked, f"{agree}/{checked} positions agree with transformers"
     assert full_checked >= 5
 
+    # lm-eval-harness's loglikelihood request (local-completions): a batch of token prompts, each
+    # choice scoring its own prompt; its parse reads token_logprobs[ctxlen:-1] and top_logprobs.
+    batch = [ref["prompts"][1]["ids"], ref["prompts"][0]["ids"]]
+    r = requests.post(srv.url + "/v1/completions", headers=AUTH, json={
+        "model": srv.model, "prompt": batch, "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+        "echo": True}).json()
+    single = {len(ids): c.completions.create(model=srv.model, prompt=ids, max_tokens=1, temperature=0, echo=True,
+                                             logprobs=1).choices[0].logprobs.token_logprobs for ids in batch}
+    for ch in sorted(r["choices"], key=lambda ch: ch["index"]):
+        ids = batch[ch["index"]]
+        tl = ch["logprobs"]["token_logprobs"]
+        assert len(tl) == len(ids) + 1 and tl == single[len(ids)]
+        ctxlen = len(ids) // 2
+        assert all(t <= 0 for t in tl[ctxlen:-1])
+        # lm-eval's is_greedy: each continuation token is its position's top-1 (the listed maximum).
+        for t, top in zip(tl[ctxlen:-1], ch["logprobs"]["top_logprobs"][ctxlen:-1]):
+            assert t <= max(top.values()) + 1e-6 and len(top) in (1, 2)
+
     # Streamed: the echo chunk carries the same prompt logprobs, then the tokens follow.
     ids = ref["prompts"][0]["ids"]
     whole = c.completions.create(model=srv.model, prompt=ids, max_tokens=3, temperature=0, echo=True, logprobs=1)
