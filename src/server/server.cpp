@@ -189,6 +189,11 @@ struct Server::Impl {
     Histogram *ttft, *tpot, *e2e;
     Gauge *v_running = nullptr, *v_waiting = nullptr, *v_kv = nullptr, *v_kv_old = nullptr;
     Counter *v_prompt = nullptr, *v_gen = nullptr, *v_preempt = nullptr;
+    // vLLM's latency series (its Grafana dashboard and autoscalers read these names): TTFT, every
+    // gap between two output tokens (both names vLLM has used), end-to-end latency, finished
+    // requests by reason.
+    Histogram *v_ttft = nullptr, *v_itl = nullptr, *v_tpot = nullptr, *v_e2e = nullptr;
+    Counter *v_stop = nullptr, *v_length = nullptr, *v_abort = nullptr;
   } m{};
 
   void init_metrics();
@@ -648,6 +653,10 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
         if (++cs->event_tokens == 1) {
           cs->first_token = now;
           self->m.ttft->observe(seconds(now - cs->arrival));
+          self->m.v_ttft->observe(seconds(now - cs->arrival));
+        } else {
+          self->m.v_itl->observe(seconds(now - cs->last_token));
+          self->m.v_tpot->observe(seconds(now - cs->last_token));
         }
         cs->last_token = now;
         if (e.has_logprob) {
@@ -663,6 +672,14 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
         d.error = e.error;
         if (cs->text.stopped()) d.stop_reason = cs->text.matched_stop();
         self->m.e2e->observe(seconds(now - cs->arrival));
+        self->m.v_e2e->observe(seconds(now - cs->arrival));
+        switch (e.finish) {  // vLLM's reasons; a deadline ends a request as "length" (as the API says)
+          case engine::FinishReason::Stop: self->m.v_stop->inc(); break;
+          case engine::FinishReason::Length:
+          case engine::FinishReason::Timeout: self->m.v_length->inc(); break;
+          case engine::FinishReason::Abort: self->m.v_abort->inc(); break;
+          default: break;
+        }
         if (cs->event_tokens >= 2)
           self->m.tpot->observe(seconds(cs->last_token - cs->first_token) / (cs->event_tokens - 1));
         self->reg
@@ -911,6 +928,22 @@ void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   s.m.v_prompt = &s.reg.counter("vllm:prompt_tokens_total", "Prompt tokens (vLLM-compatible name)", l);
   s.m.v_gen = &s.reg.counter("vllm:generation_tokens_total", "Generated tokens (vLLM-compatible name)", l);
   s.m.v_preempt = &s.reg.counter("vllm:num_preemptions_total", "Preemptions (vLLM-compatible name)", l);
+  const std::vector<double> ttft_b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                      1,     2.5,   5,    7.5,  10,   20,   40,   80,  160, 640, 2560};
+  const std::vector<double> itl_b = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                                     1,    2.5,   5,    7.5,   10,  20,   40,  80};
+  const std::vector<double> e2e_b = {0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680};
+  s.m.v_ttft = &s.reg.histogram("vllm:time_to_first_token_seconds", "Time to first token (vLLM-compatible name)", ttft_b, l);
+  s.m.v_itl = &s.reg.histogram("vllm:inter_token_latency_seconds", "Time between output tokens (vLLM-compatible name)",
+                               itl_b, l);
+  s.m.v_tpot = &s.reg.histogram("vllm:time_per_output_token_seconds",
+                                "Time between output tokens (older vLLM name)", itl_b, l);
+  s.m.v_e2e = &s.reg.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (vLLM-compatible name)",
+                               e2e_b, l);
+  const char* fin_help = "Finished requests by reason (vLLM-compatible name)";
+  s.m.v_stop = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "stop"}, l[0]});
+  s.m.v_length = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "length"}, l[0]});
+  s.m.v_abort = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "abort"}, l[0]});
   s.ready.store(true, std::memory_order_release);
 }
 

@@ -540,7 +540,13 @@ TEST(Server, ModelsTokenizeMetrics) {
         "selfserve_time_to_first_token_seconds_bucket", "selfserve_time_per_output_token_seconds_count 1",
         "selfserve_e2e_request_latency_seconds_count 1", "selfserve_preemptions_total",
         "selfserve_requests_rejected_total", "selfserve_degrade_level 0", "vllm:num_requests_running{model_name=\"test-model\"}",
-        "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{"})
+        "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
+        // vLLM's latency series: one request of 3 tokens = 1 TTFT, 2 gaps between tokens, 1 finish.
+        "vllm:time_to_first_token_seconds_count{model_name=\"test-model\"} 1",
+        "vllm:inter_token_latency_seconds_count{model_name=\"test-model\"} 2",
+        "vllm:time_per_output_token_seconds_count{model_name=\"test-model\"} 2",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"test-model\"} 1",
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"test-model\"} 1"})
     EXPECT_NE(m.find(name), std::string::npos) << name << "\n" << m;
 }
 
