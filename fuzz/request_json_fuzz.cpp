@@ -65,12 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t total = er.prompt.size() + static_cast<size_t>(er.max_tokens);
       if (er.prompt.empty() || total > static_cast<size_t>(env.m.max_model_len)) std::abort();
       if (!er.sampling.validate().ok()) std::abort();
+      if (er.min_tokens < 0 || er.min_tokens > er.max_tokens) std::abort();
       for (int32_t id : er.prompt)
         if (id < 0 || id >= env.m.vocab_size) std::abort();
       for (const auto& [id, v] : er.sampling.logit_bias)
         if (id < 0 || id >= env.m.vocab_size || !(v >= -100.0f && v <= 100.0f)) std::abort();
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
-      TextOutput text(*env.tok, g.stop, g.skip_special_tokens);
+      TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens);
       ChoiceOutput o;
       o.index = c;
       for (size_t i = 0; i < er.prompt.size() && i < 64; ++i) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace ss::engine {
 
@@ -140,6 +141,8 @@ Status Engine::step() {
         if (d.logits_row < 0) return;
         Sequence* s = d.seq;
         float* row = e.logits_.data() + d.logits_row * c.vocab;
+        if (s->num_output() < s->req.min_tokens)  // too early to stop: the stop ids are out
+          for (int32_t id : s->req.stop_ids) row[id] = -std::numeric_limits<float>::infinity();
         e.sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
         if (s->req.logprobs >= 0)  // the sampler left the biased, penalized logits in row
           row_logprobs(row, e.cfg_.vocab_size, e.sampled_[i], s->req.logprobs, e.logprobs_[i].chosen,

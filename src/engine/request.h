@@ -76,6 +76,9 @@ struct Request {
   SamplingParams sampling;  // sampling.seed seeds this request's own sampler (batch-independent)
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  // end-of-generation ids; the stop token is emitted, then Stop
+  // vLLM's min_tokens: before this many output tokens the stop ids cannot be sampled (their logits
+  // are -inf); the stop hook's owner applies the same rule to stop strings. 0 <= min_tokens <= max_tokens.
+  int min_tokens = 0;
   int logprobs = -1;              // < 0: none; k >= 0: each token's logprob plus the top k (k <= 64)
   // < 0: none; k >= 0 (k <= 64): every prompt token's logprob plus the top k, delivered with the
   // first sampled token (OpenAI's echo + logprobs, what lm-eval-harness scores prompts with). Such a

@@ -76,11 +76,17 @@ Status Scheduler::check(const Request& r) const {
       return make_error("prompt token " + std::to_string(r.prompt[i]) + " at position " + std::to_string(i) +
                         " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   SS_TRY(r.sampling.validate());
+  for (int32_t id : r.stop_ids)
+    if (id < 0 || id >= vocab_)
+      return make_error("stop id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   for (const auto& [id, v] : r.sampling.logit_bias)
     if (id >= vocab_)
       return make_error("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                         std::to_string(vocab_) + ")");
   if (r.max_tokens < 1) return make_error("max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
+    return make_error("min_tokens must be between 0 and max_tokens (" + std::to_string(r.max_tokens) + "), got " +
+                      std::to_string(r.min_tokens));
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (total > max_len_) {
     std::string why = "the prompt (" + std::to_string(r.prompt.size()) + " tokens) plus max_tokens (" +

@@ -384,6 +384,7 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     }
   }
   f.boolean("ignore_eos", g.ignore_eos);
+  f.integer("min_tokens", g.min_tokens, 0, std::numeric_limits<int32_t>::max());
   f.boolean("skip_special_tokens", g.skip_special_tokens);
   if (const json* sti = f.get("stop_token_ids"); sti && !f.failed()) {
     if (!sti->is_array() || !parse_id_array(*sti, g.stop_token_ids))
@@ -490,6 +491,10 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     // OpenAI's defaults: 16 for completions, the rest of the context for chat.
     g.max_tokens = static_cast<int>(chat ? room : std::min<int64_t>(16, room));
   }
+  if (g.min_tokens > g.max_tokens)
+    return bad("'min_tokens' (" + std::to_string(g.min_tokens) + ") must not exceed max_tokens (" +
+                   std::to_string(g.max_tokens) + ")",
+               "min_tokens");
   if (auto st = g.sampling.validate(); !st.ok()) return bad(st.message());
   return g;
 }
@@ -608,6 +613,7 @@ engine::Request to_engine_request(const GenerationRequest& g, int choice, const 
   r.sampling = g.sampling;
   r.sampling.seed = (g.seed ? *g.seed : default_seed) + static_cast<uint64_t>(sample);
   r.max_tokens = g.max_tokens;
+  r.min_tokens = g.min_tokens;
   r.stop_ids = g.stop_token_ids;
   if (!g.ignore_eos)
     for (int32_t id : m.tokenizer->eog_ids())

@@ -70,6 +70,7 @@ struct GenerationRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // the client's; the model's end-of-generation ids are added
+  int min_tokens = 0;                   // vLLM's: no stop (id or string) before this many tokens
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool stream = false;

@@ -4,8 +4,8 @@
 
 namespace ss::server {
 
-TextOutput::TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special)
-    : dec_(tok, skip_special) {
+TextOutput::TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special, int min_tokens)
+    : dec_(tok, skip_special), min_tokens_(min_tokens) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
 }
@@ -43,6 +43,11 @@ void TextOutput::scan() {
 bool TextOutput::push(int32_t id) {
   if (stopped_ || finished_) return false;
   held_ += dec_.push(id);
+  if (++pushed_ < min_tokens_) {  // too early to stop: release everything, hold nothing back
+    ready_ += held_;
+    held_.clear();
+    return false;
+  }
   scan();
   return stopped_;
 }

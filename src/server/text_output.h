@@ -13,7 +13,8 @@ namespace ss::server {
 class TextOutput {
  public:
   // Empty strings in `stops` are ignored. skip_special: control tokens decode to nothing.
-  TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special = true);
+  // min_tokens (vLLM's): stop strings are looked for only in the text of the min_tokens-th token on.
+  TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special = true, int min_tokens = 0);
 
   // Adds one generated token. Returns true when a stop string has just completed (the text is cut
   // before it; later pushes are ignored).
@@ -37,6 +38,8 @@ class TextOutput {
   std::string matched_;
   bool stopped_ = false;
   bool finished_ = false;
+  int min_tokens_ = 0;
+  int pushed_ = 0;
 };
 
 }  // namespace ss::server

@@ -276,6 +276,21 @@ def test_logit_bias(srv):
         assert r.json()["error"]["param"] == "logit_bias"
 
 
+def test_min_tokens(srv):
+    """vLLM's min_tokens: an answer that would end after a few tokens (end-of-generation) runs on."""
+    c = srv.client()
+    kw = dict(model=srv.model, messages=chat_msgs("Say hi."), max_tokens=80, temperature=0)
+    short = c.chat.completions.create(**kw)
+    n = short.usage.completion_tokens
+    assert short.choices[0].finish_reason == "stop" and n < 60, short
+    longer = c.chat.completions.create(**kw, extra_body={"min_tokens": n + 10})
+    assert longer.usage.completion_tokens >= n + 10
+    assert longer.choices[0].message.content.startswith(short.choices[0].message.content)
+    r = requests.post(srv.url + "/v1/completions", headers=AUTH,
+                      json={"prompt": "hi", "max_tokens": 3, "min_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
 def test_tokenize_detokenize(srv):
     t = requests.post(srv.url + "/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
     assert t["count"] == len(t["tokens"]) > 0

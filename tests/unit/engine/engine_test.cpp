@@ -140,6 +140,40 @@ TEST(Engine, SharedSystemPromptReusesCachedBlocksWithSameOutputs) {
   EXPECT_EQ(c.out[again].tokens, c.out[ids[0]].tokens);
 }
 
+// vLLM's min_tokens: the stop ids cannot be sampled before min_tokens outputs (their logits are
+// masked), so a request whose greedy first token is a stop id runs on; after that, stops work.
+TEST(Engine, MinTokensMasksStopIdsUntilThen) {
+  std::mt19937 g(15);
+  Spec s = spec(random_tokens(g, 20, kVocab), 12);
+  const auto free_run = run_alone(s, kVocab).tokens;
+  ASSERT_EQ(free_run.size(), 12u);
+  FakeBackend be(64, 16, kVocab);
+  auto e = make_engine(be, small_config(4, 64), kVocab);
+  Collector c;
+  Spec stopped = s;
+  stopped.stop_ids = {free_run[0], free_run[1]};
+  const RequestId plain = *e->add_request(make_request(stopped, &c));
+  Request r = make_request(stopped, &c);
+  r.min_tokens = 5;
+  const RequestId held = *e->add_request(std::move(r));
+  run_all(*e);
+  EXPECT_EQ(c.out[plain].tokens, std::vector<int32_t>{free_run[0]});
+  EXPECT_EQ(c.out[plain].finish, FinishReason::Stop);
+  const auto& out = c.out[held].tokens;
+  ASSERT_GE(out.size(), 5u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(out[i] != free_run[0] && out[i] != free_run[1]) << "stop id sampled at output " << i;
+  if (c.out[held].finish == FinishReason::Stop) {
+    EXPECT_TRUE(out.back() == free_run[0] || out.back() == free_run[1]);
+  }
+  Request bad = make_request(s, nullptr);
+  bad.min_tokens = 13;
+  EXPECT_FALSE(e->add_request(std::move(bad)).ok()) << "min_tokens above max_tokens";
+  Request bad_stop = make_request(s, nullptr);
+  bad_stop.stop_ids = {kVocab};
+  EXPECT_FALSE(e->add_request(std::move(bad_stop)).ok()) << "stop id outside the vocabulary";
+}
+
 // vLLM's cache_salt: the same prompt reuses cached blocks only under the same salt (an empty salt is
 // the shared default), and the output is the same whichever blocks it got.
 TEST(Engine, CacheSaltIsolatesPrefixReuse) {

@@ -184,6 +184,7 @@ TEST_F(OpenAiApi, WrongTypesAreRejectedNamingTheField) {
       {R"({"prompt":"hi","model":5})", "model"},
       {R"({"prompt":"hi","logit_bias":[1]})", "logit_bias"},
       {R"({"prompt":"hi","cache_salt":5})", "cache_salt"},
+      {R"({"prompt":"hi","min_tokens":1.5})", "min_tokens"},
       {R"({"prompt":"hi","cache_salt":""})", "cache_salt"},
       {R"({"prompt":"hi","best_of":1.5})", "best_of"},
       {R"({"prompt":"hi","suffix":3})", "suffix"},
@@ -226,6 +227,9 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})", "stop"},
       {R"({"prompt":"hi","best_of":3})", "best_of"},
       {R"({"prompt":"hi","logit_bias":{"5":101}})", "logit_bias"},
+      {R"({"prompt":"hi","min_tokens":-1})", "min_tokens"},
+      {R"({"prompt":"hi","max_tokens":4,"min_tokens":5})", "min_tokens"},
+      {R"({"prompt":"hi","min_tokens":17})", "min_tokens"},
       {R"({"prompt":"hi","logit_bias":{"5":-100.5}})", "logit_bias"},
       {R"({"prompt":"hi","logit_bias":{"5":"10"}})", "logit_bias"},
       {R"({"prompt":"hi","logit_bias":{"5":[1]}})", "logit_bias"},
@@ -397,6 +401,9 @@ TEST_F(OpenAiApi, ToEngineRequest) {
   auto salted = chat(R"({"messages":[{"role":"user","content":"x"}],"cache_salt":"tenant-7"})");
   ASSERT_TRUE(salted.ok()) << salted.error().message;
   EXPECT_EQ(to_engine_request(salted.value(), 0, m_, 1).cache_salt, "tenant-7");
+  auto mt = completion(R"({"prompt":"hi","max_tokens":8,"min_tokens":8})");
+  ASSERT_TRUE(mt.ok()) << mt.error().message;
+  EXPECT_EQ(to_engine_request(mt.value(), 0, m_, 1).min_tokens, 8);
   auto noseed = completion(R"({"prompt":"hi","ignore_eos":true})");
   ASSERT_TRUE(noseed.ok());
   engine::Request er = to_engine_request(noseed.value(), 0, m_, 555);

@@ -59,6 +59,45 @@ TEST(TextOutput, CutsAtTheStopStringAcrossTokens) {
   EXPECT_EQ(none, -1);
 }
 
+// vLLM's min_tokens: a stop string is looked for only in the text of the min_tokens-th token on, so
+// an early occurrence passes through and the first one after it stops the text.
+TEST(TextOutput, MinTokensDelaysStopStrings) {
+  Fixture f;
+  const std::string s = "one. two. three. four.";
+  const auto ids = f.tok->encode(s, false, false);
+  // Tokens up to and including the first ". " occurrence, then the rest.
+  size_t first_dot = 0;
+  std::string prefix;
+  while (first_dot < ids.size() && prefix.find('.') == std::string::npos)
+    prefix += f.tok->decode({ids[first_dot++]}, false);
+  ASSERT_LT(first_dot + 2, ids.size());
+  const int min_tokens = static_cast<int>(first_dot) + 1;  // past the first '.'
+  TextOutput out(*f.tok, {"."}, true, min_tokens);
+  std::string text;
+  int stopped_at = -1;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (out.push(ids[i])) {
+      stopped_at = static_cast<int>(i);
+      break;
+    }
+    text += out.take();
+  }
+  text += out.finish();
+  EXPECT_EQ(text, "one. two") << "min_tokens " << min_tokens;
+  EXPECT_GE(stopped_at, min_tokens - 1);
+  // min_tokens 0 or 1 is the plain rule.
+  for (int m : {0, 1}) {
+    TextOutput plain(*f.tok, {"."}, true, m);
+    std::string t;
+    for (int32_t id : ids) {
+      if (plain.push(id)) break;
+      t += plain.take();
+    }
+    t += plain.finish();
+    EXPECT_EQ(t, "one") << m;
+  }
+}
+
 TEST(TextOutput, HoldsBackOnlyPossibleStopPrefixes) {
   Fixture f;
   const auto ids = f.tok->encode("abc abd abe", false, false);
