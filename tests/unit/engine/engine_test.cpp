@@ -24,6 +24,13 @@ SchedulerConfig small_config(int max_seqs, int max_tokens) {
   sc.max_num_batched_tokens = max_tokens;
   return sc;
 }
+// With a long lane: prompts of long_threshold tokens or more, capped at long_cap per step.
+SchedulerConfig lanes_config(int max_seqs, int max_tokens, int long_threshold, int long_cap) {
+  SchedulerConfig sc = small_config(max_seqs, max_tokens);
+  sc.long_prompt_threshold = long_threshold;
+  sc.max_long_prefill_tokens = long_cap;
+  return sc;
+}
 }  // namespace
 
 TEST(Engine, SingleRequestMatchesGenerator) {
@@ -471,10 +478,7 @@ TEST(Engine, PrefillCappedWhileStreamsDecode) {
 TEST(Engine, LongPromptDoesNotStarveShortOnes) {
   std::mt19937 g(9);
   FakeBackend be(128, 16, kVocab);
-  SchedulerConfig sc = small_config(8, 32);
-  sc.long_prompt_threshold = 64;
-  sc.max_long_prefill_tokens = 16;
-  auto e = make_engine(be, sc, kVocab);
+  auto e = make_engine(be, lanes_config(8, 32, 64, 16), kVocab);
   Collector c;
   const RequestId lng = *e->add_request(make_request(spec(random_tokens(g, 600, kVocab), 4), &c));
   ASSERT_TRUE(e->step().ok());  // nothing else waits: the long prompt takes the whole budget
@@ -492,10 +496,7 @@ TEST(Engine, LongPromptDoesNotStarveShortOnes) {
 TEST(Engine, LongPrefillCapIsWorkConserving) {
   std::mt19937 g(13);
   FakeBackend be(256, 16, kVocab);
-  SchedulerConfig sc = small_config(8, 64);
-  sc.long_prompt_threshold = 32;
-  sc.max_long_prefill_tokens = 16;
-  auto e = make_engine(be, sc, kVocab);
+  auto e = make_engine(be, lanes_config(8, 64, 32, 16), kVocab);
   Collector c;
   // Per step: all tokens fed, and the long prompt's (the only positions >= 40).
   std::vector<std::pair<int, int>> fed;

@@ -16,8 +16,9 @@ struct Fixture {
 };
 
 // Feeds ids one at a time; returns (all text taken, index of the token that stopped or -1).
-std::pair<std::string, int> run(const tok::Tokenizer& tk, const std::vector<int32_t>& ids, std::vector<std::string> stops) {
-  TextOutput out(tk, std::move(stops));
+std::pair<std::string, int> run(const tok::Tokenizer& tk, const std::vector<int32_t>& ids, std::vector<std::string> stops,
+                                int min_tokens = 0) {
+  TextOutput out(tk, std::move(stops), true, min_tokens);
   std::string text;
   int stopped_at = -1;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -72,30 +73,10 @@ TEST(TextOutput, MinTokensDelaysStopStrings) {
     prefix += f.tok->decode({ids[first_dot++]}, false);
   ASSERT_LT(first_dot + 2, ids.size());
   const int min_tokens = static_cast<int>(first_dot) + 1;  // past the first '.'
-  TextOutput out(*f.tok, {"."}, true, min_tokens);
-  std::string text;
-  int stopped_at = -1;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (out.push(ids[i])) {
-      stopped_at = static_cast<int>(i);
-      break;
-    }
-    text += out.take();
-  }
-  text += out.finish();
+  auto [text, stopped_at] = run(*f.tok, ids, {"."}, min_tokens);
   EXPECT_EQ(text, "one. two") << "min_tokens " << min_tokens;
   EXPECT_GE(stopped_at, min_tokens - 1);
-  // min_tokens 0 or 1 is the plain rule.
-  for (int m : {0, 1}) {
-    TextOutput plain(*f.tok, {"."}, true, m);
-    std::string t;
-    for (int32_t id : ids) {
-      if (plain.push(id)) break;
-      t += plain.take();
-    }
-    t += plain.finish();
-    EXPECT_EQ(t, "one") << m;
-  }
+  for (int m : {0, 1}) EXPECT_EQ(run(*f.tok, ids, {"."}, m).first, "one") << "min_tokens " << m << " is the plain rule";
 }
 
 TEST(TextOutput, HoldsBackOnlyPossibleStopPrefixes) {
