@@ -9,6 +9,10 @@
 namespace ss::server {
 
 using nlohmann::json;
+// Responses keep their keys in insertion order, as OpenAI writes them (a completions top_logprobs
+// dict most likely first); requests are parsed into json (std::map objects: an object with many
+// keys parses in n log n, where ordered_json would compare every key with every other).
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -501,8 +505,8 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
 
 std::string token_str(const ModelInfo& m, int32_t id) { return m.tokenizer->token_to_piece(id); }
 
-json bytes_of(const std::string& s) {
-  json a = json::array();
+ojson bytes_of(const std::string& s) {
+  ojson a = ojson::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
   return a;
 }
@@ -510,9 +514,9 @@ json bytes_of(const std::string& s) {
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; echoed prompt tokens
 // come first: the first with null logprobs (nothing precedes it), the others with prompt_lps (tokens
 // 1 .. n-1) when given, else null.
-json completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps, size_t text_offset,
+ojson completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps, size_t text_offset,
                          const std::vector<int32_t>* echo_ids, const std::vector<TokenLogprob>* prompt_lps = nullptr) {
-  json tokens = json::array(), lp = json::array(), top = json::array(), off = json::array();
+  ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), off = ojson::array();
   size_t pos = 0;
   auto add_offset = [&](const std::string& s) {
     off.push_back(pos);
@@ -521,7 +525,7 @@ json completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lp
   auto add = [&](const std::string& s, const TokenLogprob& t) {
     tokens.push_back(s);
     lp.push_back(t.logprob);
-    json d = json::object();
+    ojson d = ojson::object();
     for (const auto& [id, v] : t.top) {
       const std::string ts = token_str(m, id);
       if (!d.contains(ts)) d[ts] = v;
@@ -546,31 +550,31 @@ json completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lp
   }
   pos = std::max(pos, text_offset);
   for (const TokenLogprob& t : lps) add(token_str(m, t.token), t);
-  return json{{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
+  return ojson{{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
 }
 
-json chat_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps) {
-  json content = json::array();
+ojson chat_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps) {
+  ojson content = ojson::array();
   for (const TokenLogprob& t : lps) {
     const std::string s = token_str(m, t.token);
-    json top = json::array();
+    ojson top = ojson::array();
     for (const auto& [id, v] : t.top) {
       const std::string ts = token_str(m, id);
-      top.push_back(json{{"token", ts}, {"logprob", v}, {"bytes", bytes_of(ts)}});
+      top.push_back(ojson{{"token", ts}, {"logprob", v}, {"bytes", bytes_of(ts)}});
     }
-    content.push_back(json{{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
+    content.push_back(ojson{{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
   }
-  return json{{"content", content}};
+  return ojson{{"content", content}};
 }
 
-json usage_json(const Usage& u) {
-  return json{{"prompt_tokens", u.prompt_tokens},
+ojson usage_json(const Usage& u) {
+  return ojson{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
-json tokens_json(const std::vector<int32_t>& ids) {
-  json a = json::array();
+ojson tokens_json(const std::vector<int32_t>& ids) {
+  ojson a = ojson::array();
   for (int32_t id : ids) a.push_back(id);
   return a;
 }
@@ -586,6 +590,9 @@ std::string error_body(const ApiError& e) {
 }
 
 std::string dump_json(const nlohmann::json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump_json(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
 
 std::string sse_event(const std::string& payload) { return "data: " + payload + "\n\n"; }
 
@@ -647,7 +654,7 @@ ApiResult<nlohmann::json> tokenize_request(std::string_view body, const ModelInf
     } else {
       return bad("'prompt' or 'messages' is required", "prompt");
     }
-    json out = {{"count", ids.size()}, {"max_model_len", m.max_model_len}, {"tokens", tokens_json(ids)}};
+    json out = {{"count", ids.size()}, {"max_model_len", m.max_model_len}, {"tokens", json(tokens_json(ids))}};
     if (strs) {
       json a = json::array();
       for (int32_t id : ids) a.push_back(token_str(m, id));
@@ -691,65 +698,65 @@ Usage usage_of(const GenerationRequest& g, const std::vector<ChoiceOutput>& choi
 }
 
 // The fields every response and chunk object shares.
-static json envelope(const char* object, const std::string& id, int64_t created, const ModelInfo& m, json choices) {
-  return json{{"id", id}, {"object", object}, {"created", created}, {"model", m.id}, {"choices", std::move(choices)}};
+static ojson envelope(const char* object, const std::string& id, int64_t created, const ModelInfo& m, ojson choices) {
+  return ojson{{"id", id}, {"object", object}, {"created", created}, {"model", m.id}, {"choices", std::move(choices)}};
 }
 
-nlohmann::json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+nlohmann::ordered_json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                    int64_t created, const std::vector<ChoiceOutput>& choices) {
-  json arr = json::array();
+  ojson arr = ojson::array();
   for (const ChoiceOutput& c : choices) {
     const PromptInput& p = g.prompts[g.prompt_index(c.index)];
-    json lp = nullptr;
+    ojson lp = nullptr;
     if (g.logprobs >= 0)
       lp = completion_logprobs(m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr, &c.prompt_logprobs);
-    arr.push_back(json{{"index", c.index},
+    arr.push_back(ojson{{"index", c.index},
                        {"text", g.echo ? p.text + c.text : c.text},
                        {"logprobs", lp},
                        {"finish_reason", c.finish_reason},
-                       {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}});
+                       {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
-  json out = envelope("text_completion", id, created, m, std::move(arr));
+  ojson out = envelope("text_completion", id, created, m, std::move(arr));
   out["usage"] = usage_json(usage_of(g, choices));
   return out;
 }
 
-nlohmann::json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                              const std::vector<ChoiceOutput>& choices) {
-  json arr = json::array();
+  ojson arr = ojson::array();
   for (const ChoiceOutput& c : choices) {
-    arr.push_back(json{{"index", c.index},
+    arr.push_back(ojson{{"index", c.index},
                        {"message", {{"role", "assistant"}, {"content", c.text}}},
-                       {"logprobs", g.logprobs >= 0 ? chat_logprobs(m, c.logprobs) : json(nullptr)},
+                       {"logprobs", g.logprobs >= 0 ? chat_logprobs(m, c.logprobs) : ojson(nullptr)},
                        {"finish_reason", c.finish_reason},
-                       {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}});
+                       {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
-  json out = envelope("chat.completion", id, created, m, std::move(arr));
+  ojson out = envelope("chat.completion", id, created, m, std::move(arr));
   out["usage"] = usage_json(usage_of(g, choices));
   return out;
 }
 
-nlohmann::json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                                 int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
                                 size_t text_offset, const char* finish_reason) {
-  json choice = {{"index", index},
+  ojson choice = {{"index", index},
                  {"text", text},
-                 {"logprobs", logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : json(nullptr)},
-                 {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}};
-  json out = envelope("text_completion", id, created, m, json::array({choice}));
+                 {"logprobs", logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : ojson(nullptr)},
+                 {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+  ojson out = envelope("text_completion", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
 
-nlohmann::json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                      int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps) {
   const PromptInput& p = g.prompts[g.prompt_index(index)];
   const std::vector<TokenLogprob> none;
-  json choice = {{"index", index},
+  ojson choice = {{"index", index},
                  {"text", p.text},
-                 {"logprobs", g.logprobs >= 0 ? completion_logprobs(m, none, 0, &p.ids, prompt_lps) : json(nullptr)},
+                 {"logprobs", g.logprobs >= 0 ? completion_logprobs(m, none, 0, &p.ids, prompt_lps) : ojson(nullptr)},
                  {"finish_reason", nullptr}};
-  json out = envelope("text_completion", id, created, m, json::array({choice}));
+  ojson out = envelope("text_completion", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
@@ -762,25 +769,25 @@ std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
   return out;
 }
 
-nlohmann::json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                           int index, const char* role, const std::string* content,
                           const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
-  json delta = json::object();
+  ojson delta = ojson::object();
   if (role) delta["role"] = role;
   if (content) delta["content"] = *content;
-  json choice = {{"index", index},
+  ojson choice = {{"index", index},
                  {"delta", delta},
-                 {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : json(nullptr)},
-                 {"finish_reason", finish_reason ? json(finish_reason) : json(nullptr)}};
-  json out = envelope("chat.completion.chunk", id, created, m, json::array({choice}));
+                 {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : ojson(nullptr)},
+                 {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+  ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
 
-nlohmann::json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
                            const Usage& u) {
-  json out = envelope(g.endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion", id,
-                      created, m, json::array());
+  ojson out = envelope(g.endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion", id,
+                      created, m, ojson::array());
   out["usage"] = usage_json(u);
   return out;
 }

@@ -869,7 +869,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     e.message = "generation failed: " + *engine_error;
     co_return co_await write(stream, make_error(req, e));
   }
-  const nlohmann::json body = chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs);
+  const nlohmann::ordered_json body = chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs);
   co_return co_await write(stream, make(req, http::status::ok, dump_json(body)));
 }
 

@@ -492,6 +492,26 @@ TEST_F(OpenAiApi, ResponseShapes) {
   EXPECT_EQ(lp["top_logprobs"][nprompt].size(), 2u);
   EXPECT_EQ(lp["text_offset"][nprompt], 2);
 
+  // As OpenAI writes them: keys in insertion order (envelope first), a top_logprobs dict most likely
+  // first — here against the alphabetical order of the token strings, which a std::map would give.
+  std::vector<int32_t> ids;
+  for (const char* c : {"q", "b", "x", "m"}) {
+    const auto one = tok_->encode(c, false, false);
+    ASSERT_EQ(one.size(), 1u) << c;
+    ids.push_back(one[0]);
+  }
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return tok_->token_to_piece(a) > tok_->token_to_piece(b); });
+  std::vector<ChoiceOutput> ranked = outs;
+  ranked[0].logprobs = {TokenLogprob{ids[0], -0.1f, {{ids[0], -0.1f}, {ids[1], -1.0f}, {ids[2], -2.0f}, {ids[3], -3.0f}}}};
+  const auto dumped = nlohmann::ordered_json::parse(dump_json(completion_response(g, m_, "cmpl-1", 42, ranked)));
+  std::vector<std::string> keys;
+  for (auto it = dumped.begin(); it != dumped.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"id", "object", "created", "model", "choices", "usage"}));
+  const auto& top = dumped["choices"][0]["logprobs"]["top_logprobs"][nprompt];
+  std::vector<float> order;
+  for (auto it = top.begin(); it != top.end(); ++it) order.push_back(it.value().get<float>());
+  EXPECT_EQ(order, (std::vector<float>{-0.1f, -1.0f, -2.0f, -3.0f}));
+
   auto cr = chat(R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2,"stream":true,
       "stream_options":{"include_usage":true}})");
   ASSERT_TRUE(cr.ok());
