@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (const auto& [id, v] : er.sampling.logit_bias)
         if (id < 0 || id >= env.m.vocab_size || !(v >= -100.0f && v <= 100.0f)) std::abort();
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
-      TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens);
+      TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output);
       ChoiceOutput o;
       o.index = c;
       for (size_t i = 0; i < er.prompt.size() && i < 64; ++i) {

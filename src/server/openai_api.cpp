@@ -389,6 +389,7 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
   }
   f.boolean("ignore_eos", g.ignore_eos);
   f.integer("min_tokens", g.min_tokens, 0, std::numeric_limits<int32_t>::max());
+  f.boolean("include_stop_str_in_output", g.include_stop_str_in_output);
   f.boolean("skip_special_tokens", g.skip_special_tokens);
   if (const json* sti = f.get("stop_token_ids"); sti && !f.failed()) {
     if (!sti->is_array() || !parse_id_array(*sti, g.stop_token_ids))

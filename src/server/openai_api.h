@@ -71,6 +71,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // the client's; the model's end-of-generation ids are added
   int min_tokens = 0;                   // vLLM's: no stop (id or string) before this many tokens
+  bool include_stop_str_in_output = false;  // vLLM's: keep the matched stop string in the text
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool stream = false;

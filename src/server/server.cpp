@@ -115,8 +115,8 @@ struct Mailbox {
 
 // One choice's engine-side state, touched only on the engine thread (stop hook and event callback).
 struct ChoiceState {
-  ChoiceState(const tok::Tokenizer& tk, std::vector<std::string> stops, bool skip_special, int min_tokens)
-      : text(tk, std::move(stops), skip_special, min_tokens) {}
+  ChoiceState(const tok::Tokenizer& tk, const GenerationRequest& g)
+      : text(tk, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output) {}
   TextOutput text;
   int hook_tokens = 0;   // tokens fed to text by the stop hook
   int event_tokens = 0;  // token events seen
@@ -637,7 +637,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     r.deadline = deadline;
     r.cancel = engine::make_cancel_token();
     const engine::CancelToken cancel = r.cancel;
-    auto cs = std::make_shared<ChoiceState>(*mi.tokenizer, g.stop, g.skip_special_tokens, g.min_tokens);
+    auto cs = std::make_shared<ChoiceState>(*mi.tokenizer, g);
     cs->arrival = arrival;
     r.stop_hook = [cs](std::span<const int32_t> out) {
       ++cs->hook_tokens;

@@ -4,8 +4,9 @@
 
 namespace ss::server {
 
-TextOutput::TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special, int min_tokens)
-    : dec_(tok, skip_special), min_tokens_(min_tokens) {
+TextOutput::TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special, int min_tokens,
+                       bool include_stop)
+    : dec_(tok, skip_special), min_tokens_(min_tokens), include_stop_(include_stop) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
 }
@@ -21,6 +22,7 @@ void TextOutput::scan() {
   }
   if (which) {
     ready_.append(held_, 0, best);
+    if (include_stop_) ready_ += *which;
     held_.clear();
     matched_ = *which;
     stopped_ = true;

@@ -14,7 +14,10 @@ class TextOutput {
  public:
   // Empty strings in `stops` are ignored. skip_special: control tokens decode to nothing.
   // min_tokens (vLLM's): stop strings are looked for only in the text of the min_tokens-th token on.
-  TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special = true, int min_tokens = 0);
+  // include_stop (vLLM's include_stop_str_in_output): the matched stop string ends the text instead
+  // of being cut off.
+  TextOutput(const tok::Tokenizer& tok, std::vector<std::string> stops, bool skip_special = true, int min_tokens = 0,
+             bool include_stop = false);
 
   // Adds one generated token. Returns true when a stop string has just completed (the text is cut
   // before it; later pushes are ignored).
@@ -40,6 +43,7 @@ class TextOutput {
   bool finished_ = false;
   int min_tokens_ = 0;
   int pushed_ = 0;
+  bool include_stop_ = false;
 };
 
 }  // namespace ss::server

@@ -237,6 +237,10 @@ def test_stop_strings_and_seeded_n(srv):
                                         temperature=0, stop=[stop], extra_body={"ignore_eos": True})
     assert r.choices[0].text == full[: full.index(stop)]
     assert r.choices[0].finish_reason == "stop"
+    kept = srv.client().completions.create(model=srv.model, prompt="List the days of the week:", max_tokens=30,
+                                           temperature=0, stop=[stop],
+                                           extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert kept.choices[0].text == full[: full.index(stop) + len(stop)]
 
     kw = dict(model=srv.model, prompt="My favourite animal is", max_tokens=8, temperature=1.0, seed=5, n=2)
     a = srv.client().completions.create(**kw)

@@ -185,6 +185,7 @@ TEST_F(OpenAiApi, WrongTypesAreRejectedNamingTheField) {
       {R"({"prompt":"hi","logit_bias":[1]})", "logit_bias"},
       {R"({"prompt":"hi","cache_salt":5})", "cache_salt"},
       {R"({"prompt":"hi","min_tokens":1.5})", "min_tokens"},
+      {R"({"prompt":"hi","include_stop_str_in_output":"yes"})", "include_stop_str_in_output"},
       {R"({"prompt":"hi","cache_salt":""})", "cache_salt"},
       {R"({"prompt":"hi","best_of":1.5})", "best_of"},
       {R"({"prompt":"hi","suffix":3})", "suffix"},

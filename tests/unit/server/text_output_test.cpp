@@ -17,8 +17,8 @@ struct Fixture {
 
 // Feeds ids one at a time; returns (all text taken, index of the token that stopped or -1).
 std::pair<std::string, int> run(const tok::Tokenizer& tk, const std::vector<int32_t>& ids, std::vector<std::string> stops,
-                                int min_tokens = 0) {
-  TextOutput out(tk, std::move(stops), true, min_tokens);
+                                int min_tokens = 0, bool include_stop = false) {
+  TextOutput out(tk, std::move(stops), true, min_tokens, include_stop);
   std::string text;
   int stopped_at = -1;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -51,6 +51,9 @@ TEST(TextOutput, CutsAtTheStopStringAcrossTokens) {
     EXPECT_EQ(text, s.substr(0, s.find(stop))) << "stop '" << stop << "'";
     EXPECT_GE(at, 0) << stop;
   }
+  // include_stop_str_in_output: the text ends with the stop string itself.
+  for (const std::string& stop : {std::string(". Then"), std::string("42"), std::string("e")})
+    EXPECT_EQ(run(*f.tok, ids, {stop}, 0, true).first, s.substr(0, s.find(stop) + stop.size())) << stop;
   // Several stop strings: the earliest match in the text wins.
   auto [text, at] = run(*f.tok, ids, {"follows", "is 4", "zzz"});
   EXPECT_EQ(text, "The answer ");
