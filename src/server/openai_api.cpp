@@ -516,7 +516,7 @@ ojson bytes_of(const std::string& s) {
 // come first: the first with null logprobs (nothing precedes it), the others with prompt_lps (tokens
 // 1 .. n-1) when given, else null.
 ojson completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps, size_t text_offset,
-                         const std::vector<int32_t>* echo_ids, const std::vector<TokenLogprob>* prompt_lps = nullptr) {
+                          const std::vector<int32_t>* echo_ids, const std::vector<TokenLogprob>* prompt_lps = nullptr) {
   ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), off = ojson::array();
   size_t pos = 0;
   auto add_offset = [&](const std::string& s) {
@@ -570,8 +570,8 @@ ojson chat_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps) {
 
 ojson usage_json(const Usage& u) {
   return ojson{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+               {"completion_tokens", u.completion_tokens},
+               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 
 ojson tokens_json(const std::vector<int32_t>& ids) {
@@ -704,7 +704,7 @@ static ojson envelope(const char* object, const std::string& id, int64_t created
 }
 
 nlohmann::ordered_json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
-                                   int64_t created, const std::vector<ChoiceOutput>& choices) {
+                                           int64_t created, const std::vector<ChoiceOutput>& choices) {
   ojson arr = ojson::array();
   for (const ChoiceOutput& c : choices) {
     const PromptInput& p = g.prompts[g.prompt_index(c.index)];
@@ -712,54 +712,56 @@ nlohmann::ordered_json completion_response(const GenerationRequest& g, const Mod
     if (g.logprobs >= 0)
       lp = completion_logprobs(m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr, &c.prompt_logprobs);
     arr.push_back(ojson{{"index", c.index},
-                       {"text", g.echo ? p.text + c.text : c.text},
-                       {"logprobs", lp},
-                       {"finish_reason", c.finish_reason},
-                       {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
+                        {"text", g.echo ? p.text + c.text : c.text},
+                        {"logprobs", lp},
+                        {"finish_reason", c.finish_reason},
+                        {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
   ojson out = envelope("text_completion", id, created, m, std::move(arr));
   out["usage"] = usage_json(usage_of(g, choices));
   return out;
 }
 
-nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                             const std::vector<ChoiceOutput>& choices) {
+nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                     int64_t created, const std::vector<ChoiceOutput>& choices) {
   ojson arr = ojson::array();
   for (const ChoiceOutput& c : choices) {
     arr.push_back(ojson{{"index", c.index},
-                       {"message", {{"role", "assistant"}, {"content", c.text}}},
-                       {"logprobs", g.logprobs >= 0 ? chat_logprobs(m, c.logprobs) : ojson(nullptr)},
-                       {"finish_reason", c.finish_reason},
-                       {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
+                        {"message", {{"role", "assistant"}, {"content", c.text}}},
+                        {"logprobs", g.logprobs >= 0 ? chat_logprobs(m, c.logprobs) : ojson(nullptr)},
+                        {"finish_reason", c.finish_reason},
+                        {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
   ojson out = envelope("chat.completion", id, created, m, std::move(arr));
   out["usage"] = usage_json(usage_of(g, choices));
   return out;
 }
 
-nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                                int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
-                                size_t text_offset, const char* finish_reason) {
+// One completions chunk: the choice's text, its logprobs object (or null) and finish reason.
+static ojson text_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                        int index, const std::string& text, ojson logprobs, const char* finish_reason) {
   ojson choice = {{"index", index},
-                 {"text", text},
-                 {"logprobs", logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : ojson(nullptr)},
-                 {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+                  {"text", text},
+                  {"logprobs", std::move(logprobs)},
+                  {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
   ojson out = envelope("text_completion", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
 
+nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                        int64_t created, int index, const std::string& text,
+                                        const std::vector<TokenLogprob>* logprobs, size_t text_offset,
+                                        const char* finish_reason) {
+  return text_chunk(g, m, id, created, index, text,
+                    logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : ojson(nullptr), finish_reason);
+}
+
 nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
-                                     int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps) {
+                                             int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps) {
   const PromptInput& p = g.prompts[g.prompt_index(index)];
-  const std::vector<TokenLogprob> none;
-  ojson choice = {{"index", index},
-                 {"text", p.text},
-                 {"logprobs", g.logprobs >= 0 ? completion_logprobs(m, none, 0, &p.ids, prompt_lps) : ojson(nullptr)},
-                 {"finish_reason", nullptr}};
-  ojson out = envelope("text_completion", id, created, m, ojson::array({choice}));
-  if (g.include_usage) out["usage"] = nullptr;
-  return out;
+  return text_chunk(g, m, id, created, index, p.text,
+                    g.logprobs >= 0 ? completion_logprobs(m, {}, 0, &p.ids, prompt_lps) : ojson(nullptr), nullptr);
 }
 
 std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
@@ -770,25 +772,25 @@ std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
   return out;
 }
 
-nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                          int index, const char* role, const std::string* content,
-                          const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
+nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                  int64_t created, int index, const char* role, const std::string* content,
+                                  const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
   ojson delta = ojson::object();
   if (role) delta["role"] = role;
   if (content) delta["content"] = *content;
   ojson choice = {{"index", index},
-                 {"delta", delta},
-                 {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : ojson(nullptr)},
-                 {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+                  {"delta", delta},
+                  {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : ojson(nullptr)},
+                  {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
   ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;
 }
 
-nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                           const Usage& u) {
+nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                   int64_t created, const Usage& u) {
   ojson out = envelope(g.endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion", id,
-                      created, m, ojson::array());
+                       created, m, ojson::array());
   out["usage"] = usage_json(u);
   return out;
 }

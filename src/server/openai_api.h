@@ -134,25 +134,26 @@ struct Usage {
 Usage usage_of(const GenerationRequest& g, const std::vector<ChoiceOutput>& choices);
 
 nlohmann::ordered_json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
-                                   int64_t created, const std::vector<ChoiceOutput>& choices);
-nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                             const std::vector<ChoiceOutput>& choices);
+                                           int64_t created, const std::vector<ChoiceOutput>& choices);
+nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                     int64_t created, const std::vector<ChoiceOutput>& choices);
 
 // One streamed chunk for choice `index`. text_offset: where this text starts in the choice's full
 // text (completions logprobs). role: chat's first chunk. finish_reason: null while running.
-nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                                int index, const std::string& text, const std::vector<TokenLogprob>* logprobs,
-                                size_t text_offset, const char* finish_reason);
+nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                        int64_t created, int index, const std::string& text,
+                                        const std::vector<TokenLogprob>* logprobs, size_t text_offset,
+                                        const char* finish_reason);
 // The echoed prompt of choice `index` as the first streamed chunk; with logprobs, prompt_lps are
 // prompt tokens 1 .. n-1 (null logprobs where missing).
 nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
-                                     int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps);
-nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                          int index, const char* role, const std::string* content,
-                          const std::vector<TokenLogprob>* logprobs, const char* finish_reason);
+                                             int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps);
+nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                  int64_t created, int index, const char* role, const std::string* content,
+                                  const std::vector<TokenLogprob>* logprobs, const char* finish_reason);
 // The final usage chunk (stream_options.include_usage): empty choices.
-nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
-                           const Usage& u);
+nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                   int64_t created, const Usage& u);
 
 // Serializes; invalid UTF-8 (partial tokens) becomes U+FFFD instead of failing.
 std::string dump_json(const nlohmann::json& j);
