@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 APT_PACKAGES=(cmake ninja-build g++ pkg-config libssl-dev nlohmann-json3-dev libcli11-dev
-              libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libboost1.81-dev python3 python3-pip)
+              libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libboost1.81-dev prometheus-cpp-dev python3 python3-pip)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,7 +20,7 @@ fi
 
 # Python tools for the end-to-end tests (the C++ tests need none: their references are committed).
 if [ "${SELFSERVE_PY_DEPS:-0}" = 1 ]; then
-  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib
+  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib prometheus-client
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

@@ -1,93 +1,50 @@
-// A small Prometheus registry: counters, gauges and histograms, rendered in the text exposition
-// format (version 0.0.4). Thread-safe: values are atomics (histograms take a short lock), and the
-// registry's structure is fixed after start-up (creating a series takes the registry lock).
+// /metrics on prometheus-cpp (Debian's prometheus-cpp-dev, the core library only: the server
+// already speaks HTTP, so the library's own exposer is not used). MetricsRegistry is a thin
+// convenience over prometheus::Registry: one call returns the series for (name, labels),
+// creating the family and the series on first use (thread-safe, references stay valid for the
+// registry's life), and render() serializes the registry plus any collectables, the library's
+// way of exporting values another component owns (read at scrape time, never stale).
 #pragma once
-#include <atomic>
-#include <cstdint>
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/labels.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace ss::server {
 
-using Labels = std::vector<std::pair<std::string, std::string>>;
-
-class Counter {
- public:
-  void inc(double v = 1.0) { v_.fetch_add(v, std::memory_order_relaxed); }
-  // For totals mirrored from another component's own counter (e.g. the engine's snapshot).
-  void set_total(double v) { v_.store(v, std::memory_order_relaxed); }
-  double value() const { return v_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<double> v_{0.0};
-};
-
-class Gauge {
- public:
-  void set(double v) { v_.store(v, std::memory_order_relaxed); }
-  void add(double v) { v_.fetch_add(v, std::memory_order_relaxed); }
-  double value() const { return v_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<double> v_{0.0};
-};
-
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> upper_bounds);  // ascending; +Inf is implied
-  void observe(double v);
-  struct Snapshot {
-    std::vector<double> bounds;
-    std::vector<uint64_t> cumulative;  // per bound, then +Inf
-    double sum = 0;
-    uint64_t count = 0;
-  };
-  Snapshot snapshot() const;
-
- private:
-  std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket (not cumulative), last is +Inf
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
+using Labels = prometheus::Labels;  // std::map<std::string, std::string>
 
 class MetricsRegistry {
  public:
-  // Returns the series for (name, labels), creating it on first use; the reference stays valid for
-  // the registry's life. A name keeps the type and help it was first registered with.
-  Counter& counter(const std::string& name, const std::string& help, const Labels& labels = {});
-  Gauge& gauge(const std::string& name, const std::string& help, const Labels& labels = {});
-  Histogram& histogram(const std::string& name, const std::string& help, const std::vector<double>& buckets,
-                       const Labels& labels = {});
-  std::string render() const;  // Prometheus text format
+  MetricsRegistry();
+  // The family (name, help) is created on first use; a name registered with another type throws
+  // std::invalid_argument (a programming error, as in the library).
+  prometheus::Counter& counter(const std::string& name, const std::string& help, const Labels& labels = {});
+  prometheus::Gauge& gauge(const std::string& name, const std::string& help, const Labels& labels = {});
+  prometheus::Histogram& histogram(const std::string& name, const std::string& help,
+                                   const std::vector<double>& buckets, const Labels& labels = {});
+  // Families produced at scrape time by `c` (held weakly: a collectable that is gone is skipped).
+  void add_collectable(const std::shared_ptr<prometheus::Collectable>& c);
+  std::string render() const;  // Prometheus text exposition format 0.0.4
 
  private:
-  enum class Type { Counter, Gauge, Histogram };
-  struct Series {
-    std::string labels;  // rendered: {a="b",c="d"} or empty
-    Labels label_pairs;
-    std::unique_ptr<Counter> counter;
-    std::unique_ptr<Gauge> gauge;
-    std::unique_ptr<Histogram> histogram;
-  };
-  struct Family {
-    std::string name, help;
-    Type type;
-    std::vector<std::unique_ptr<Series>> series;
-  };
-  Series& find_or_add(const std::string& name, const std::string& help, Type type, const Labels& labels,
-                      const std::vector<double>* buckets);
-
+  std::shared_ptr<prometheus::Registry> registry_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables_;
 };
 
-// Label values and help text escaped as the exposition format wants.
-std::string escape_label_value(const std::string& v);
-std::string format_metric_value(double v);
+// Helpers for collectables: one family holding one unlabelled-or-labelled sample.
+prometheus::MetricFamily gauge_family(const std::string& name, const std::string& help, double value,
+                                      const Labels& labels = {});
+prometheus::MetricFamily counter_family(const std::string& name, const std::string& help, double value,
+                                        const Labels& labels = {});
 
 }  // namespace ss::server

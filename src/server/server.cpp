@@ -180,28 +180,25 @@ struct Server::Impl {
   bool stalled = false;
 
   MetricsRegistry reg;
+  // Series the server itself updates; the engine's gauges and totals are read from its snapshot
+  // at scrape time (engine_metrics).
   struct {
-    Gauge *running, *waiting, *kv_usage, *kv_total, *kv_used, *kv_cached, *hit_rate, *degrade, *connections, *healthy;
-    Counter *prompt_tokens, *gen_tokens, *preemptions, *prefix_queries, *prefix_hits, *steps;
-    Gauge* paging_waste;
-    Counter *slots_held, *slots_filled, *step_seconds, *forward_seconds;
-    Counter *decode_steps, *decode_step_seconds, *decode_step_tokens;
-    Histogram *ttft, *tpot, *e2e;
-    Gauge *v_running = nullptr, *v_waiting = nullptr, *v_kv = nullptr, *v_kv_old = nullptr;
-    Counter *v_prompt = nullptr, *v_gen = nullptr, *v_preempt = nullptr;
+    prometheus::Gauge *degrade, *connections, *healthy;
+    prometheus::Histogram *ttft, *tpot, *e2e;
     // vLLM's latency series (its Grafana dashboard and autoscalers read these names): TTFT, every
     // gap between two output tokens (both names vLLM has used), end-to-end latency, finished
     // requests by reason.
-    Histogram *v_ttft = nullptr, *v_itl = nullptr, *v_tpot = nullptr, *v_e2e = nullptr;
-    Counter *v_stop = nullptr, *v_length = nullptr, *v_abort = nullptr;
+    prometheus::Histogram *v_ttft = nullptr, *v_itl = nullptr, *v_tpot = nullptr, *v_e2e = nullptr;
+    prometheus::Counter *v_stop = nullptr, *v_length = nullptr, *v_abort = nullptr;
   } m{};
+  std::shared_ptr<prometheus::Collectable> engine_metrics;
 
   void init_metrics();
-  void refresh_metrics();
+  std::vector<prometheus::MetricFamily> engine_families() const;
   void reject(const char* reason) {
     reg.counter("selfserve_requests_rejected_total", "Requests refused before reaching the engine, by reason",
                 {{"reason", reason}})
-        .inc();
+        .Increment();
   }
 
   awaitable<void> accept_loop();
@@ -244,31 +241,17 @@ struct Server::Impl {
   }
 };
 
+// The engine's numbers, read at scrape time (a collectable, in prometheus-cpp's terms).
+class EngineMetrics final : public prometheus::Collectable {
+ public:
+  explicit EngineMetrics(const Server::Impl& s) : s_(s) {}
+  std::vector<prometheus::MetricFamily> Collect() const override { return s_.engine_families(); }
+
+ private:
+  const Server::Impl& s_;
+};
+
 void Server::Impl::init_metrics() {
-  m.running = &reg.gauge("selfserve_requests_running", "Requests in the engine's running set");
-  m.waiting = &reg.gauge("selfserve_requests_waiting", "Requests waiting for admission (including preempted ones)");
-  m.kv_usage = &reg.gauge("selfserve_kv_cache_usage_ratio", "Referenced KV blocks / all KV blocks (0..1)");
-  m.kv_total = &reg.gauge("selfserve_kv_cache_blocks_total", "KV cache blocks");
-  m.kv_used = &reg.gauge("selfserve_kv_cache_blocks_used", "KV cache blocks held by live requests");
-  m.kv_cached = &reg.gauge("selfserve_kv_cache_blocks_cached", "KV cache blocks in the prefix index");
-  m.hit_rate = &reg.gauge("selfserve_prefix_cache_hit_rate", "Prefix-cache hit tokens / queried prompt tokens");
-  m.prefix_queries = &reg.counter("selfserve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache");
-  m.prefix_hits = &reg.counter("selfserve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache");
-  m.prompt_tokens = &reg.counter("selfserve_prompt_tokens_total", "Prompt tokens of admitted requests");
-  m.gen_tokens = &reg.counter("selfserve_generation_tokens_total", "Generated tokens");
-  m.preemptions = &reg.counter("selfserve_preemptions_total", "Requests preempted for lack of KV blocks");
-  m.steps = &reg.counter("selfserve_engine_steps_total", "Engine steps run");
-  m.paging_waste = &reg.gauge("selfserve_kv_paging_waste_ratio",
-                              "Empty slots in the KV blocks held by running requests / slots held (now)");
-  m.slots_held = &reg.counter("selfserve_kv_slots_held_total", "KV slots held by running requests, summed over steps");
-  m.slots_filled = &reg.counter("selfserve_kv_slots_filled_total", "Of those, slots holding a token, summed over steps");
-  m.step_seconds = &reg.counter("selfserve_engine_step_seconds_total", "Wall time of engine steps that ran a batch");
-  m.forward_seconds = &reg.counter("selfserve_engine_forward_seconds_total", "Of that, time in the backend's forward");
-  m.decode_steps = &reg.counter("selfserve_engine_decode_steps_total", "Engine steps that only decoded (no prompt tokens)");
-  m.decode_step_seconds =
-      &reg.counter("selfserve_engine_decode_step_seconds_total", "Wall time of the steps that only decoded");
-  m.decode_step_tokens =
-      &reg.counter("selfserve_engine_decode_step_tokens_total", "Tokens sampled by the steps that only decoded");
   m.ttft = &reg.histogram("selfserve_time_to_first_token_seconds", "Time from arrival to the first token",
                           {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20,
                            40, 80, 160});
@@ -282,41 +265,62 @@ void Server::Impl::init_metrics() {
   m.healthy = &reg.gauge("selfserve_healthy", "1 when /health answers 200");
   reg.counter("selfserve_requests_rejected_total", "Requests refused before reaching the engine, by reason",
               {{"reason", "overload"}});
+  engine_metrics = std::make_shared<EngineMetrics>(*this);
+  reg.add_collectable(engine_metrics);
 }
 
-void Server::Impl::refresh_metrics() {
-  if (!ready.load(std::memory_order_acquire)) return;
-  const engine::EngineStats s = engine->stats();
-  m.running->set(s.num_running);
-  m.waiting->set(s.num_waiting);
-  m.kv_usage->set(s.kv_usage);
-  m.kv_total->set(s.kv_blocks_total);
-  m.kv_used->set(s.kv_blocks_used);
-  m.kv_cached->set(s.kv_blocks_cached);
-  m.hit_rate->set(s.prefix_hit_rate);
-  m.prefix_queries->set_total(static_cast<double>(s.prefix_queried_tokens));
-  m.prefix_hits->set_total(static_cast<double>(s.prefix_hit_tokens));
-  m.prompt_tokens->set_total(static_cast<double>(s.prompt_tokens));
-  m.gen_tokens->set_total(static_cast<double>(s.generation_tokens));
-  m.preemptions->set_total(static_cast<double>(s.preemptions));
-  m.steps->set_total(static_cast<double>(s.steps));
-  m.paging_waste->set(s.kv_paging_waste);
-  m.slots_held->set_total(static_cast<double>(s.kv_slots_held_sum));
-  m.slots_filled->set_total(static_cast<double>(s.kv_slots_filled_sum));
-  m.step_seconds->set_total(s.step_seconds);
-  m.forward_seconds->set_total(s.forward_seconds);
-  m.decode_steps->set_total(static_cast<double>(s.decode_steps));
-  m.decode_step_seconds->set_total(s.decode_step_seconds);
-  m.decode_step_tokens->set_total(static_cast<double>(s.decode_step_tokens));
-  if (m.v_running) {
-    m.v_running->set(s.num_running);
-    m.v_waiting->set(s.num_waiting);
-    m.v_kv->set(s.kv_usage);
-    m.v_kv_old->set(s.kv_usage);
-    m.v_prompt->set_total(static_cast<double>(s.prompt_tokens));
-    m.v_gen->set_total(static_cast<double>(s.generation_tokens));
-    m.v_preempt->set_total(static_cast<double>(s.preemptions));
+std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
+  // Zeros until the model is loaded, so every series exists from the first scrape.
+  const bool is_ready = ready.load(std::memory_order_acquire);
+  const engine::EngineStats s = is_ready ? engine->stats() : engine::EngineStats{};
+  const auto n = [](auto v) { return static_cast<double>(v); };
+  std::vector<prometheus::MetricFamily> f = {
+      gauge_family("selfserve_requests_running", "Requests in the engine's running set", n(s.num_running)),
+      gauge_family("selfserve_requests_waiting", "Requests waiting for admission (including preempted ones)",
+                   n(s.num_waiting)),
+      gauge_family("selfserve_kv_cache_usage_ratio", "Referenced KV blocks / all KV blocks (0..1)", s.kv_usage),
+      gauge_family("selfserve_kv_cache_blocks_total", "KV cache blocks", n(s.kv_blocks_total)),
+      gauge_family("selfserve_kv_cache_blocks_used", "KV cache blocks held by live requests", n(s.kv_blocks_used)),
+      gauge_family("selfserve_kv_cache_blocks_cached", "KV cache blocks in the prefix index", n(s.kv_blocks_cached)),
+      gauge_family("selfserve_prefix_cache_hit_rate", "Prefix-cache hit tokens / queried prompt tokens",
+                   s.prefix_hit_rate),
+      counter_family("selfserve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+                     n(s.prefix_queried_tokens)),
+      counter_family("selfserve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
+                     n(s.prefix_hit_tokens)),
+      counter_family("selfserve_prompt_tokens_total", "Prompt tokens of admitted requests", n(s.prompt_tokens)),
+      counter_family("selfserve_generation_tokens_total", "Generated tokens", n(s.generation_tokens)),
+      counter_family("selfserve_preemptions_total", "Requests preempted for lack of KV blocks", n(s.preemptions)),
+      counter_family("selfserve_engine_steps_total", "Engine steps run", n(s.steps)),
+      gauge_family("selfserve_kv_paging_waste_ratio",
+                   "Empty slots in the KV blocks held by running requests / slots held (now)", s.kv_paging_waste),
+      counter_family("selfserve_kv_slots_held_total", "KV slots held by running requests, summed over steps",
+                     n(s.kv_slots_held_sum)),
+      counter_family("selfserve_kv_slots_filled_total", "Of those, slots holding a token, summed over steps",
+                     n(s.kv_slots_filled_sum)),
+      counter_family("selfserve_engine_step_seconds_total", "Wall time of engine steps that ran a batch",
+                     s.step_seconds),
+      counter_family("selfserve_engine_forward_seconds_total", "Of that, time in the backend's forward",
+                     s.forward_seconds),
+      counter_family("selfserve_engine_decode_steps_total", "Engine steps that only decoded (no prompt tokens)",
+                     n(s.decode_steps)),
+      counter_family("selfserve_engine_decode_step_seconds_total", "Wall time of the steps that only decoded",
+                     s.decode_step_seconds),
+      counter_family("selfserve_engine_decode_step_tokens_total", "Tokens sampled by the steps that only decoded",
+                     n(s.decode_step_tokens)),
+  };
+  if (is_ready) {  // vLLM's names carry the model's name
+    const Labels l = {{"model_name", model.id}};
+    f.push_back(gauge_family("vllm:num_requests_running", "Requests running (vLLM-compatible name)", n(s.num_running), l));
+    f.push_back(gauge_family("vllm:num_requests_waiting", "Requests waiting (vLLM-compatible name)", n(s.num_waiting), l));
+    f.push_back(gauge_family("vllm:kv_cache_usage_perc", "KV cache usage, 0..1 (vLLM-compatible name)", s.kv_usage, l));
+    f.push_back(gauge_family("vllm:gpu_cache_usage_perc", "KV cache usage, 0..1 (older vLLM name)", s.kv_usage, l));
+    f.push_back(counter_family("vllm:prompt_tokens_total", "Prompt tokens (vLLM-compatible name)", n(s.prompt_tokens), l));
+    f.push_back(
+        counter_family("vllm:generation_tokens_total", "Generated tokens (vLLM-compatible name)", n(s.generation_tokens), l));
+    f.push_back(counter_family("vllm:num_preemptions_total", "Preemptions (vLLM-compatible name)", n(s.preemptions), l));
   }
+  return f;
 }
 
 awaitable<void> Server::Impl::tick_loop() {
@@ -331,7 +335,7 @@ awaitable<void> Server::Impl::tick_loop() {
     if (s.steps != last_steps || !busy) last_progress = now;
     last_steps = s.steps;
     stalled = busy && seconds(now - last_progress) > opts.watchdog_s;
-    m.healthy->set(!stalled && !draining.load() ? 1 : 0);
+    m.healthy->Set(!stalled && !draining.load() ? 1 : 0);
   }
 }
 
@@ -413,10 +417,10 @@ awaitable<void> Server::Impl::accept_loop() {
 awaitable<void> Server::Impl::session(tcp::socket sock) {
   beast::tcp_stream stream(std::move(sock));
   beast::flat_buffer buf;
-  m.connections->add(1);
+  m.connections->Increment();
   struct Dec {
-    Gauge* g;
-    ~Dec() { g->add(-1); }
+    prometheus::Gauge* g;
+    ~Dec() { g->Decrement(); }
   } dec{m.connections};
   while (!stopped.load()) {
     http::request_parser<http::string_body> parser;
@@ -546,7 +550,6 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
       co_return co_await write(stream, make(req, ok ? http::status::ok : http::status::service_unavailable, body));
     }
     case R::Metrics:
-      refresh_metrics();
       co_return co_await write(stream, make(req, http::status::ok, reg.render(), "text/plain; version=0.0.4; charset=utf-8"));
     default: break;
   }
@@ -652,11 +655,11 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
         d.has_token = true;
         if (++cs->event_tokens == 1) {
           cs->first_token = now;
-          self->m.ttft->observe(seconds(now - cs->arrival));
-          self->m.v_ttft->observe(seconds(now - cs->arrival));
+          self->m.ttft->Observe(seconds(now - cs->arrival));
+          self->m.v_ttft->Observe(seconds(now - cs->arrival));
         } else {
-          self->m.v_itl->observe(seconds(now - cs->last_token));
-          self->m.v_tpot->observe(seconds(now - cs->last_token));
+          self->m.v_itl->Observe(seconds(now - cs->last_token));
+          self->m.v_tpot->Observe(seconds(now - cs->last_token));
         }
         cs->last_token = now;
         if (e.has_logprob) {
@@ -671,21 +674,21 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
         d.finish = e.finish;
         d.error = e.error;
         if (cs->text.stopped()) d.stop_reason = cs->text.matched_stop();
-        self->m.e2e->observe(seconds(now - cs->arrival));
-        self->m.v_e2e->observe(seconds(now - cs->arrival));
+        self->m.e2e->Observe(seconds(now - cs->arrival));
+        self->m.v_e2e->Observe(seconds(now - cs->arrival));
         switch (e.finish) {  // vLLM's reasons; a deadline ends a request as "length" (as the API says)
-          case engine::FinishReason::Stop: self->m.v_stop->inc(); break;
+          case engine::FinishReason::Stop: self->m.v_stop->Increment(); break;
           case engine::FinishReason::Length:
-          case engine::FinishReason::Timeout: self->m.v_length->inc(); break;
-          case engine::FinishReason::Abort: self->m.v_abort->inc(); break;
+          case engine::FinishReason::Timeout: self->m.v_length->Increment(); break;
+          case engine::FinishReason::Abort: self->m.v_abort->Increment(); break;
           default: break;
         }
         if (cs->event_tokens >= 2)
-          self->m.tpot->observe(seconds(cs->last_token - cs->first_token) / (cs->event_tokens - 1));
+          self->m.tpot->Observe(seconds(cs->last_token - cs->first_token) / (cs->event_tokens - 1));
         self->reg
             .counter("selfserve_requests_finished_total", "Finished requests (choices), by finish reason",
                      {{"finish_reason", engine::to_string(e.finish)}})
-            .inc();
+            .Increment();
         self->inflight_choices.fetch_sub(1);
       }
       mb->push(std::move(d));
@@ -921,13 +924,6 @@ void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   s.engine = &engine;
   s.model = model;
   const Labels l = {{"model_name", model.id}};
-  s.m.v_running = &s.reg.gauge("vllm:num_requests_running", "Requests running (vLLM-compatible name)", l);
-  s.m.v_waiting = &s.reg.gauge("vllm:num_requests_waiting", "Requests waiting (vLLM-compatible name)", l);
-  s.m.v_kv = &s.reg.gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1 (vLLM-compatible name)", l);
-  s.m.v_kv_old = &s.reg.gauge("vllm:gpu_cache_usage_perc", "KV cache usage, 0..1 (older vLLM name)", l);
-  s.m.v_prompt = &s.reg.counter("vllm:prompt_tokens_total", "Prompt tokens (vLLM-compatible name)", l);
-  s.m.v_gen = &s.reg.counter("vllm:generation_tokens_total", "Generated tokens (vLLM-compatible name)", l);
-  s.m.v_preempt = &s.reg.counter("vllm:num_preemptions_total", "Preemptions (vLLM-compatible name)", l);
   const std::vector<double> ttft_b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                       1,     2.5,   5,    7.5,  10,   20,   40,   80,  160, 640, 2560};
   const std::vector<double> itl_b = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -941,9 +937,9 @@ void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   s.m.v_e2e = &s.reg.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (vLLM-compatible name)",
                                e2e_b, l);
   const char* fin_help = "Finished requests by reason (vLLM-compatible name)";
-  s.m.v_stop = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "stop"}, l[0]});
-  s.m.v_length = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "length"}, l[0]});
-  s.m.v_abort = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "abort"}, l[0]});
+  s.m.v_stop = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "stop"}, *l.begin()});
+  s.m.v_length = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "length"}, *l.begin()});
+  s.m.v_abort = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "abort"}, *l.begin()});
   s.ready.store(true, std::memory_order_release);
 }
 

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 openai = pytest.importorskip("openai")
+prom_parser = pytest.importorskip("prometheus_client.parser")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 API_KEY = "e2e-test-key"
@@ -63,11 +64,21 @@ class Server:
     def client(self, **kw):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120, **kw)
 
-    def metric(self, name):
+    def metrics(self):
+        """/metrics as {sample: value}, read by prometheus_client's parser (an independent check of
+        the exposition format); a sample is its name, plus {k="v",...} with the labels sorted."""
         text = requests.get(self.url + "/metrics", timeout=10).text
-        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
-        assert m, f"{name} not in /metrics"
-        return float(m.group(1))
+        out = {}
+        for fam in prom_parser.text_string_to_metric_families(text):
+            for smp in fam.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(smp.labels.items()))
+                out[smp.name + ("{" + labels + "}" if labels else "")] = smp.value
+        return out
+
+    def metric(self, name):
+        values = self.metrics()
+        assert name in values, f"{name} not in /metrics"
+        return values[name]
 
     def stop(self, timeout=60):
         if self.proc.poll() is None:
@@ -357,9 +368,47 @@ def test_cancellation_frees_blocks(srv):
 
 
 def _finished(srv, reason):
-    text = requests.get(srv.url + "/metrics").text
-    m = re.search(r'^selfserve_requests_finished_total\{finish_reason="' + reason + r'"\} (\S+)$', text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return srv.metrics().get(f'selfserve_requests_finished_total{{finish_reason="{reason}"}}', 0.0)
+
+
+def test_metrics_exposition_and_vllm_series(srv):
+    """/metrics parses with prometheus_client; the series Kubernetes gateways and vLLM dashboards read
+    have vLLM's names, types and model_name label; histograms are cumulative and end at their count."""
+    srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=4, temperature=0)
+    text = requests.get(srv.url + "/metrics", timeout=10).text
+    fams = {f.name: f for f in prom_parser.text_string_to_metric_families(text)}  # counters lose "_total"
+    vllm = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+            "vllm:kv_cache_usage_perc": "gauge", "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
+            "vllm:num_preemptions": "counter", "vllm:request_success": "counter",
+            "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+            "vllm:e2e_request_latency_seconds": "histogram"}
+    ours = {"selfserve_requests_running": "gauge", "selfserve_kv_cache_usage_ratio": "gauge",
+            "selfserve_generation_tokens": "counter", "selfserve_requests_rejected": "counter",
+            "selfserve_time_to_first_token_seconds": "histogram", "selfserve_e2e_request_latency_seconds": "histogram"}
+    for name, typ in {**vllm, **ours}.items():
+        assert name in fams, f"{name} missing from /metrics"
+        assert fams[name].type == typ, f"{name} is a {fams[name].type}, not a {typ}"
+    for name in vllm:
+        assert all(s.labels.get("model_name") == srv.model for s in fams[name].samples), name
+    gen = {n: next(s.value for s in fams[n].samples) for n in ("vllm:generation_tokens", "selfserve_generation_tokens")}
+    assert gen["vllm:generation_tokens"] == gen["selfserve_generation_tokens"] >= 4
+    for name, fam in fams.items():
+        if fam.type != "histogram":
+            continue
+        series = {}
+        for s in fam.samples:
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            series.setdefault(key, {"buckets": [], "count": None})
+            if s.name.endswith("_bucket"):
+                series[key]["buckets"].append((float(s.labels["le"]), s.value))
+            elif s.name.endswith("_count"):
+                series[key]["count"] = s.value
+        for key, h in series.items():
+            b = sorted(h["buckets"])
+            assert b and b[-1][0] == float("inf"), f"{name}{key}: no +Inf bucket"
+            assert all(x[1] <= y[1] for x, y in zip(b, b[1:])), f"{name}{key}: buckets not cumulative"
+            assert b[-1][1] == h["count"], f"{name}{key}: +Inf bucket {b[-1][1]} != count {h['count']}"
+    assert next(s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count")) >= 1
 
 
 def test_prefix_cache_hits_on_shared_system_prompt(srv):
