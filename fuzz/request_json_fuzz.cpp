@@ -1,6 +1,7 @@
 // libFuzzer target: request bodies -> the OpenAI JSON parsers (completions, chat, tokenize,
 // detokenize) and, for accepted requests, the engine requests and every response builder. A
 // rejection must be a 4xx with a message; nothing may crash, leak or hang.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +38,7 @@ struct Env {
     m.vocab_size = tok->vocab_size();
     m.tokenizer = tok.get();
     m.chat_template = tok->chat_template();
+    m.vocab_trie = ss::engine::TokenTrie::build(*tok);
   }
 };
 
@@ -70,6 +72,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (id < 0 || id >= env.m.vocab_size) std::abort();
       for (const auto& [id, v] : er.sampling.logit_bias)
         if (id < 0 || id >= env.m.vocab_size || !(v >= -100.0f && v <= 100.0f)) std::abort();
+      // Structured outputs: follow the grammar for a few tokens, always taking the first token the
+      // mask leaves; with end ids there is always one (the way out when the grammar is stuck).
+      if (er.constraint) {
+        std::vector<float> logits(static_cast<size_t>(env.m.vocab_size));
+        for (int step = 0; step < 24 && !er.constraint->must_end(); ++step) {
+          std::fill(logits.begin(), logits.end(), 0.0f);
+          er.constraint->mask(logits.data());
+          int32_t pick = -1;
+          for (int32_t id = 0; id < env.m.vocab_size && pick < 0; ++id)
+            if (logits[static_cast<size_t>(id)] == 0.0f) pick = id;
+          if (pick < 0) {
+            if (!er.stop_ids.empty()) std::abort();
+            break;
+          }
+          if (std::find(er.stop_ids.begin(), er.stop_ids.end(), pick) != er.stop_ids.end()) break;
+          er.constraint->accept(pick);
+        }
+      }
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
       TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output);
       ChoiceOutput o;

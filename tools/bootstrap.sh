@@ -20,7 +20,7 @@ fi
 
 # Python tools for the end-to-end tests (the C++ tests need none: their references are committed).
 if [ "${SELFSERVE_PY_DEPS:-0}" = 1 ]; then
-  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib prometheus-client
+  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib prometheus-client jsonschema
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

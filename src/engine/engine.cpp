@@ -152,9 +152,14 @@ Status Engine::step() {
         if (d.logits_row < 0) return;
         Sequence* s = d.seq;
         float* row = e.logits_.data() + d.logits_row * c.vocab;
+        TokenConstraint* con = s->req.constraint.get();
+        // With logprobs the row is masked first, so the reported distribution is the one drawn from.
+        if (con && s->req.logprobs >= 0) con->mask(row);
         if (s->num_output() < s->req.min_tokens)  // too early to stop: the stop ids are out
           for (int32_t id : s->req.stop_ids) row[id] = -std::numeric_limits<float>::infinity();
-        e.sampled_[i] = s->sampler.sample(row, s->prompt(), s->output());
+        e.sampled_[i] = con && s->req.logprobs < 0 ? s->sampler.sample(row, s->prompt(), s->output(), *con)
+                                                   : s->sampler.sample(row, s->prompt(), s->output());
+        if (con) con->accept(e.sampled_[i]);
         if (s->req.logprobs >= 0)  // the sampler left the biased, penalized logits in row
           row_logprobs(row, e.cfg_.vocab_size, e.sampled_[i], s->req.logprobs, e.logprobs_[i].chosen,
                        e.logprobs_[i].top);

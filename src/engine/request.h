@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 
 namespace ss::engine {
 
@@ -85,6 +86,7 @@ struct Request {
   // request computes its whole prompt: it does not reuse cached prefix blocks (it still publishes).
   int prompt_logprobs = -1;
   StopHook stop_hook;             // optional
+  std::shared_ptr<TokenConstraint> constraint;  // optional; applied before min_tokens' stop-id mask
   std::optional<Clock::time_point> deadline;
   CancelToken cancel;             // optional
   // Prefix-cache isolation (vLLM's cache_salt): only requests with the same salt share cached

@@ -105,6 +105,22 @@ void Sampler::apply_penalties(float* logits, std::span<const int32_t> prompt, st
 
 int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output) {
   apply_penalties(logits, prompt, output);
+  return draw(logits);
+}
+
+int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output,
+                        TokenConstraint& c) {
+  apply_penalties(logits, prompt, output);
+  const bool truncate = params_.top_k > 0 || params_.top_p < 1.0f || params_.min_p > 0.0f;
+  if (params_.greedy() || !truncate) {
+    const int32_t t = draw(logits);
+    if (c.allows(t)) return t;
+  }
+  c.mask(logits);
+  return draw(logits);
+}
+
+int32_t Sampler::draw(float* logits) {
   if (params_.greedy()) return argmax(logits, vocab_);
 
   // Weights w[i] = exp(logit[i] / T - max / T), vectorized and with the same bits on every ISA

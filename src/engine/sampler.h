@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/token_constraint.h"
 
 namespace ss::engine {
 
@@ -38,11 +39,20 @@ class Sampler {
   // Picks the next token. `logits` (vocab_size floats) is modified in place (bias, penalties).
   // prompt: the prompt's ids; output: ids generated so far.
   int32_t sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
+  // The same, kept inside `c` and drawn from the model's distribution restricted to the tokens `c`
+  // allows. Greedy and plain temperature sampling draw from the whole vocabulary first and mask
+  // only when the draw is refused: the first draw is kept with probability p(t), a refused one is
+  // redrawn from the masked distribution, so each allowed t comes out with p(t) / p(allowed), as
+  // if masked first (greedy: the argmax, if allowed, is the masked argmax). With top-k / top-p /
+  // min-p the truncation must see the masked distribution, so those mask first. `logits` ends up
+  // masked only when a mask was needed.
+  int32_t sample(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output, TokenConstraint& c);
 
   const SamplingParams& params() const { return params_; }
 
  private:
   void apply_penalties(float* logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
+  int32_t draw(float* logits);  // after the penalties
   double next_uniform();  // [0, 1)
 
   SamplingParams params_;

@@ -386,6 +386,8 @@ void Scheduler::update(const StepPlan& plan, std::span<const int32_t> sampled, s
       why = FinishReason::Stop;
     else if (s->req.stop_hook && s->req.stop_hook(s->output()))
       why = FinishReason::Stop;
+    else if (s->req.constraint && s->req.constraint->must_end())  // structured output complete
+      why = FinishReason::Stop;
     else if (s->num_output() >= s->req.max_tokens || s->num_tokens() >= max_len_)
       why = FinishReason::Length;
     if (why != FinishReason::None) finish(s, why, tok, out);

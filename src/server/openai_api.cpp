@@ -1,5 +1,7 @@
 #include "server/openai_api.h"
 
+#include "engine/json_schema.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -345,6 +347,176 @@ std::string context_message(const ModelInfo& m, size_t prompt, int64_t max_token
          " for the completion). Please reduce the length of the " + what + " or the completion.";
 }
 
+// The value at `path` (object keys from the root) of a JSON text, as ordered_json (key order kept),
+// everything else skipped; nullopt when the path is missing or an object there has more than
+// kMaxSchemaKeys keys (ordered_json inserts in linear time: a huge object would take quadratic time).
+constexpr size_t kMaxSchemaKeys = 2048;
+class OrderedSubtree final : public nlohmann::json_sax<ojson> {
+ public:
+  explicit OrderedSubtree(std::vector<std::string> path) : path_(std::move(path)) {}
+  std::optional<ojson> result;
+  bool too_many_keys = false;
+
+  bool null() override { return value(ojson(nullptr)); }
+  bool boolean(bool v) override { return value(ojson(v)); }
+  bool number_integer(number_integer_t v) override { return value(ojson(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return value(ojson(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return value(ojson(v)); }
+  bool string(string_t& v) override { return value(ojson(std::move(v))); }
+  bool binary(binary_t&) override { return false; }
+  bool start_object(std::size_t) override { return open(ojson::object(), true); }
+  bool start_array(std::size_t) override { return open(ojson::array(), false); }
+  bool key(string_t& k) override {
+    if (!build_.empty()) key_ = k;
+    else frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  struct Frame {
+    bool object, on_path;
+    std::string key;
+  };
+  // Does a value starting now sit at the path (or, for containers, on a prefix of it)?
+  bool here(size_t depth) const {
+    if (frames_.empty()) return depth == 0;
+    const Frame& f = frames_.back();
+    return f.object && f.on_path && depth >= 1 && depth <= path_.size() && f.key == path_[depth - 1];
+  }
+  bool at_target() const { return here(path_.size()) && frames_.size() == path_.size(); }
+  bool insert(ojson v, ojson** where) {
+    ojson& parent = *build_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      if (where) *where = &parent.back();
+      return true;
+    }
+    if (parent.size() >= kMaxSchemaKeys && !parent.contains(key_)) {
+      too_many_keys = true;
+      return false;
+    }
+    ojson& slot = parent[key_];
+    slot = std::move(v);
+    if (where) *where = &slot;
+    return true;
+  }
+  bool value(ojson v) {
+    if (!build_.empty()) return insert(std::move(v), nullptr);
+    if (at_target()) result = std::move(v);
+    return true;
+  }
+  bool open(ojson container, bool object) {
+    if (!build_.empty()) {
+      ojson* child = nullptr;
+      if (!insert(std::move(container), &child)) return false;
+      build_.push_back(child);
+    } else if (at_target()) {
+      result = std::move(container);
+      build_.push_back(&*result);
+    } else {
+      frames_.push_back({object, here(frames_.size()), {}});
+    }
+    return true;
+  }
+  bool close() {
+    if (!build_.empty()) build_.pop_back();
+    else frames_.pop_back();
+    return true;
+  }
+
+  std::vector<std::string> path_;
+  std::vector<Frame> frames_;  // containers around the path, outside the captured value
+  std::vector<ojson*> build_;  // containers of the captured value, innermost last
+  std::string key_;
+};
+
+// Structured outputs: OpenAI's response_format (text, json_object, json_schema) and vLLM's
+// guided_json / guided_choice, at most one of them. Schemas are read again from the body as
+// ordered_json so their properties keep the declared order (the generation order).
+std::optional<ApiError> parse_structured(const Fields& f, std::string_view body, const ModelInfo& m,
+                                         GenerationRequest& g) {
+  std::optional<Expected<engine::Grammar>> grammar;
+  std::string param;
+  // The schema again, from the text, with its key order (the request was parsed into std::map objects).
+  std::optional<ApiError> order_error;
+  auto ordered = [&](std::string_view text, std::vector<std::string> path, const char* name) -> ojson {
+    OrderedSubtree sax(std::move(path));
+    const bool parsed = ojson::sax_parse(text, &sax);
+    if (!parsed || !sax.result || sax.too_many_keys) {
+      order_error = bad(std::string("'") + name + "': " +
+                            (sax.too_many_keys ? "an object in the schema has more than " + std::to_string(kMaxSchemaKeys) + " keys"
+                                               : std::string("the schema is not valid JSON")),
+                        name);
+      return ojson::object();
+    }
+    return std::move(*sax.result);
+  };
+  auto take = [&](const char* name, Expected<engine::Grammar> gr) -> std::optional<ApiError> {
+    if (grammar)
+      return bad(std::string("'") + name + "' cannot be combined with '" + param + "': give one structured-output constraint",
+                 name);
+    param = name;
+    grammar.emplace(std::move(gr));
+    return std::nullopt;
+  };
+  if (const json* rf = f.get("response_format")) {
+    auto t = rf->is_object() ? rf->find("type") : rf->end();
+    if (!rf->is_object() || t == rf->end() || !t->is_string())
+      return bad("'response_format' must be an object with a 'type'", "response_format");
+    const std::string& type = t->get_ref<const std::string&>();
+    if (type == "json_object") {
+      take("response_format", engine::json_object_grammar());
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        return bad("response_format 'json_schema' needs a 'json_schema' object with a 'schema'", "response_format");
+      auto sc = js->find("schema");
+      if (sc == js->end() || !(sc->is_object() || sc->is_boolean()))
+        return bad("'response_format.json_schema.schema' must be a JSON Schema object", "response_format");
+      const ojson schema = ordered(body, {"response_format", "json_schema", "schema"}, "response_format");
+      if (order_error) return order_error;
+      take("response_format", engine::json_schema_grammar(schema));
+    } else if (type != "text") {
+      return bad("response_format '" + type + "' is not supported (text, json_object, json_schema)", "response_format",
+                 "unsupported_parameter");
+    }
+  }
+  if (const json* gj = f.get("guided_json")) {
+    if (gj->is_string()) {
+      const ojson schema = ordered(gj->get_ref<const std::string&>(), {}, "guided_json");
+      if (order_error) return order_error;
+      if (auto e = take("guided_json", engine::json_schema_grammar(schema))) return e;
+    } else if (gj->is_object() || gj->is_boolean()) {
+      const ojson schema = ordered(body, {"guided_json"}, "guided_json");
+      if (order_error) return order_error;
+      if (auto e = take("guided_json", engine::json_schema_grammar(schema))) return e;
+    } else {
+      return bad(std::string("'guided_json' must be a JSON Schema (object or string), got ") + type_name(*gj), "guided_json");
+    }
+  }
+  if (const json* gc = f.get("guided_choice")) {
+    std::vector<std::string> choices;
+    if (gc->is_array())
+      for (const json& c : *gc)
+        if (c.is_string()) choices.push_back(c.get<std::string>());
+    if (!gc->is_array() || choices.size() != gc->size() || choices.empty())
+      return bad("'guided_choice' must be a non-empty array of strings", "guided_choice");
+    if (auto e = take("guided_choice", engine::choice_grammar(choices))) return e;
+  }
+  for (const char* unsupported : {"guided_regex", "guided_grammar"})
+    if (f.has(unsupported))
+      return bad(std::string("'") + unsupported + "' is not supported (guided_json and guided_choice are)", unsupported,
+                 "unsupported_parameter");
+  if (!grammar) return std::nullopt;
+  if (!grammar->ok()) return bad(param + ": " + grammar->message(), param);
+  auto trie = m.vocab_trie ? m.vocab_trie : engine::TokenTrie::build(*m.tokenizer);
+  g.grammar = std::make_shared<const engine::CompiledGrammar>(std::move(*grammar).value(), std::move(trie));
+  return std::nullopt;
+}
+
 ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view body, const ModelInfo& m) {
   const bool chat = ep == Endpoint::ChatCompletions;
   auto parsed = parse_object(body);
@@ -415,14 +587,8 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
   }
   if (const json* lb = f.get("logit_bias"); lb && !f.failed())
     if (auto e = parse_logit_bias(*lb, m, g.sampling.logit_bias)) f.fail(*e);
-  if (const json* rf = f.get("response_format"); rf && !f.failed()) {
-    auto t = rf->is_object() ? rf->find("type") : rf->end();
-    if (!rf->is_object() || t == rf->end() || !t->is_string())
-      f.fail(bad("'response_format' must be an object with a 'type'", "response_format"));
-    else if (*t != "text")
-      f.fail(bad("response_format '" + t->get<std::string>() + "' is not supported (only 'text')", "response_format",
-                 "unsupported_parameter"));
-  }
+  if (!f.failed())
+    if (auto e = parse_structured(f, body, m, g)) f.fail(*e);
 
   // Lengths and logprobs differ between the two endpoints.
   int64_t max_tokens = -1;
@@ -630,6 +796,7 @@ engine::Request to_engine_request(const GenerationRequest& g, int choice, const 
   // Completions' echo + logprobs scores the prompt too (OpenAI's legacy semantics, vLLM's too).
   if (g.echo && g.logprobs >= 0) r.prompt_logprobs = g.logprobs;
   r.cache_salt = g.cache_salt;
+  if (g.grammar) r.constraint = std::make_shared<engine::GrammarConstraint>(g.grammar, r.stop_ids);
   return r;
 }
 

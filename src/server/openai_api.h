@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/grammar.h"
 #include "engine/request.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,6 +53,9 @@ struct ModelInfo {
   int max_logprobs = 20;
   int max_stop = 16;                       // stop strings per request
   size_t max_stop_bytes = 256;             // per stop string
+  // The vocabulary's byte trie for structured outputs (built once at start-up; built on demand
+  // from `tokenizer` when missing).
+  std::shared_ptr<const engine::TokenTrie> vocab_trie;
 };
 
 enum class Endpoint { Completions, ChatCompletions };
@@ -80,6 +84,9 @@ struct GenerationRequest {
   bool echo = false;  // completions: prepend the prompt text
   std::optional<double> timeout_s;
   std::string cache_salt;  // vLLM's: prefix-cache isolation (non-empty when given)
+  // Structured outputs (response_format json_object / json_schema, vLLM's guided_json /
+  // guided_choice): every choice's text is kept inside this grammar. Null: free text.
+  std::shared_ptr<const engine::CompiledGrammar> grammar;
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   int prompt_index(int choice) const { return choice / n; }

@@ -306,6 +306,117 @@ def test_min_tokens(srv):
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
 
 
+PET_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "species": {"enum": ["cat", "dog", "parrot"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "weight_kg": {"type": "number", "minimum": 0},
+        "toys": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
+        "vaccinated": {"type": "boolean"},
+        "owner": {"anyOf": [{"$ref": "#/$defs/person"}, {"type": "null"}]},
+    },
+    "required": ["name", "species", "age", "vaccinated", "owner"],
+    "additionalProperties": False,
+    "$defs": {"person": {"type": "object", "properties": {"first": {"type": "string", "maxLength": 20}},
+                         "required": ["first"], "additionalProperties": False}},
+}
+
+
+def test_structured_output_json_schema(srv):
+    """response_format json_schema: sampled at temperature 1 (where an unconstrained small model
+    rarely writes valid JSON), every choice parses and validates with the jsonschema package, ends
+    with "stop", and keeps the declared property order; streaming gives the same text."""
+    jsonschema = pytest.importorskip("jsonschema")
+    rf = {"type": "json_schema", "json_schema": {"name": "pet", "strict": True, "schema": PET_SCHEMA}}
+    c = srv.client()
+    msgs = chat_msgs("Describe a pet as JSON.")
+    r = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, n=6, seed=11,
+                                  response_format=rf)
+    for ch in r.choices:
+        assert ch.finish_reason == "stop", ch.message.content
+        doc = json.loads(ch.message.content)
+        jsonschema.validate(doc, PET_SCHEMA)
+        declared = [k for k in PET_SCHEMA["properties"] if k in doc]
+        assert list(doc) == declared, "properties in the declared order"
+    # Streaming the first choice's seed gives the same text.
+    stream = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
+                                       response_format=rf, stream=True)
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert text == r.choices[0].message.content
+    # The same request unconstrained is not JSON most of the time (so the constraint did the work).
+    free = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=60, temperature=1.0, n=6, seed=11)
+    def valid(t):
+        try:
+            jsonschema.validate(json.loads(t), PET_SCHEMA)
+            return True
+        except Exception:
+            return False
+    assert sum(valid(ch.message.content) for ch in free.choices) < 6
+
+
+def test_structured_output_with_the_clients_pydantic_helper(srv):
+    """The openai client's own structured-output path: it turns a Pydantic model into a strict JSON
+    Schema, sends it, and parses the answer back into the model."""
+    pydantic = pytest.importorskip("pydantic")
+    from typing import List, Literal, Optional
+
+    class Step(pydantic.BaseModel):
+        explanation: str = pydantic.Field(max_length=60)
+        output: str = pydantic.Field(max_length=30)
+
+    class Solution(pydantic.BaseModel):
+        steps: List[Step] = pydantic.Field(max_length=3)
+        final_answer: int = pydantic.Field(ge=-100, le=100)
+        confidence: Literal["low", "medium", "high"]
+        note: Optional[str] = pydantic.Field(max_length=40)
+
+    c = srv.client()
+    for seed in (1, 2, 3):
+        r = c.chat.completions.parse(model=srv.model, messages=chat_msgs("Solve 8x + 7 = -23."), max_tokens=400,
+                                     temperature=0.8, seed=seed, response_format=Solution)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop", ch.message.content
+        assert isinstance(ch.message.parsed, Solution), ch.message.content
+        assert -100 <= ch.message.parsed.final_answer <= 100
+
+
+def test_structured_output_json_object_choice_and_errors(srv):
+    c = srv.client()
+    # json_object: greedy is deterministic, so this prompt's answer is a whole object every time.
+    q = chat_msgs("Return a JSON object with a person's name and age.")
+    r = c.chat.completions.create(model=srv.model, messages=q, max_tokens=200, temperature=0,
+                                  response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    # Sampled: a 135M model may ramble until max_tokens, but never leaves JSON.
+    r = c.chat.completions.create(model=srv.model, messages=q, max_tokens=120, temperature=1.0, n=4, seed=5,
+                                  response_format={"type": "json_object"})
+    for ch in r.choices:
+        if ch.finish_reason == "stop":
+            assert isinstance(json.loads(ch.message.content), dict)
+        else:  # cut by max_tokens (the grammar's soundness is the unit tests' job)
+            assert ch.finish_reason == "length" and ch.message.content.startswith("{")
+    # vLLM's guided_choice, on completions too.
+    r = c.completions.create(model=srv.model, prompt="Is the sky blue? Answer:", max_tokens=8, temperature=1.0, n=5,
+                             seed=2, extra_body={"guided_choice": ["yes", "no", "it depends"]})
+    for ch in r.choices:
+        assert ch.text in ("yes", "no", "it depends") and ch.finish_reason == "stop"
+    # guided_json with a schema given as a string.
+    r = c.completions.create(model=srv.model, prompt="A small number:", max_tokens=8, temperature=1.0, seed=4,
+                             extra_body={"guided_json": json.dumps({"type": "integer", "minimum": 1, "maximum": 9})})
+    assert r.choices[0].text in [str(i) for i in range(1, 10)], r.choices[0].text
+    # What the grammar cannot follow is a 400 naming it, never silently ignored.
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^[a-z]+$"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=srv.model, messages=chat_msgs("hi"), max_tokens=8, response_format=bad)
+    assert "pattern" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=srv.model, messages=chat_msgs("hi"), max_tokens=8,
+                                  response_format={"type": "json_object"}, extra_body={"guided_choice": ["a"]})
+
+
 def test_tokenize_detokenize(srv):
     t = requests.post(srv.url + "/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
     assert t["count"] == len(t["tokens"]) > 0

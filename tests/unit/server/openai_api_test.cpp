@@ -243,12 +243,80 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","logit_bias":{"99999999999999999999":1}})", "logit_bias"},
       {R"({"prompt":"hi","logit_bias":{"5":1,"005":2}})", "logit_bias"},
       {R"({"prompt":"hi","suffix":"tail"})", "suffix"},
-      {R"({"prompt":"hi","response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"prompt":"hi","response_format":{"type":"yaml"}})", "response_format"},
+      {R"({"prompt":"hi","response_format":{"type":"json_schema"}})", "response_format"},
+      {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"x"}}})", "response_format"},
+      {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a+"}}}})",
+       "response_format"},
+      {R"({"prompt":"hi","guided_json":"{not json"})", "guided_json"},
+      {R"({"prompt":"hi","guided_json":5})", "guided_json"},
+      {R"({"prompt":"hi","guided_json":{"type":"object"},"response_format":{"type":"json_object"}})", "guided_json"},
+      {R"({"prompt":"hi","guided_choice":[]})", "guided_choice"},
+      {R"({"prompt":"hi","guided_choice":["a",1]})", "guided_choice"},
+      {R"({"prompt":"hi","guided_regex":"a+"})", "guided_regex"},
       {R"({"prompt":[-1]})", "prompt"},
       {R"({"prompt":[99999999]})", "prompt"},
       {R"({"prompt":[4294967297]})", "prompt"},
   };
   for (const auto& [body, param] : cases) expect_error(completion(body), 400, param, body);
+}
+
+TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
+  // The request is parsed into std::map objects; the schema is read again with its key order, so
+  // "zeta" (declared first) must come first even though it sorts last.
+  auto matches = [](const engine::Grammar& g, std::string_view text) {
+    engine::Grammar::State s = g.initial(), n;
+    for (char c : text) {
+      if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
+      std::swap(s, n);
+    }
+    return engine::Grammar::can_end(s);
+  };
+  const std::string schema =
+      R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}},"required":["zeta","alpha"]})";
+  for (const std::string& body :
+       {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"t","schema":)" + schema + "}}}",
+        R"({"prompt":"hi","guided_json":)" + schema + "}",
+        R"({"prompt":"hi","guided_json":)" + nlohmann::json(schema).dump() + "}"}) {  // a schema as a string
+    auto r = completion(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    ASSERT_TRUE(r.value().grammar) << body;
+    EXPECT_TRUE(matches(r.value().grammar->grammar(), R"({"zeta":1,"alpha":true})")) << body;
+    EXPECT_FALSE(matches(r.value().grammar->grammar(), R"({"alpha":true,"zeta":1})")) << body;
+    // Each choice gets its own constraint over the shared compiled grammar.
+    engine::Request er = to_engine_request(r.value(), 0, m_, 1);
+    EXPECT_TRUE(er.constraint) << body;
+  }
+  auto choice = completion(R"({"prompt":"hi","guided_choice":["yes","no"]})");
+  ASSERT_TRUE(choice.ok());
+  EXPECT_TRUE(matches(choice.value().grammar->grammar(), "no"));
+  EXPECT_FALSE(matches(choice.value().grammar->grammar(), "maybe"));
+  auto obj = chat(R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}})");
+  ASSERT_TRUE(obj.ok());
+  EXPECT_TRUE(matches(obj.value().grammar->grammar(), R"({"a": [1, 2]})"));
+  auto text = chat(R"({"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text"}})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_FALSE(text.value().grammar);
+}
+
+TEST_F(OpenAiApi, StructuredOutputSchemaWithTooManyKeysIsRefused) {
+  // ordered_json inserts in linear time; an object with thousands of keys would make the re-read
+  // quadratic, so it is a 400 instead.
+  std::string props;
+  for (int i = 0; i < 3000; ++i) {
+    if (i) props += ',';
+    props.append("\"k").append(std::to_string(i)).append("\":{}");
+  }
+  const std::string body = R"({"prompt":"hi","guided_json":{"type":"object","properties":{)" + props + "}}}";
+  expect_error(completion(body), 400, "guided_json", "3000 properties");
+  // Other fields of the body may be as large as they like: only the schema is read again.
+  std::string big;
+  for (int i = 0; i < 3000; ++i) {
+    if (i) big += ',';
+    big.append("\"x").append(std::to_string(i)).append("\":1");
+  }
+  auto ok = completion(R"({"prompt":"hi","extra":{)" + big + R"(},"guided_json":{"type":"integer"}})");
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
 }
 
 TEST_F(OpenAiApi, EmptyPrompts) {

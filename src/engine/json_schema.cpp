@@ -1,0 +1,521 @@
+#include "engine/json_schema.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace ss::engine {
+
+// Schemas keep their key order: declared properties are generated in the order written.
+using json = nlohmann::ordered_json;
+using Seq = Grammar::Seq;
+
+namespace {
+
+constexpr int kMaxWhitespace = 20;    // blanks between two tokens of the JSON text
+constexpr int kMaxIntDigits = 16;     // digits of a number's integer part
+constexpr int kMaxFracDigits = 16;
+constexpr int kMaxExpDigits = 2;   // |exponent| <= 99: every number fits a double
+constexpr int64_t kMaxEnumeratedRange = 10000;  // integer ranges up to this many values are exact
+constexpr int kMaxRepeat = 100000;     // minItems / maxLength and friends beyond this are refused
+
+// Keywords that constrain in ways the grammar does not follow: refused, never dropped silently.
+const std::set<std::string> kUnsupported = {
+    "pattern",          "patternProperties", "propertyNames",    "minProperties",   "maxProperties",
+    "dependentRequired", "dependentSchemas", "dependencies",     "if",              "then",
+    "else",             "not",               "contains",         "minContains",     "maxContains",
+    "multipleOf",       "prefixItems",       "additionalItems",  "unevaluatedProperties",
+    "unevaluatedItems", "contentSchema",     "$dynamicRef",      "$recursiveRef",
+};
+const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+
+  Expected<Grammar> run() {
+    const int r = compile(root_, "#");
+    if (!err_.empty()) return make_error(err_);
+    g_.set_root(r);
+    SS_TRY(g_.validate());
+    return std::move(g_);
+  }
+
+  Grammar any_object() {
+    g_.set_root(object_any());
+    return std::move(g_);
+  }
+
+  Grammar& g() { return g_; }
+
+ private:
+  int fail(const std::string& where, const std::string& what) {
+    if (err_.empty()) err_ = "schema at " + where + ": " + what;
+    return alt_rule({});  // a placeholder so building can go on; run() reports err_
+  }
+
+  int alt_rule(const std::vector<Seq>& alts) {
+    const int r = g_.new_rule();
+    for (const Seq& a : alts) g_.add_alt(r, a);
+    return r;
+  }
+  static Seq cat(std::initializer_list<Seq> parts) {
+    Seq s;
+    for (const Seq& p : parts) s.insert(s.end(), p.begin(), p.end());
+    return s;
+  }
+  Seq lit(std::string_view s) { return g_.literal(s); }
+  static Seq ref(int r) { return Seq{Grammar::ref(r)}; }
+
+  // item{min,max} (max < 0: unbounded), as right-recursive rules.
+  int repeat(const Seq& item, int64_t min, int64_t max) {
+    int tail;
+    if (max < 0) {
+      tail = g_.new_rule();
+      g_.add_alt(tail, cat({item, ref(tail)}));
+      g_.add_alt(tail, {});
+    } else {
+      tail = alt_rule({Seq{}});
+      for (int64_t k = 0; k < max - min; ++k) tail = alt_rule({cat({item, ref(tail)}), Seq{}});
+    }
+    for (int64_t k = 0; k < min; ++k) tail = alt_rule({cat({item, ref(tail)})});
+    return tail;
+  }
+
+  // ---- shared pieces ----
+  int ws() {
+    if (ws_ >= 0) return ws_;
+    int r = alt_rule({Seq{}});
+    for (int k = 0; k < kMaxWhitespace; ++k) {
+      const int next = g_.new_rule();
+      g_.add_alt(next, Seq{});
+      g_.add_alt(next, Seq{g_.byte(' '), Grammar::ref(r)});
+      g_.add_alt(next, Seq{g_.byte('\t'), Grammar::ref(r)});
+      g_.add_alt(next, Seq{g_.byte('\n'), Grammar::ref(r)});
+      r = next;
+    }
+    return ws_ = r;
+  }
+  Seq W() { return ref(ws()); }
+
+  int string_char() {
+    if (char_ >= 0) return char_;
+    Grammar::ByteSet plain{};
+    for (int c = 0x20; c <= 0x7f; ++c)
+      if (c != '"' && c != '\\') plain[c >> 6] |= uint64_t{1} << (c & 63);
+    auto R = [&](int lo, int hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    const Grammar::Elem cont = R(0x80, 0xbf);
+    const Grammar::Elem hex = g_.bytes([&] {
+      Grammar::ByteSet s{};
+      for (int c : std::string("0123456789abcdefABCDEF")) s[c >> 6] |= uint64_t{1} << (c & 63);
+      return s;
+    }());
+    const Grammar::Elem esc = g_.bytes([&] {
+      Grammar::ByteSet s{};
+      for (int c : std::string("\"\\/bfnrt")) s[c >> 6] |= uint64_t{1} << (c & 63);
+      return s;
+    }());
+    // Well-formed UTF-8 only (Unicode's table 3-7): no overlongs, surrogates or values past U+10FFFF.
+    char_ = alt_rule({
+        Seq{g_.bytes(plain)},
+        Seq{g_.byte('\\'), esc},
+        Seq{g_.byte('\\'), g_.byte('u'), hex, hex, hex, hex},
+        Seq{R(0xc2, 0xdf), cont},
+        Seq{g_.byte(0xe0), R(0xa0, 0xbf), cont},
+        Seq{R(0xe1, 0xec), cont, cont},
+        Seq{g_.byte(0xed), R(0x80, 0x9f), cont},
+        Seq{R(0xee, 0xef), cont, cont},
+        Seq{g_.byte(0xf0), R(0x90, 0xbf), cont, cont},
+        Seq{R(0xf1, 0xf3), cont, cont, cont},
+        Seq{g_.byte(0xf4), R(0x80, 0x8f), cont, cont},
+    });
+    return char_;
+  }
+
+  int string_any() {
+    if (string_ >= 0) return string_;
+    return string_ = string_len(0, -1);
+  }
+  int string_len(int64_t min, int64_t max) {
+    const int chars = repeat(ref(string_char()), min, max);
+    return alt_rule({cat({lit("\""), ref(chars), lit("\"")})});
+  }
+
+  Seq digits(int64_t min, int64_t max) { return ref(repeat(Seq{g_.range('0', '9')}, min, max)); }
+  int natural() {  // 0 | [1-9][0-9]{0,15}
+    if (nat_ >= 0) return nat_;
+    return nat_ = alt_rule({lit("0"), cat({Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)})});
+  }
+  int number(bool allow_negative) {
+    int& cache = allow_negative ? num_ : num_nonneg_;
+    if (cache >= 0) return cache;
+    const int frac = alt_rule({Seq{}, cat({lit("."), digits(1, kMaxFracDigits)})});
+    const int exp = alt_rule({Seq{}, cat({Seq{g_.bytes([&] {
+                                      Grammar::ByteSet s{};
+                                      s['e' >> 6] |= uint64_t{1} << ('e' & 63);
+                                      s['E' >> 6] |= uint64_t{1} << ('E' & 63);
+                                      return s;
+                                    }())},
+                                          ref(alt_rule({Seq{}, lit("+"), lit("-")})), digits(1, kMaxExpDigits)})});
+    const Seq body = cat({ref(natural()), ref(frac), ref(exp)});
+    std::vector<Seq> alts = {body};
+    if (allow_negative) alts.push_back(cat({lit("-"), body}));
+    return cache = alt_rule(alts);
+  }
+  int integer(bool allow_negative) {
+    int& cache = allow_negative ? int_ : int_nonneg_;
+    if (cache >= 0) return cache;
+    std::vector<Seq> alts = {ref(natural())};
+    if (allow_negative) alts.push_back(cat({lit("-"), Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)}));
+    return cache = alt_rule(alts);
+  }
+  // Exactly the decimal spellings of lo..hi, as a trie of rules (deterministic).
+  int integer_range(int64_t lo, int64_t hi) {
+    struct Node {
+      std::map<char, int> kids;
+      bool end = false;
+    };
+    std::vector<Node> t(1);
+    for (int64_t v = lo; v <= hi; ++v) {
+      int cur = 0;
+      for (char c : std::to_string(v)) {
+        auto it = t[static_cast<size_t>(cur)].kids.find(c);
+        if (it == t[static_cast<size_t>(cur)].kids.end()) {
+          t.emplace_back();
+          it = t[static_cast<size_t>(cur)].kids.emplace(c, static_cast<int>(t.size() - 1)).first;
+        }
+        cur = it->second;
+      }
+      t[static_cast<size_t>(cur)].end = true;
+    }
+    std::vector<int> rule(t.size(), -1);
+    for (size_t i = t.size(); i-- > 0;) {  // children were created after their parents
+      std::vector<Seq> alts;
+      if (t[i].end) alts.push_back({});
+      for (const auto& [c, k] : t[i].kids) alts.push_back({g_.byte(static_cast<uint8_t>(c)), Grammar::ref(rule[static_cast<size_t>(k)])});
+      rule[i] = alt_rule(alts);
+    }
+    return rule[0];
+  }
+
+  int value_any() {
+    if (any_ >= 0) return any_;
+    any_ = g_.new_rule();  // filled below: objects and arrays refer back to it
+    const int obj = object_any(), arr = array_of(any_, 0, -1);
+    g_.add_alt(any_, ref(obj));
+    g_.add_alt(any_, ref(arr));
+    g_.add_alt(any_, ref(string_any()));
+    g_.add_alt(any_, ref(number(true)));
+    g_.add_alt(any_, lit("true"));
+    g_.add_alt(any_, lit("false"));
+    g_.add_alt(any_, lit("null"));
+    return any_;
+  }
+  int object_any() {
+    if (obj_any_ >= 0) return obj_any_;
+    obj_any_ = g_.new_rule();
+    const int kv = alt_rule({cat({ref(string_any()), W(), lit(":"), W(), ref(value_any()), W()})});
+    const int more = repeat(cat({lit(","), W(), ref(kv)}), 0, -1);
+    g_.add_alt(obj_any_, cat({lit("{"), W(), lit("}")}));
+    g_.add_alt(obj_any_, cat({lit("{"), W(), ref(kv), ref(more), lit("}")}));
+    return obj_any_;
+  }
+  // "[" ws ( item ws ( "," ws item ws ){min-1,max-1} )? "]"
+  int array_of(int item, int64_t min, int64_t max) {
+    const Seq one = cat({ref(item), W()});
+    std::vector<Seq> alts;
+    if (min == 0) alts.push_back(cat({lit("["), W(), lit("]")}));
+    if (max != 0) {
+      const int rest = repeat(cat({lit(","), W(), one}), std::max<int64_t>(min - 1, 0), max < 0 ? -1 : max - 1);
+      alts.push_back(cat({lit("["), W(), one, ref(rest), lit("]")}));
+    }
+    return alt_rule(alts);
+  }
+
+  // ---- schemas ----
+  static std::string child(const std::string& where, const std::string& key) { return where + "/" + key; }
+
+  bool get_count(const json& s, const char* key, const std::string& where, int64_t& out) {
+    auto it = s.find(key);
+    if (it == s.end()) return true;
+    if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>())) {
+      fail(child(where, key), "must be a non-negative integer");
+      return false;
+    }
+    const double v = it->get<double>();
+    if (v < 0 || v > kMaxRepeat) {
+      fail(child(where, key), "must be in [0, " + std::to_string(kMaxRepeat) + "]");
+      return false;
+    }
+    out = static_cast<int64_t>(v);
+    return true;
+  }
+
+  int compile(const json& s, const std::string& where) {
+    if (!err_.empty()) return alt_rule({});
+    if (++depth_ > 256) return fail(where, "nested too deeply");
+    struct Dec {
+      int& d;
+      ~Dec() { --d; }
+    } dec{depth_};
+    if (s.is_boolean()) return s.get<bool>() ? value_any() : fail(where, "the schema `false` matches nothing");
+    if (!s.is_object()) return fail(where, "a schema must be an object or a boolean");
+    for (const auto& [k, v] : s.items())
+      if (kUnsupported.count(k)) return fail(child(where, k), "'" + k + "' is not supported by structured outputs");
+    if (auto it = s.find("uniqueItems"); it != s.end() && it->is_boolean() && it->get<bool>())
+      return fail(child(where, "uniqueItems"), "'uniqueItems' is not supported by structured outputs");
+
+    if (auto it = s.find("$ref"); it != s.end()) {
+      for (const char* k : {"type", "properties", "items", "enum", "const", "anyOf", "oneOf", "allOf"})
+        if (s.contains(k)) return fail(where, std::string("'$ref' next to '") + k + "' is not supported");
+      if (!it->is_string()) return fail(child(where, "$ref"), "must be a string");
+      return reference(it->get<std::string>(), child(where, "$ref"));
+    }
+    int r = compile_body(s, where);
+    if (auto it = s.find("nullable"); it != s.end() && it->is_boolean() && it->get<bool>())
+      r = alt_rule({ref(r), lit("null")});
+    return r;
+  }
+
+  int reference(const std::string& target, const std::string& where) {
+    if (auto it = refs_.find(target); it != refs_.end()) return it->second;
+    if (target.empty() || target[0] != '#') return fail(where, "only references into the same document (#...) are supported");
+    const json* node = nullptr;
+    try {
+      const std::string ptr = target.substr(1);
+      json::json_pointer p(ptr);
+      if (!root_.contains(p)) return fail(where, "'" + target + "' does not resolve");
+      node = &root_.at(p);
+    } catch (const std::exception&) {
+      return fail(where, "'" + target + "' is not a JSON pointer");
+    }
+    // Declare first, so recursive schemas refer back to this rule.
+    const int r = g_.new_rule();
+    refs_[target] = r;
+    const int body = compile(*node, target);
+    g_.add_alt(r, ref(body));
+    return r;
+  }
+
+  int compile_body(const json& s, const std::string& where) {
+    for (const char* k : {"anyOf", "oneOf"}) {
+      auto it = s.find(k);
+      if (it == s.end()) continue;
+      for (const char* other : {"type", "properties", "items", "enum", "const"})
+        if (s.contains(other)) return fail(where, std::string("'") + k + "' next to '" + other + "' is not supported");
+      if (!it->is_array() || it->empty()) return fail(child(where, k), "must be a non-empty array of schemas");
+      std::vector<Seq> alts;
+      for (size_t i = 0; i < it->size(); ++i) alts.push_back(ref(compile((*it)[i], child(child(where, k), std::to_string(i)))));
+      return alt_rule(alts);
+    }
+    if (auto it = s.find("allOf"); it != s.end()) {
+      if (!it->is_array() || it->size() != 1) return fail(child(where, "allOf"), "only 'allOf' of exactly one schema is supported");
+      return compile((*it)[0], child(where, "allOf/0"));
+    }
+    if (auto it = s.find("const"); it != s.end()) return alt_rule({lit(it->dump())});
+    if (auto it = s.find("enum"); it != s.end()) {
+      if (!it->is_array() || it->empty()) return fail(child(where, "enum"), "must be a non-empty array");
+      std::vector<Seq> alts;
+      for (const json& v : *it) alts.push_back(lit(v.dump()));
+      return alt_rule(alts);
+    }
+    std::vector<std::string> types;
+    if (auto it = s.find("type"); it != s.end()) {
+      if (it->is_string()) types.push_back(it->get<std::string>());
+      else if (it->is_array() && !it->empty())
+        for (const json& t : *it) types.push_back(t.is_string() ? t.get<std::string>() : std::string("?"));
+      else return fail(child(where, "type"), "must be a type name or a non-empty array of them");
+      for (const std::string& t : types)
+        if (!kTypes.count(t)) return fail(child(where, "type"), "unknown type '" + t + "'");
+    } else if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      types = {"object"};
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types = {"array"};
+    } else if (s.contains("minLength") || s.contains("maxLength")) {
+      types = {"string"};
+    } else {
+      return value_any();
+    }
+    std::vector<Seq> alts;
+    for (const std::string& t : types) alts.push_back(ref(typed(s, t, where)));
+    return alts.size() == 1 ? alts[0][0].arg : alt_rule(alts);
+  }
+
+  int typed(const json& s, const std::string& t, const std::string& where) {
+    if (t == "null") return alt_rule({lit("null")});
+    if (t == "boolean") return alt_rule({lit("true"), lit("false")});
+    if (t == "string") {
+      int64_t min = 0, max = -1;
+      if (!get_count(s, "minLength", where, min) || !get_count(s, "maxLength", where, max)) return alt_rule({});
+      if (max >= 0 && max < min) return fail(where, "maxLength is below minLength");
+      return min == 0 && max < 0 ? string_any() : string_len(min, max);
+    }
+    if (t == "integer") return integer_schema(s, where);
+    if (t == "number") {
+      if (s.contains("maximum") || s.contains("exclusiveMaximum") || s.contains("exclusiveMinimum"))
+        return fail(where, "bounds on a 'number' other than 'minimum' >= 0 are not supported (use 'integer')");
+      if (auto it = s.find("minimum"); it != s.end()) {
+        if (!it->is_number()) return fail(child(where, "minimum"), "must be a number");
+        if (it->get<double>() != 0.0) return fail(child(where, "minimum"), "a 'number' minimum other than 0 is not supported");
+        return number(false);
+      }
+      return number(true);
+    }
+    if (t == "array") {
+      int64_t min = 0, max = -1;
+      if (!get_count(s, "minItems", where, min) || !get_count(s, "maxItems", where, max)) return alt_rule({});
+      if (max >= 0 && max < min) return fail(where, "maxItems is below minItems");
+      int item;
+      if (auto it = s.find("items"); it != s.end()) {
+        if (it->is_boolean() && !it->get<bool>()) {
+          if (min > 0) return fail(where, "'items': false with minItems > 0 matches nothing");
+          return alt_rule({cat({lit("["), W(), lit("]")})});
+        }
+        item = compile(*it, child(where, "items"));
+      } else {
+        item = value_any();
+      }
+      return array_of(item, min, max);
+    }
+    return object_schema(s, where);
+  }
+
+  int integer_schema(const json& s, const std::string& where) {
+    std::optional<int64_t> lo, hi;
+    auto bound = [&](const char* key, bool exclusive, bool lower) -> bool {
+      auto it = s.find(key);
+      if (it == s.end()) return true;
+      if (!it->is_number()) {
+        fail(child(where, key), "must be a number");
+        return false;
+      }
+      const double v = it->get<double>();
+      if (!std::isfinite(v) || std::fabs(v) > 1e15) {
+        fail(child(where, key), "is out of the supported range (|v| <= 1e15)");
+        return false;
+      }
+      // The integers n with n >= v (n > v when exclusive), or n <= v (n < v).
+      int64_t b = static_cast<int64_t>(lower ? std::ceil(v) : std::floor(v));
+      if (exclusive && std::floor(v) == v) b += lower ? 1 : -1;
+      if (lower) lo = lo ? std::max(*lo, b) : b;
+      else hi = hi ? std::min(*hi, b) : b;
+      return true;
+    };
+    if (!bound("minimum", false, true) || !bound("exclusiveMinimum", true, true) || !bound("maximum", false, false) ||
+        !bound("exclusiveMaximum", true, false))
+      return alt_rule({});
+    if (lo && hi && *lo > *hi) return fail(where, "the integer bounds admit no value");
+    if (lo && hi) {
+      if (*hi - *lo + 1 > kMaxEnumeratedRange)
+        return fail(where, "integer ranges wider than " + std::to_string(kMaxEnumeratedRange) +
+                               " values are supported only as 'minimum' 0 or 1 with no maximum");
+      return integer_range(*lo, *hi);
+    }
+    if (hi) return fail(where, "an integer 'maximum' without a 'minimum' is not supported");
+    if (!lo || *lo < 0) {
+      if (lo) return fail(where, "a negative integer 'minimum' without a 'maximum' is not supported");
+      return integer(true);
+    }
+    if (*lo == 0) return integer(false);
+    if (*lo == 1) return alt_rule({cat({Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)})});
+    return fail(where, "an integer 'minimum' above 1 needs a 'maximum' (ranges up to " +
+                           std::to_string(kMaxEnumeratedRange) + " values)");
+  }
+
+  int object_schema(const json& s, const std::string& where) {
+    const json* props = nullptr;
+    if (auto it = s.find("properties"); it != s.end()) {
+      if (!it->is_object()) return fail(child(where, "properties"), "must be an object");
+      props = &*it;
+    }
+    std::set<std::string> required;
+    if (auto it = s.find("required"); it != s.end()) {
+      if (!it->is_array()) return fail(child(where, "required"), "must be an array of names");
+      for (const json& n : *it) {
+        if (!n.is_string()) return fail(child(where, "required"), "must be an array of names");
+        required.insert(n.get<std::string>());
+      }
+    }
+    // Extra keys: only when asked for (true or a schema); an object without properties takes any.
+    int extra = -1;
+    if (auto it = s.find("additionalProperties"); it != s.end()) {
+      if (it->is_boolean()) {
+        if (it->get<bool>()) extra = value_any();
+      } else {
+        extra = compile(*it, child(where, "additionalProperties"));
+      }
+    } else if (!props && required.empty()) {
+      return object_any();
+    }
+    // Declared properties in order, then required names that are not declared (any value).
+    std::vector<std::pair<std::string, const json*>> order;
+    if (props)
+      for (const auto& [k, v] : props->items()) order.emplace_back(k, &v);
+    for (const std::string& r : required)
+      if (!props || !props->contains(r)) order.emplace_back(r, nullptr);
+    const size_t n = order.size();
+    std::vector<int> kv(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int value = order[i].second ? compile(*order[i].second, child(child(where, "properties"), order[i].first))
+                                        : value_any();
+      kv[i] = alt_rule({cat({lit(json(order[i].first).dump()), W(), lit(":"), W(), ref(value), W()})});
+    }
+    // tail: extra keys (if allowed) after the declared ones, each after a comma.
+    int tail_after = alt_rule({Seq{}});  // after at least one member
+    int tail_first = alt_rule({Seq{}});  // nothing written yet
+    if (extra >= 0) {
+      const int xkv = alt_rule({cat({ref(string_any()), W(), lit(":"), W(), ref(extra), W()})});
+      const int more = repeat(cat({lit(","), W(), ref(xkv)}), 0, -1);
+      tail_after = more;
+      tail_first = alt_rule({Seq{}, cat({ref(xkv), ref(more)})});
+    }
+    // rest_after[i] / rest_first[i]: members i..n-1 (and the tail), with or without a member before.
+    int after = tail_after, first = tail_first;
+    for (size_t i = n; i-- > 0;) {
+      const bool req = required.count(order[i].first) > 0;
+      std::vector<Seq> a = {cat({lit(","), W(), ref(kv[i]), ref(after)})};
+      std::vector<Seq> f = {cat({ref(kv[i]), ref(after)})};
+      if (!req) {
+        a.push_back(ref(after));
+        f.push_back(ref(first));
+      }
+      after = alt_rule(a);
+      first = alt_rule(f);
+    }
+    return alt_rule({cat({lit("{"), W(), ref(first), lit("}")})});
+  }
+
+  const json& root_;
+  Grammar g_;
+  std::string err_;
+  int depth_ = 0;
+  std::map<std::string, int> refs_;
+  int ws_ = -1, char_ = -1, string_ = -1, nat_ = -1, num_ = -1, num_nonneg_ = -1, int_ = -1, int_nonneg_ = -1;
+  int any_ = -1, obj_any_ = -1;
+};
+
+}  // namespace
+
+Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema) { return Compiler(schema).run(); }
+
+Grammar json_object_grammar() {
+  static const json empty = json::object();
+  return Compiler(empty).any_object();
+}
+
+Expected<Grammar> choice_grammar(const std::vector<std::string>& choices) {
+  if (choices.empty()) return make_error("the choices must not be empty");
+  Grammar g;
+  const int r = g.new_rule();
+  for (const std::string& c : choices) {
+    if (c.empty()) return make_error("a choice must not be empty");
+    g.add_alt(r, g.literal(c));
+  }
+  g.set_root(r);
+  SS_TRY(g.validate());
+  return g;
+}
+
+}  // namespace ss::engine

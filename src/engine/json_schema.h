@@ -1,0 +1,30 @@
+// JSON Schema → Grammar for structured outputs (OpenAI's response_format json_schema, vLLM's
+// guided_json). The grammar matches JSON texts valid under the schema, written compactly or with
+// short runs of whitespace (at most 20 blanks between tokens, so a model cannot loop on newlines).
+//
+// Supported: type (one or a list), enum, const, properties / required / additionalProperties
+// (declared properties come in the declared order, optional ones may be left out; other keys only
+// when additionalProperties is true or a schema), items, minItems / maxItems, minLength /
+// maxLength, integer minimum / maximum (and the exclusive forms), a number's minimum >= 0, anyOf /
+// oneOf (as anyOf), allOf of one schema, $ref into the same document ($defs, definitions, "#"),
+// nullable, boolean schemas. Annotations (title, description, default, examples, format, ...) are
+// ignored. Keywords that constrain in a way the grammar does not follow (pattern, multipleOf, not,
+// if/then/else, prefixItems, uniqueItems, ...) are an error naming the keyword and its place, never
+// silently dropped. Numbers have at most 16 integer and 16 fraction digits and a 2-digit exponent.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/grammar.h"
+
+namespace ss::engine {
+
+// An ordered_json, so the declared order of properties survives parsing.
+Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema);
+Grammar json_object_grammar();  // response_format {"type": "json_object"}: any JSON object
+// vLLM's guided_choice: exactly one of the strings (non-empty list of non-empty strings).
+Expected<Grammar> choice_grammar(const std::vector<std::string>& choices);
+
+}  // namespace ss::engine

@@ -1,0 +1,21 @@
+// Structured outputs: which tokens may come next (grammar.h implements it for JSON Schema).
+#pragma once
+#include <cstdint>
+
+namespace ss::engine {
+
+// The engine consults a request's constraint on a backend thread, never concurrently for one
+// request: the sampler asks allows() about the token it drew and falls back to mask() (then draws
+// again) when the answer is no, or masks first where a draw from the whole vocabulary would not be
+// exact (top-k / top-p / min-p, logprobs); accept() follows the token that was chosen. The request
+// finishes with Stop once must_end() (the text is complete and nothing may follow).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual bool allows(int32_t token) = 0;  // may `token` come next?
+  virtual void mask(float* logits) = 0;    // -inf on every token that may not come next
+  virtual void accept(int32_t token) = 0;
+  virtual bool must_end() const = 0;
+};
+
+}  // namespace ss::engine
