@@ -93,6 +93,7 @@ struct ClientConfig {
   std::string model;
   double timeout_s = 300;  // whole request (connect to last byte)
   bool ignore_eos = true;  // ask for exactly max_tokens (vLLM/SGLang extension; others ignore it)
+  nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body (--extra-body)
 };
 
 struct RequestResult {

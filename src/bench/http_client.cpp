@@ -54,6 +54,7 @@ awaitable<void> stream_one(const ClientConfig& c, tcp::resolver::results_type ep
                            {"stream", true},
                            {"stream_options", {{"include_usage", true}}}};
     if (c.ignore_eos) body["ignore_eos"] = true;
+    body.update(c.extra_body);  // e.g. a response_format, top_p: the caller's fields win
     http::request<http::string_body> req{http::verb::post, c.url.base_path + "/v1/completions", 11};
     set_common_headers(req, c);
     req.set(http::field::content_type, "application/json");

@@ -34,6 +34,7 @@ struct ServeBenchArgs {
   int warmup = 1;
   bool no_ignore_eos = false, no_calibrate = false;
   std::string json_path, plot_path;
+  std::string extra_body;
 };
 
 void run_serve_bench(const ServeBenchArgs& a) {
@@ -46,6 +47,11 @@ void run_serve_bench(const ServeBenchArgs& a) {
     if (const char* k = std::getenv("OPENAI_API_KEY")) c.api_key = k;
   c.timeout_s = a.timeout_s;
   c.ignore_eos = !a.no_ignore_eos;
+  if (!a.extra_body.empty()) {
+    c.extra_body = nlohmann::json::parse(a.extra_body, nullptr, false);
+    if (c.extra_body.is_discarded() || !c.extra_body.is_object())
+      return fail("--extra-body wants a JSON object, e.g. '{\"response_format\": {\"type\": \"json_object\"}}'");
+  }
   c.model = a.model;
   if (c.model.empty()) {
     auto m = bench::default_model(c);
@@ -129,6 +135,7 @@ void run_serve_bench(const ServeBenchArgs& a) {
         {"max_context", mix.max_context}, {"output_tokens", {mix.out_min, mix.out_max}},
         {"tokens_per_word", mix.tokens_per_word}, {"tokens_per_word_source", tpw_source}}},
       {"ignore_eos", c.ignore_eos},
+      {"extra_body", c.extra_body},
       {"levels", jlevels}};
   std::string json_path = a.json_path;
   if (json_path.empty() && !a.plot_path.empty())
@@ -190,6 +197,8 @@ void register_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   s->add_flag("--no-ignore-eos", a->no_ignore_eos, "Do not send ignore_eos (outputs may end early)");
   s->add_flag("--no-calibrate", a->no_calibrate, "Do not measure tokens per word with POST /tokenize");
+  s->add_option("--extra-body", a->extra_body,
+                "JSON object merged into every request body (e.g. a response_format, sampling fields)");
   s->add_option("--json", a->json_path, "Write the report (with every request) as JSON");
   s->add_option("--plot", a->plot_path, "Write a PNG of latency and throughput against load (matplotlib)");
   s->callback([a] { run_serve_bench(*a); });

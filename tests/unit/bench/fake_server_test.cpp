@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -43,6 +44,10 @@ class FakeServer {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int completions() const { return completions_; }
+  nlohmann::json last_body() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return last_body_;
+  }
   int max_in_flight() const { return max_in_flight_; }
 
  private:
@@ -96,6 +101,10 @@ class FakeServer {
         co_await reply(opt_.status, R"({"error":{"message":"nope","type":"server_error"}})");
       } else {
         const auto body = nlohmann::json::parse(req.body());
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          last_body_ = body;
+        }
         const int n = body.at("max_tokens").get<int>();
         const bool usage = opt_.usage && body.at("stream_options").at("include_usage").get<bool>();
         ++completions_;
@@ -132,6 +141,8 @@ class FakeServer {
   std::thread thread_;
   int port_ = 0;
   std::atomic<int> completions_{0}, in_flight_{0}, max_in_flight_{0};
+  mutable std::mutex mu_;
+  nlohmann::json last_body_;
 };
 
 ClientConfig client_for(const std::string& url, double timeout_s = 5) {
@@ -176,6 +187,21 @@ TEST(FakeServer, ClosedLoopMatchesKnownDelays) {
   EXPECT_GT(r.req_per_s, 4 / (e2e + 0.05));
   EXPECT_LE(r.req_per_s, 4 / e2e);
   EXPECT_NEAR(r.out_tok_per_s, 6 * r.req_per_s, 1e-9);
+}
+
+TEST(FakeServer, ExtraBodyFieldsReachEveryRequest) {
+  FakeServer srv({});
+  auto c = client_for(srv.url());
+  c.extra_body = {{"response_format", {{"type", "json_object"}}}, {"top_p", 0.9}, {"ignore_eos", false}};
+  MixSampler sampler(fixed_output(2), 3);
+  const LevelReport r = run_level(c, {1, 0, 2, 30, 0}, sampler);
+  ASSERT_EQ(r.ok, 2);
+  const nlohmann::json b = srv.last_body();
+  EXPECT_EQ(b.at("response_format").at("type"), "json_object");
+  EXPECT_EQ(b.at("top_p"), 0.9);
+  EXPECT_EQ(b.at("ignore_eos"), false) << "the caller's fields win";
+  EXPECT_EQ(b.at("max_tokens"), 2);
+  EXPECT_TRUE(b.at("stream").get<bool>());
 }
 
 TEST(FakeServer, NoUsageCloseDelimitedSplitEvents) {

@@ -325,3 +325,86 @@ TEST(Sampler, ValidateRejectsOutOfRange) {
   p = {};
   EXPECT_TRUE(p.validate().ok());
 }
+
+// Structured outputs' sampling: a constraint that allows a fixed set of tokens.
+namespace {
+class SetConstraint final : public ss::engine::TokenConstraint {
+ public:
+  explicit SetConstraint(std::set<int32_t> ok) : ok_(std::move(ok)) {}
+  bool allows(int32_t t) override {
+    ++asked;
+    return ok_.count(t) > 0;
+  }
+  void mask(float* logits) override {
+    ++masks;
+    for (int i = 0; i < n; ++i)
+      if (!ok_.count(i)) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+  void accept(int32_t) override {}
+  bool must_end() const override { return false; }
+  int n = 0, asked = 0, masks = 0;
+
+ private:
+  std::set<int32_t> ok_;
+};
+}  // namespace
+
+TEST(Sampler, ConstrainedTemperatureSamplingIsTheMaskedDistribution) {
+  // Drawing from the whole vocabulary and redrawing from the masked one when refused must give
+  // exactly softmax restricted to the allowed set: p(t) / p(allowed).
+  const std::vector<float> l = random_logits(64, 5, 1.5f);
+  const std::set<int32_t> ok = {1, 3, 4, 10, 17, 30, 31, 50, 63};
+  for (float temp : {0.8f, 1.0f}) {
+    SamplingParams p;
+    p.temperature = temp;
+    p.seed = 1234;
+    Sampler s(p, 64);
+    SetConstraint c(ok);
+    c.n = 64;
+    const int draws = 100000;
+    std::vector<int> hist(64);
+    for (int i = 0; i < draws; ++i) {
+      std::vector<float> row = l;
+      hist[s.sample(row.data(), {}, {}, c)]++;
+    }
+    const auto q = softmax(l, temp);
+    double allowed = 0;
+    for (int32_t t : ok) allowed += q[t];
+    EXPECT_LT(allowed, 0.6) << "most first draws must be refused for the test to mean something";
+    EXPECT_GT(c.masks, draws / 3);
+    EXPECT_LT(c.masks, draws);
+    for (int i = 0; i < 64; ++i) {
+      const double want = ok.count(i) ? q[i] / allowed : 0.0;
+      const double sd = std::sqrt(std::max(want * (1 - want), 1e-12) / draws);
+      EXPECT_NEAR(hist[i] / double(draws), want, 5 * sd + 1e-12) << "token " << i << " temperature " << temp;
+    }
+  }
+}
+
+TEST(Sampler, ConstrainedGreedyAndTruncatedSamplingEqualMaskingFirst) {
+  for (uint32_t seed = 0; seed < 200; ++seed) {
+    const std::vector<float> l = random_logits(300, seed);
+    std::mt19937 g(seed);
+    std::set<int32_t> ok;
+    for (int k = 0; k < 1 + static_cast<int>(g() % 40); ++k) ok.insert(static_cast<int32_t>(g() % 300));
+    for (int mode = 0; mode < 4; ++mode) {
+      SamplingParams p;
+      p.seed = seed;
+      p.temperature = mode == 0 ? 0.0f : 0.9f;
+      if (mode == 1) p.top_p = 0.8f;
+      if (mode == 2) p.top_k = 5;
+      if (mode == 3) p.min_p = 0.1f;
+      Sampler a(p, 300), b(p, 300);
+      SetConstraint ca(ok), cb(ok);
+      ca.n = cb.n = 300;
+      for (int step = 0; step < 5; ++step) {
+        std::vector<float> ra = l, rb = l;
+        const int32_t ta = a.sample(ra.data(), {}, {}, ca);
+        cb.mask(rb.data());
+        const int32_t tb = b.sample(rb.data(), {}, {});
+        ASSERT_EQ(ta, tb) << "seed " << seed << " mode " << mode << " step " << step;
+        ASSERT_TRUE(ok.count(ta));
+      }
+    }
+  }
+}
