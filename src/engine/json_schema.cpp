@@ -19,7 +19,8 @@ constexpr int kMaxIntDigits = 16;     // digits of a number's integer part
 constexpr int kMaxFracDigits = 16;
 constexpr int kMaxExpDigits = 2;   // |exponent| <= 99: every number fits a double
 constexpr int64_t kMaxEnumeratedRange = 10000;  // integer ranges up to this many values are exact
-constexpr int kMaxRepeat = 100000;     // minItems / maxLength and friends beyond this are refused
+constexpr int kMaxRepeat = 100000;
+constexpr size_t kMaxAlternatives = 128;  // anyOf / oneOf     // minItems / maxLength and friends beyond this are refused
 
 // Keywords that constrain in ways the grammar does not follow: refused, never dropped silently.
 const std::set<std::string> kUnsupported = {
@@ -30,6 +31,36 @@ const std::set<std::string> kUnsupported = {
     "unevaluatedItems", "contentSchema",     "$dynamicRef",      "$recursiveRef",
 };
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+
+// Exactly the given strings, as a trie of rules: one stack however many strings share a prefix
+// (an enum of thousands of values stays as cheap to match as one literal).
+int literal_trie(Grammar& g, const std::vector<std::string>& words) {
+  struct Node {
+    std::map<uint8_t, int> kids;
+    bool end = false;
+  };
+  std::vector<Node> t(1);
+  for (const std::string& w : words) {
+    int cur = 0;
+    for (char ch : w) {
+      const uint8_t c = static_cast<uint8_t>(ch);
+      auto it = t[static_cast<size_t>(cur)].kids.find(c);
+      if (it == t[static_cast<size_t>(cur)].kids.end()) {
+        t.emplace_back();
+        it = t[static_cast<size_t>(cur)].kids.emplace(c, static_cast<int>(t.size() - 1)).first;
+      }
+      cur = it->second;
+    }
+    t[static_cast<size_t>(cur)].end = true;
+  }
+  std::vector<int> rule(t.size(), -1);
+  for (size_t i = t.size(); i-- > 0;) {  // children were created after their parents
+    rule[i] = g.new_rule();
+    if (t[i].end) g.add_alt(rule[i], {});
+    for (const auto& [c, k] : t[i].kids) g.add_alt(rule[i], {g.byte(c), Grammar::ref(rule[static_cast<size_t>(k)])});
+  }
+  return rule[0];
+}
 
 class Compiler {
  public:
@@ -171,33 +202,11 @@ class Compiler {
     if (allow_negative) alts.push_back(cat({lit("-"), Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)}));
     return cache = alt_rule(alts);
   }
-  // Exactly the decimal spellings of lo..hi, as a trie of rules (deterministic).
+  // Exactly the decimal spellings of lo..hi.
   int integer_range(int64_t lo, int64_t hi) {
-    struct Node {
-      std::map<char, int> kids;
-      bool end = false;
-    };
-    std::vector<Node> t(1);
-    for (int64_t v = lo; v <= hi; ++v) {
-      int cur = 0;
-      for (char c : std::to_string(v)) {
-        auto it = t[static_cast<size_t>(cur)].kids.find(c);
-        if (it == t[static_cast<size_t>(cur)].kids.end()) {
-          t.emplace_back();
-          it = t[static_cast<size_t>(cur)].kids.emplace(c, static_cast<int>(t.size() - 1)).first;
-        }
-        cur = it->second;
-      }
-      t[static_cast<size_t>(cur)].end = true;
-    }
-    std::vector<int> rule(t.size(), -1);
-    for (size_t i = t.size(); i-- > 0;) {  // children were created after their parents
-      std::vector<Seq> alts;
-      if (t[i].end) alts.push_back({});
-      for (const auto& [c, k] : t[i].kids) alts.push_back({g_.byte(static_cast<uint8_t>(c)), Grammar::ref(rule[static_cast<size_t>(k)])});
-      rule[i] = alt_rule(alts);
-    }
-    return rule[0];
+    std::vector<std::string> words;
+    for (int64_t v = lo; v <= hi; ++v) words.push_back(std::to_string(v));
+    return literal_trie(g_, words);
   }
 
   int value_any() {
@@ -306,6 +315,9 @@ class Compiler {
       for (const char* other : {"type", "properties", "items", "enum", "const"})
         if (s.contains(other)) return fail(where, std::string("'") + k + "' next to '" + other + "' is not supported");
       if (!it->is_array() || it->empty()) return fail(child(where, k), "must be a non-empty array of schemas");
+      // Each alternative is a live stack until the text tells them apart: keep states small.
+      if (it->size() > kMaxAlternatives)
+        return fail(child(where, k), "more than " + std::to_string(kMaxAlternatives) + " alternatives");
       std::vector<Seq> alts;
       for (size_t i = 0; i < it->size(); ++i) alts.push_back(ref(compile((*it)[i], child(child(where, k), std::to_string(i)))));
       return alt_rule(alts);
@@ -317,9 +329,9 @@ class Compiler {
     if (auto it = s.find("const"); it != s.end()) return alt_rule({lit(it->dump())});
     if (auto it = s.find("enum"); it != s.end()) {
       if (!it->is_array() || it->empty()) return fail(child(where, "enum"), "must be a non-empty array");
-      std::vector<Seq> alts;
-      for (const json& v : *it) alts.push_back(lit(v.dump()));
-      return alt_rule(alts);
+      std::vector<std::string> words;
+      for (const json& v : *it) words.push_back(v.dump());
+      return literal_trie(g_, words);
     }
     std::vector<std::string> types;
     if (auto it = s.find("type"); it != s.end()) {
@@ -507,13 +519,10 @@ Grammar json_object_grammar() {
 
 Expected<Grammar> choice_grammar(const std::vector<std::string>& choices) {
   if (choices.empty()) return make_error("the choices must not be empty");
-  Grammar g;
-  const int r = g.new_rule();
-  for (const std::string& c : choices) {
+  for (const std::string& c : choices)
     if (c.empty()) return make_error("a choice must not be empty");
-    g.add_alt(r, g.literal(c));
-  }
-  g.set_root(r);
+  Grammar g;
+  g.set_root(literal_trie(g, choices));
   SS_TRY(g.validate());
   return g;
 }

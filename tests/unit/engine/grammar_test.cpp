@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "engine/grammar.h"
@@ -280,6 +281,38 @@ TEST(Grammar, AnyOfRefsAndRecursion) {
   const Grammar nullable = compile({{"type", "number"}, {"nullable", true}});
   EXPECT_TRUE(matches(nullable, "null"));
   EXPECT_TRUE(matches(nullable, "-1.5e+10"));
+}
+
+TEST(Grammar, LargeEnumsStayOneStack) {
+  // 5000 values sharing prefixes: exactly those match, and the matcher holds one stack per byte that
+  // may come next (at most 11 here: ten digits and the closing quote), where a flat list of
+  // alternatives would hold 5000 at the start.
+  ojson values = ojson::array();
+  std::set<std::string> words;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string w = "item-" + std::to_string(i * 7 % 5003);
+    values.push_back(w);
+    words.insert(ojson(w).dump());
+  }
+  values.push_back(12);
+  words.insert("12");
+  const Grammar g = compile({{"enum", values}});
+  for (const std::string& w : words) EXPECT_TRUE(matches(g, w)) << w;
+  for (const char* w : {"\"item-\"", "\"item-5003\"", "\"item-1\"x", "1", "123"})
+    EXPECT_EQ(matches(g, w), words.count(w) > 0) << w;
+  GrammarMatcher m(g);
+  GrammarMatcher::State s = m.initial(), n;
+  EXPECT_LE(s.size(), 2u);
+  for (char c : std::string("\"item-12")) {
+    ASSERT_TRUE(m.advance(s, static_cast<uint8_t>(c), n));
+    std::swap(s, n);
+    EXPECT_LE(s.size(), 11u);
+  }
+  ojson many = ojson::array();
+  for (int i = 0; i < 129; ++i) many.push_back({{"const", i}});
+  auto e = json_schema_grammar({{"anyOf", many}});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("alternatives"), std::string::npos) << e.message();
 }
 
 TEST(Grammar, UnsupportedSchemasAreClearErrors) {
