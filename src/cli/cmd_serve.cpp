@@ -194,6 +194,7 @@ void run_serve(const ServeArgs& a) {
   mi.vocab_size = mc.vocab_size;
   mi.tokenizer = model->tokenizer.get();
   mi.vocab_trie = engine::TokenTrie::build(*model->tokenizer);  // structured outputs walk it per state
+  mi.grammar_cache = std::make_shared<server::GrammarCache>();
   mi.chat_template = !model->chat_template.empty() ? model->chat_template : model->tokenizer->chat_template();
   mi.created = static_cast<int64_t>(std::time(nullptr));
   server->set_ready(*engine, mi);

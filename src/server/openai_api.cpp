@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -438,8 +439,9 @@ class OrderedSubtree final : public nlohmann::json_sax<ojson> {
 // ordered_json so their properties keep the declared order (the generation order).
 std::optional<ApiError> parse_structured(const Fields& f, std::string_view body, const ModelInfo& m,
                                          GenerationRequest& g) {
-  std::optional<Expected<engine::Grammar>> grammar;
-  std::string param;
+  // What was asked for: the parameter, a cache key, and how to build the grammar (only on a miss).
+  std::string param, key;
+  std::function<Expected<engine::Grammar>()> build;
   // The schema again, from the text, with its key order (the request was parsed into std::map objects).
   std::optional<ApiError> order_error;
   auto ordered = [&](std::string_view text, std::vector<std::string> path, const char* name) -> ojson {
@@ -454,21 +456,23 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     }
     return std::move(*sax.result);
   };
-  auto take = [&](const char* name, Expected<engine::Grammar> gr) -> std::optional<ApiError> {
-    if (grammar)
+  auto take = [&](const char* name, std::string k, std::function<Expected<engine::Grammar>()> b) -> std::optional<ApiError> {
+    if (build)
       return bad(std::string("'") + name + "' cannot be combined with '" + param + "': give one structured-output constraint",
                  name);
     param = name;
-    grammar.emplace(std::move(gr));
+    key = std::move(k);
+    build = std::move(b);
     return std::nullopt;
   };
+  auto schema = [](ojson s) { return [s = std::move(s)] { return engine::json_schema_grammar(s); }; };
   if (const json* rf = f.get("response_format")) {
     auto t = rf->is_object() ? rf->find("type") : rf->end();
     if (!rf->is_object() || t == rf->end() || !t->is_string())
       return bad("'response_format' must be an object with a 'type'", "response_format");
     const std::string& type = t->get_ref<const std::string&>();
     if (type == "json_object") {
-      take("response_format", engine::json_object_grammar());
+      take("response_format", "object", [] { return Expected<engine::Grammar>(engine::json_object_grammar()); });
     } else if (type == "json_schema") {
       auto js = rf->find("json_schema");
       if (js == rf->end() || !js->is_object())
@@ -476,9 +480,10 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       auto sc = js->find("schema");
       if (sc == js->end() || !(sc->is_object() || sc->is_boolean()))
         return bad("'response_format.json_schema.schema' must be a JSON Schema object", "response_format");
-      const ojson schema = ordered(body, {"response_format", "json_schema", "schema"}, "response_format");
+      ojson sc_o = ordered(body, {"response_format", "json_schema", "schema"}, "response_format");
       if (order_error) return order_error;
-      take("response_format", engine::json_schema_grammar(schema));
+      std::string k = "schema " + sc_o.dump();
+      take("response_format", std::move(k), schema(std::move(sc_o)));
     } else if (type != "text") {
       return bad("response_format '" + type + "' is not supported (text, json_object, json_schema)", "response_format",
                  "unsupported_parameter");
@@ -486,13 +491,15 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
   }
   if (const json* gj = f.get("guided_json")) {
     if (gj->is_string()) {
-      const ojson schema = ordered(gj->get_ref<const std::string&>(), {}, "guided_json");
+      ojson sc_o = ordered(gj->get_ref<const std::string&>(), {}, "guided_json");
       if (order_error) return order_error;
-      if (auto e = take("guided_json", engine::json_schema_grammar(schema))) return e;
+      std::string k = "schema " + sc_o.dump();
+      if (auto e = take("guided_json", std::move(k), schema(std::move(sc_o)))) return e;
     } else if (gj->is_object() || gj->is_boolean()) {
-      const ojson schema = ordered(body, {"guided_json"}, "guided_json");
+      ojson sc_o = ordered(body, {"guided_json"}, "guided_json");
       if (order_error) return order_error;
-      if (auto e = take("guided_json", engine::json_schema_grammar(schema))) return e;
+      std::string k = "schema " + sc_o.dump();
+      if (auto e = take("guided_json", std::move(k), schema(std::move(sc_o)))) return e;
     } else {
       return bad(std::string("'guided_json' must be a JSON Schema (object or string), got ") + type_name(*gj), "guided_json");
     }
@@ -504,16 +511,26 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         if (c.is_string()) choices.push_back(c.get<std::string>());
     if (!gc->is_array() || choices.size() != gc->size() || choices.empty())
       return bad("'guided_choice' must be a non-empty array of strings", "guided_choice");
-    if (auto e = take("guided_choice", engine::choice_grammar(choices))) return e;
+    std::string k = "choice " + json(choices).dump();
+    if (auto e = take("guided_choice", std::move(k), [choices] { return engine::choice_grammar(choices); })) return e;
   }
   for (const char* unsupported : {"guided_regex", "guided_grammar"})
     if (f.has(unsupported))
       return bad(std::string("'") + unsupported + "' is not supported (guided_json and guided_choice are)", unsupported,
                  "unsupported_parameter");
-  if (!grammar) return std::nullopt;
-  if (!grammar->ok()) return bad(param + ": " + grammar->message(), param);
+  if (!build) return std::nullopt;
+  // Requests with the same schema share one compiled grammar and its per-state masks.
+  const bool cacheable = m.grammar_cache && key.size() <= 64 * 1024;  // the cache holds its keys
+  if (cacheable)
+    if (auto hit = m.grammar_cache->find(key)) {
+      g.grammar = std::move(hit);
+      return std::nullopt;
+    }
+  Expected<engine::Grammar> gr = build();
+  if (!gr.ok()) return bad(param + ": " + gr.message(), param);
   auto trie = m.vocab_trie ? m.vocab_trie : engine::TokenTrie::build(*m.tokenizer);
-  g.grammar = std::make_shared<const engine::CompiledGrammar>(std::move(*grammar).value(), std::move(trie));
+  g.grammar = std::make_shared<const engine::CompiledGrammar>(std::move(gr).value(), std::move(trie));
+  if (cacheable) m.grammar_cache->insert(key, g.grammar);
   return std::nullopt;
 }
 
@@ -762,6 +779,30 @@ std::string dump_json(const nlohmann::ordered_json& j) {
 }
 
 std::string sse_event(const std::string& payload) { return "data: " + payload + "\n\n"; }
+
+std::shared_ptr<const engine::CompiledGrammar> GrammarCache::find(const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = items_.find(key);
+  if (it == items_.end()) return nullptr;
+  it->second.first = ++clock_;
+  return it->second.second;
+}
+
+void GrammarCache::insert(const std::string& key, std::shared_ptr<const engine::CompiledGrammar> g) {
+  std::lock_guard<std::mutex> lk(mu_);
+  items_[key] = {++clock_, std::move(g)};
+  while (items_.size() > capacity_) {
+    auto oldest = items_.begin();
+    for (auto it = items_.begin(); it != items_.end(); ++it)
+      if (it->second.first < oldest->second.first) oldest = it;
+    items_.erase(oldest);
+  }
+}
+
+size_t GrammarCache::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return items_.size();
+}
 
 ApiResult<GenerationRequest> parse_generation_request(Endpoint ep, std::string_view body, const ModelInfo& m) {
   // The parser avoids exceptions by construction; this is the last line so that a library surprise

@@ -4,6 +4,9 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +44,22 @@ class ApiResult {
   ApiError e_;
 };
 
+// Compiled structured-output grammars by schema (least recently used out beyond `capacity`), so
+// requests with the same schema share one grammar and its cached masks. Thread-safe.
+class GrammarCache {
+ public:
+  explicit GrammarCache(size_t capacity = 64) : capacity_(capacity) {}
+  std::shared_ptr<const engine::CompiledGrammar> find(const std::string& key);
+  void insert(const std::string& key, std::shared_ptr<const engine::CompiledGrammar> g);
+  size_t size() const;
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mu_;
+  uint64_t clock_ = 0;
+  std::map<std::string, std::pair<uint64_t, std::shared_ptr<const engine::CompiledGrammar>>> items_;
+};
+
 // What the parser needs to know about the served model.
 struct ModelInfo {
   std::string id;                          // the name clients pass as "model"
@@ -56,6 +75,7 @@ struct ModelInfo {
   // The vocabulary's byte trie for structured outputs (built once at start-up; built on demand
   // from `tokenizer` when missing).
   std::shared_ptr<const engine::TokenTrie> vocab_trie;
+  std::shared_ptr<GrammarCache> grammar_cache;  // optional
 };
 
 enum class Endpoint { Completions, ChatCompletions };

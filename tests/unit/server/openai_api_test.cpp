@@ -299,6 +299,30 @@ TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   EXPECT_FALSE(text.value().grammar);
 }
 
+TEST_F(OpenAiApi, RequestsWithTheSameSchemaShareOneCompiledGrammar) {
+  m_.grammar_cache = std::make_shared<GrammarCache>(2);
+  auto body = [](const std::string& schema) { return R"({"prompt":"hi","guided_json":)" + schema + "}"; };
+  const std::string a = R"({"type":"object","properties":{"x":{"type":"integer"}}})";
+  const std::string b = R"({"type":"array"})", c = R"({"type":"string"})";
+  auto ra = completion(body(a)), ra2 = completion(body(a));
+  // Same schema through response_format: the same grammar too (the key is the schema, not the field).
+  auto ra3 = completion(R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":)" + a + "}}}");
+  ASSERT_TRUE(ra.ok() && ra2.ok() && ra3.ok());
+  EXPECT_EQ(ra.value().grammar, ra2.value().grammar);
+  EXPECT_EQ(ra.value().grammar, ra3.value().grammar);
+  // Key order is part of the schema (it is the generation order): another order, another grammar.
+  auto rswap = completion(body(R"({"properties":{"x":{"type":"integer"}},"type":"object"})"));
+  ASSERT_TRUE(rswap.ok());
+  EXPECT_NE(ra.value().grammar, rswap.value().grammar);
+  // Capacity 2, least recently used out: a is evicted by b and c.
+  auto rb = completion(body(b)), rc = completion(body(c));
+  ASSERT_TRUE(rb.ok() && rc.ok());
+  EXPECT_EQ(m_.grammar_cache->size(), 2u);
+  EXPECT_NE(completion(body(a)).value().grammar, ra.value().grammar);
+  EXPECT_EQ(completion(body(c)).value().grammar, rc.value().grammar);
+  m_.grammar_cache.reset();
+}
+
 TEST_F(OpenAiApi, StructuredOutputSchemaWithTooManyKeysIsRefused) {
   // ordered_json inserts in linear time; an object with thousands of keys would make the re-read
   // quadratic, so it is a 400 instead.
