@@ -171,16 +171,6 @@ bool Grammar::must_end(const State& s) {
   return !s.stacks.empty() && std::all_of(s.stacks.begin(), s.stacks.end(), [](const Stack& st) { return st.empty(); });
 }
 
-std::string Grammar::key(const State& s) {
-  std::string k;
-  for (const Stack& st : s.stacks) {
-    const uint32_t n = static_cast<uint32_t>(st.size());
-    k.append(reinterpret_cast<const char*>(&n), sizeof n);
-    k.append(reinterpret_cast<const char*>(st.data()), st.size() * sizeof(uint32_t));
-  }
-  return k;
-}
-
 // ---- the vocabulary trie --------------------------------------------------------------------
 
 std::shared_ptr<const TokenTrie> TokenTrie::build(const tok::Tokenizer& tok) {

@@ -58,7 +58,6 @@ class Grammar {
   bool advance(const State& in, uint8_t c, State& out) const;
   static bool can_end(const State& s);   // some stack is complete
   static bool must_end(const State& s);  // every stack is complete: nothing may follow
-  static std::string key(const State& s);  // canonical bytes of a state (stacks are kept sorted)
 
  private:
   friend class GrammarMatcher;
