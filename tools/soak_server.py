@@ -28,6 +28,12 @@ WORDS = ("the a river mountain quick brown fox jumps over lazy dog server token 
          "prime number seven capital France Paris small model fast slow light dark").split()
 
 
+STRUCT_SCHEMA = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 12},
+                                                  "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                  "ok": {"type": "boolean"}},
+                 "required": ["word", "n"], "additionalProperties": False}
+
+
 def text(rng, lo, hi):
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
 
@@ -89,6 +95,19 @@ class Soak:
             body["presence_penalty"], body["frequency_penalty"] = rng.uniform(-2, 2), rng.uniform(-2, 2)
         if rng.random() < 0.1:
             body["min_tokens"] = rng.randint(0, body["max_tokens"])
+        if rng.random() < 0.15:  # structured outputs: a few schemas shared by many requests, one rare
+            kind = rng.choice(["object", "schema", "schema", "rare", "choice"])
+            if kind == "object":
+                body["response_format"] = {"type": "json_object"}
+            elif kind == "choice":
+                body["guided_choice"] = ["yes", "no", rng.choice(WORDS)]
+            else:
+                schema = STRUCT_SCHEMA if kind == "schema" else {"type": "array", "items": {"enum": WORDS[:rng.randint(1, 40)]},
+                                                                 "maxItems": rng.randint(1, 5)}
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+            body["max_tokens"] = rng.randint(8, 64)
+            if "min_tokens" in body:
+                body["min_tokens"] = min(body["min_tokens"], body["max_tokens"])
         return chat, body
 
     def check_body(self, chat, body, status, payload):
@@ -106,6 +125,16 @@ class Soak:
         for c in j["choices"]:
             if c["finish_reason"] not in ("stop", "length"):
                 self.fail(f"finish_reason {c['finish_reason']}")
+            out = c["message"]["content"] if chat else c["text"]
+            whole = c["finish_reason"] == "stop" and not body.get("stop") and not body.get("echo")
+            if whole and "response_format" in body:
+                try:
+                    json.loads(out)
+                except ValueError:
+                    self.fail(f"structured output that is not JSON: {out[:200]!r}")
+            if whole and "guided_choice" in body:
+                if out not in body["guided_choice"]:
+                    self.fail(f"guided_choice answered {out!r}")
             if not chat and body.get("logprobs") is not None and body.get("echo"):
                 lp = c["logprobs"]["token_logprobs"]
                 if lp[0] is not None or any(v is None for v in lp[1:]):
