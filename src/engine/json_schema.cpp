@@ -174,6 +174,52 @@ class Compiler {
     return alt_rule({cat({lit("\""), ref(chars), lit("\"")})});
   }
 
+  // Strings of a known format, quoted (the formats Pydantic emits for date, time, datetime and
+  // UUID fields, as RFC 3339 / RFC 4122 spell them); -1 for a format that stays an annotation.
+  int string_format(const std::string& fmt) {
+    auto R = [&](char lo, char hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    const Grammar::Elem d = R('0', '9');
+    auto two = [&](std::vector<Seq> alts) { return ref(alt_rule(alts)); };
+    const Seq hour = two({Seq{R('0', '1'), d}, Seq{g_.byte('2'), R('0', '3')}});
+    const Seq minute = Seq{R('0', '5'), d};
+    // Days by month, so every date is a real one (February stops at 28: a 29th needs the year).
+    const Seq d31 = two({Seq{g_.byte('0'), R('1', '9')}, Seq{R('1', '2'), d}, Seq{g_.byte('3'), R('0', '1')}});
+    const Seq d30 = two({Seq{g_.byte('0'), R('1', '9')}, Seq{R('1', '2'), d}, lit("30")});
+    const Seq d28 = two({Seq{g_.byte('0'), R('1', '9')}, Seq{g_.byte('1'), d}, Seq{g_.byte('2'), R('0', '8')}});
+    std::vector<Seq> md;
+    for (const char* m : {"01", "03", "05", "07", "08", "10", "12"}) md.push_back(cat({lit(m), lit("-"), d31}));
+    for (const char* m : {"04", "06", "09", "11"}) md.push_back(cat({lit(m), lit("-"), d30}));
+    md.push_back(cat({lit("02-"), d28}));
+    const Seq date = cat({Seq{d, d, d, d}, lit("-"), two(md)});
+    const Seq frac = ref(alt_rule({Seq{}, cat({lit("."), digits(1, 9)})}));
+    const Seq zone = ref(alt_rule({lit("Z"), cat({Seq{g_.bytes([&] {
+                                                    Grammar::ByteSet b{};
+                                                    b['+' >> 6] |= uint64_t{1} << ('+' & 63);
+                                                    b['-' >> 6] |= uint64_t{1} << ('-' & 63);
+                                                    return b;
+                                                  }())},
+                                                  hour, lit(":"), minute})}));
+    const Seq time = cat({hour, lit(":"), minute, lit(":"), minute, frac, zone});
+    Seq body;
+    if (fmt == "date") body = date;
+    else if (fmt == "time") body = time;
+    else if (fmt == "date-time") body = cat({date, lit("T"), time});
+    else if (fmt == "uuid") {
+      const Grammar::Elem h = g_.bytes([&] {
+        Grammar::ByteSet b{};
+        for (int c : std::string("0123456789abcdefABCDEF")) b[c >> 6] |= uint64_t{1} << (c & 63);
+        return b;
+      }());
+      for (int group : {8, 4, 4, 4, 12}) {
+        if (!body.empty()) body.push_back(g_.byte('-'));
+        for (int k = 0; k < group; ++k) body.push_back(h);
+      }
+    } else {
+      return -1;
+    }
+    return alt_rule({cat({lit("\""), body, lit("\"")})});
+  }
+
   Seq digits(int64_t min, int64_t max) { return ref(repeat(Seq{g_.range('0', '9')}, min, max)); }
   int natural() {  // 0 | [1-9][0-9]{0,15}
     if (nat_ >= 0) return nat_;
@@ -359,6 +405,14 @@ class Compiler {
     if (t == "null") return alt_rule({lit("null")});
     if (t == "boolean") return alt_rule({lit("true"), lit("false")});
     if (t == "string") {
+      if (auto f = s.find("format"); f != s.end() && f->is_string()) {
+        const int r = string_format(f->get<std::string>());
+        if (r >= 0) {
+          if (s.contains("minLength") || s.contains("maxLength"))
+            return fail(where, "'format' " + f->dump() + " together with a length bound is not supported");
+          return r;
+        }
+      }
       int64_t min = 0, max = -1;
       if (!get_count(s, "minLength", where, min) || !get_count(s, "maxLength", where, max)) return alt_rule({});
       if (max >= 0 && max < min) return fail(where, "maxLength is below minLength");

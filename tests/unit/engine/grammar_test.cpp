@@ -3,6 +3,8 @@
 // for integer ranges and string lengths, and against a brute-force walk of every token for masks.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -261,6 +263,43 @@ TEST(Grammar, StringLengthsCountCodePoints) {
     const size_t len = code_points(json::parse(text).get<std::string>());
     EXPECT_EQ(matches(g, text), len >= 2 && len <= 4) << text;
   }
+}
+
+TEST(Grammar, DateTimeAndUuidFormatsAreRealValues) {
+  using namespace std::chrono;
+  const Grammar date = compile({{"type", "string"}, {"format", "date"}});
+  char buf[64];
+  for (int y : {2023, 2024})
+    for (unsigned m = 0; m <= 13; ++m)
+      for (unsigned d = 0; d <= 32; ++d) {
+        std::snprintf(buf, sizeof buf, "\"%04d-%02u-%02u\"", y, m, d);
+        const bool real = year_month_day(year(y), month(m), day(d)).ok();
+        // Every accepted date is real; every real one is accepted but February 29 (the grammar does
+        // not look at the year).
+        EXPECT_EQ(matches(date, buf), real && !(m == 2 && d == 29)) << buf;
+      }
+  const Grammar time = compile({{"type", "string"}, {"format", "time"}});
+  std::mt19937 rng(17);
+  for (int i = 0; i < 2000; ++i) {
+    const int h = rng() % 26, mi = rng() % 62, se = rng() % 62;
+    const char* zones[] = {"Z", "+02:00", "-11:30", "", "+24:00", "z"};
+    const int z = rng() % 6;
+    const bool frac = rng() % 3 == 0;
+    std::snprintf(buf, sizeof buf, "\"%02d:%02d:%02d%s%s\"", h, mi, se, frac ? ".125" : "", zones[z]);
+    const bool valid = h < 24 && mi < 60 && se < 60 && z < 3;
+    EXPECT_EQ(matches(time, buf), valid) << buf;
+  }
+  const Grammar dt = compile({{"type", "string"}, {"format", "date-time"}});
+  EXPECT_TRUE(matches(dt, "\"2024-06-30T23:59:59.5+05:30\""));
+  EXPECT_FALSE(matches(dt, "\"2024-06-31T23:59:59Z\""));
+  EXPECT_FALSE(matches(dt, "\"2024-06-30 23:59:59Z\""));
+  const Grammar uuid = compile({{"type", "string"}, {"format", "uuid"}});
+  EXPECT_TRUE(matches(uuid, "\"123e4567-e89b-12d3-A456-426614174000\""));
+  EXPECT_FALSE(matches(uuid, "\"123e4567e89b12d3a456426614174000\""));
+  EXPECT_FALSE(matches(uuid, "\"123e4567-e89b-12d3-a456-42661417400g\""));
+  // Other formats stay annotations: any string.
+  EXPECT_TRUE(matches(compile({{"type", "string"}, {"format", "email"}}), "\"not an email\""));
+  EXPECT_FALSE(json_schema_grammar({{"type", "string"}, {"format", "date"}, {"maxLength", 5}}).ok());
 }
 
 TEST(Grammar, AnyOfRefsAndRecursion) {
