@@ -201,7 +201,7 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(const tok::Tokenizer& tok) {
     b[cur].toks.push_back(id);
     t->pieces_[static_cast<size_t>(id)] = std::move(p);
   }
-  std::vector<uint32_t> order{0}, index(b.size(), 0);
+  std::vector<uint32_t> order{0};  // build nodes in breadth-first order
   t->nodes_.resize(b.size());
   for (size_t qi = 0; qi < order.size(); ++qi) {
     const uint32_t src = order[qi];
@@ -212,7 +212,6 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(const tok::Tokenizer& tok) {
     nd.first_child = static_cast<uint32_t>(t->children_.size());
     nd.num_children = static_cast<uint32_t>(b[src].kids.size());
     for (const auto& [c, child] : b[src].kids) {
-      index[child] = static_cast<uint32_t>(order.size());
       t->nodes_[order.size()].byte = c;
       t->children_.push_back(static_cast<uint32_t>(order.size()));
       order.push_back(child);
