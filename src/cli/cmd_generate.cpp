@@ -1,6 +1,8 @@
 // selfserve generate: stream a completion (or a chat reply) to stdout; stats on stderr.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -9,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
+#include "engine/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ss::cli {
@@ -31,6 +34,7 @@ struct GenerateArgs {
   int threads = 0;
   int ctx = 0;
   bool quiet = false;
+  std::string json_schema, json_schema_file;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
 };
 
@@ -82,6 +86,20 @@ void run_generate(const GenerateArgs& a) {
   engine::GenerateOptions go;
   go.max_tokens = a.max_tokens;
   go.stop_ids = tk.eog_ids();
+  if (!a.json_schema.empty() || !a.json_schema_file.empty()) {  // llama.cpp's -j / --json-schema-file
+    std::string text = a.json_schema;
+    if (!a.json_schema_file.empty()) {
+      std::ifstream f(a.json_schema_file, std::ios::binary);
+      if (!f) return fail(a.json_schema_file + ": cannot read");
+      text.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (schema.is_discarded()) return fail("--json-schema: not JSON");
+    auto g = engine::json_schema_grammar(schema);
+    if (!g.ok()) return fail("--json-schema: " + g.message());
+    auto compiled = std::make_shared<const engine::CompiledGrammar>(std::move(g).value(), engine::TokenTrie::build(tk));
+    go.constraint = std::make_shared<engine::GrammarConstraint>(compiled, go.stop_ids);
+  }
   tok::StreamDecoder dec(tk);
   auto st = engine::generate(**be, model.config.vocab_size, ids, sp, go, [&](int32_t id) {
     const std::string piece = dec.push(id);
@@ -124,6 +142,9 @@ void register_generate(CLI::App& app) {
   c->add_option("--ctx", a->ctx, "Context size in tokens (default: prompt + max-tokens)");
   add_kv_dtype_option(c, &a->kv_dtype);
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
+  c->add_option("--json-schema,-j", a->json_schema,
+                "Keep the output inside this JSON Schema (e.g. '{}' for any JSON value, '{\"type\": \"object\"}')");
+  c->add_option("--json-schema-file", a->json_schema_file, "The same, read from a file");
   c->callback([a] { run_generate(*a); });
 }
 

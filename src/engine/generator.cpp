@@ -48,7 +48,9 @@ Expected<GenerateStats> generate(backend::Backend& be, int vocab_size, const std
   batch.logits_rows = {0};
   batch.seq_index = {0};
   for (;;) {
-    const int32_t id = sampler.sample(logits.data(), prompt, out);
+    TokenConstraint* con = opts.constraint.get();
+    const int32_t id = con ? sampler.sample(logits.data(), prompt, out, *con) : sampler.sample(logits.data(), prompt, out);
+    if (con) con->accept(id);
     out.push_back(id);
     ++st.generated_tokens;
     const bool is_stop = opts.stop_at_eog && std::find(opts.stop_ids.begin(), opts.stop_ids.end(), id) != opts.stop_ids.end();
@@ -56,7 +58,7 @@ Expected<GenerateStats> generate(backend::Backend& be, int vocab_size, const std
       st.finish = GenerateStats::Finish::Stop;
       break;
     }
-    if (!on_token(id)) {
+    if (!on_token(id) || (con && con->must_end())) {
       st.finish = GenerateStats::Finish::Stop;
       break;
     }

@@ -4,10 +4,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 
 namespace ss::engine {
 
@@ -16,6 +18,8 @@ struct GenerateOptions {
   int prefill_chunk = 512;           // tokens per forward during prefill
   bool stop_at_eog = true;
   std::vector<int32_t> stop_ids;     // end-of-generation ids (tokenizer eog_ids)
+  // Structured output (grammar.h): the text stays inside it and ends when it is complete.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct GenerateStats {

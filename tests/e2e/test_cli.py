@@ -113,3 +113,24 @@ def test_bench_decode_rejects_an_empty_batch(selfserve, default_model):
     r = selfserve("bench", "decode", "--batch", "0,2", check=False)
     assert r.returncode != 0
     assert b"--batch" in r.stderr
+
+
+def test_generate_json_schema(selfserve, default_model, tmp_path):
+    """llama.cpp's -j / --json-schema-file: the printed text parses and validates (jsonschema package)."""
+    import pytest
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 20},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 30},
+                             "color": {"enum": ["black", "white", "orange"]}},
+              "required": ["name", "age", "color"], "additionalProperties": False}
+    path = tmp_path / "cat.json"
+    path.write_text(json.dumps(schema))
+    for seed in ("1", "2", "3"):
+        r = selfserve("generate", "--chat", "--prompt", "Describe a cat as JSON.", "--json-schema-file", str(path),
+                      "--temperature", "1", "--max-tokens", "80", "--seed", seed, "--quiet")
+        doc = json.loads(r.stdout)
+        jsonschema.validate(doc, schema)
+        assert list(doc) == ["name", "age", "color"]
+    bad = selfserve("generate", "--prompt", "x", "-j", '{"type": "string", "pattern": "a+"}', check=False)
+    assert bad.returncode != 0 and b"pattern" in bad.stderr, bad.stderr
