@@ -238,7 +238,11 @@ GrammarMatcher::StackId GrammarMatcher::intern(uint32_t elem, StackId parent) {
 }
 
 void GrammarMatcher::expand(StackId id, State& out, int depth) {
-  if (depth > kMaxExpandDepth) return;
+  if (depth > kMaxExpandDepth || overflow_) return;
+  if (out.size() > kMaxStacks) {
+    overflow_ = true;
+    return;
+  }
   while (id != 0 && g_.elems_[nodes_[static_cast<size_t>(id)].elem].kind == Grammar::Elem::End)
     id = nodes_[static_cast<size_t>(id)].parent;
   if (id == 0) {
@@ -276,11 +280,16 @@ GrammarMatcher::State GrammarMatcher::initial() {
   for (uint32_t a : g_.alts_[static_cast<size_t>(g_.root_)]) expand(intern(a, 0), s, 0);
   std::sort(s.begin(), s.end());
   s.erase(std::unique(s.begin(), s.end()), s.end());
+  if (overflow_ || s.size() > kMaxStacks) {
+    overflow_ = true;
+    s.clear();
+  }
   return s;
 }
 
 bool GrammarMatcher::advance(const State& in, uint8_t c, State& out) {
   out.clear();
+  if (overflow_) return false;
   int lists = 0;
   for (StackId id : in) {
     if (id == 0) continue;
@@ -293,6 +302,10 @@ bool GrammarMatcher::advance(const State& in, uint8_t c, State& out) {
   if (lists > 1) {
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+  if (out.size() > kMaxStacks || overflow_) {
+    overflow_ = true;
+    out.clear();
   }
   return !out.empty();
 }
@@ -336,7 +349,10 @@ std::vector<uint64_t> GrammarMatcher::allowed(const State& s, const TokenTrie& t
     const uint32_t child = kids[nd.first_child + f.next_child++];
     const size_t d = path.size();
     if (scratch_.size() <= d) scratch_.resize(d + 1);
-    if (!advance(scratch_[d - 1], nodes[child].byte, scratch_[d])) continue;
+    if (!advance(scratch_[d - 1], nodes[child].byte, scratch_[d])) {
+      if (overflow_) break;
+      continue;
+    }
     const TokenTrie::Node& cn = nodes[child];
     for (uint32_t i = 0; i < cn.num_tokens; ++i) {
       const int32_t id = toks[cn.first_token + i];
@@ -365,6 +381,7 @@ std::shared_ptr<const std::vector<uint64_t>> CompiledGrammar::allowed(GrammarMat
     ++stats_.misses;
   }
   auto bits = std::make_shared<const std::vector<uint64_t>>(m.allowed(s, *trie_));  // outside the lock
+  if (m.overflowed()) return bits;  // void: the constraint reports the error
   std::lock_guard<std::mutex> lk(mu_);
   if (cache_.size() >= 4096) cache_.clear();  // bounded; states of real schemas are far fewer
   cache_.emplace(k, bits);
@@ -444,5 +461,11 @@ void GrammarConstraint::accept(int32_t token) {
 }
 
 bool GrammarConstraint::must_end() const { return broken_ || GrammarMatcher::must_end(state_); }
+
+std::string GrammarConstraint::error() const {
+  if (!m_.overflowed()) return {};
+  return std::string(kConstraintErrorPrefix) + "the schema is too ambiguous to follow (more than " +
+         std::to_string(GrammarMatcher::kMaxStacks) + " alternatives alive at once)";
+}
 
 }  // namespace ss::engine

@@ -104,6 +104,10 @@ class GrammarMatcher {
  public:
   using StackId = int32_t;               // 0 is the empty stack: the text so far is a whole match
   using State = std::vector<StackId>;    // sorted, unique; empty: dead
+  // Live alternatives one state may hold. Real schemas stay in the tens (a string inside 128
+  // ambiguous anyOf branches is ~1,300); beyond this the matcher stops (overflowed()) instead of
+  // letting one request's mask walk run for minutes on the engine's threads.
+  static constexpr size_t kMaxStacks = 2048;
   explicit GrammarMatcher(const Grammar& g);
   State initial();
   bool advance(const State& in, uint8_t c, State& out);  // false (and out empty) when no stack takes c
@@ -112,6 +116,7 @@ class GrammarMatcher {
   std::string key(const State& s) const;  // canonical: the same for equal states of any matcher
   // Bit i set: token i keeps the text inside the grammar from `s` (a depth-first walk of the trie).
   std::vector<uint64_t> allowed(const State& s, const TokenTrie& trie);
+  bool overflowed() const { return overflow_; }  // a state outgrew kMaxStacks; results since are void
 
  private:
   struct Node {
@@ -128,6 +133,7 @@ class GrammarMatcher {
   std::vector<int32_t> next_of_;  // per node: index into next_lists_, -1 not computed yet
   std::vector<State> next_lists_;
   std::vector<State> scratch_;    // per trie depth, reused
+  bool overflow_ = false;
 };
 
 // A compiled grammar with the token masks of the states seen so far (shared by every request that
@@ -162,6 +168,7 @@ class GrammarConstraint final : public TokenConstraint {
   void mask(float* logits) override;
   void accept(int32_t token) override;
   bool must_end() const override;
+  std::string error() const override;
 
  private:
   bool is_end(int32_t token) const;

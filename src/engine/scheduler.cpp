@@ -382,6 +382,11 @@ void Scheduler::update(const StepPlan& plan, std::span<const int32_t> sampled, s
     s->tokens.push_back(tok);
     ++counters_.generation_tokens;
     FinishReason why = FinishReason::None;
+    if (s->req.constraint)
+      if (std::string err = s->req.constraint->error(); !err.empty()) {
+        finish(s, FinishReason::Error, -1, out, std::move(err));
+        continue;
+      }
     if (std::find(s->req.stop_ids.begin(), s->req.stop_ids.end(), tok) != s->req.stop_ids.end())
       why = FinishReason::Stop;
     else if (s->req.stop_hook && s->req.stop_hook(s->output()))

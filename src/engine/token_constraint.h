@@ -1,6 +1,8 @@
 // Structured outputs: which tokens may come next (grammar.h implements it for JSON Schema).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace ss::engine {
 
@@ -16,6 +18,12 @@ class TokenConstraint {
   virtual void mask(float* logits) = 0;    // -inf on every token that may not come next
   virtual void accept(int32_t token) = 0;
   virtual bool must_end() const = 0;
+  // Non-empty when the constraint cannot go on (e.g. a schema too ambiguous to follow): the request
+  // finishes with FinishReason::Error and this message, which starts with kConstraintErrorPrefix
+  // (the client's input, not the server, is at fault: the server answers it as a 400).
+  virtual std::string error() const { return {}; }
 };
+
+inline constexpr std::string_view kConstraintErrorPrefix = "structured output: ";
 
 }  // namespace ss::engine

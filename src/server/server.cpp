@@ -41,6 +41,23 @@ bool same_secret(const std::string& a, const std::string& b) {  // constant time
   return diff == 0;
 }
 
+// A request the engine gave up on: the backend failed (500), or the client's structured-output
+// schema could not be followed (400, the message says why).
+ApiError generation_error(const std::string& why) {
+  ApiError e;
+  if (why.rfind(engine::kConstraintErrorPrefix, 0) == 0) {
+    e.status = 400;
+    e.type = "invalid_request_error";
+    e.param = "response_format";
+    e.message = why;
+  } else {
+    e.status = 500;
+    e.type = "server_error";
+    e.message = "generation failed: " + why;
+  }
+  return e;
+}
+
 const char* finish_name(engine::FinishReason r) {
   switch (r) {
     case engine::FinishReason::Stop: return "stop";
@@ -814,11 +831,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       }
       if (g.stream) {
         if (done && d.finish == engine::FinishReason::Error) {
-          ApiError e;
-          e.status = 500;
-          e.type = "server_error";
-          e.message = "generation failed: " + d.error;
-          payload += sse_event(error_body(e));
+          payload += sse_event(error_body(generation_error(d.error)));
         } else if (!d.text.empty() || d.has_logprob || done) {
           const char* fin = done ? finish_name(d.finish) : nullptr;
           if (chat)
@@ -865,13 +878,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     }
     co_return keep && !write_failed && !stopped.load();
   }
-  if (engine_error) {
-    ApiError e;
-    e.status = 500;
-    e.type = "server_error";
-    e.message = "generation failed: " + *engine_error;
-    co_return co_await write(stream, make_error(req, e));
-  }
+  if (engine_error) co_return co_await write(stream, make_error(req, generation_error(*engine_error)));
   const nlohmann::ordered_json body = chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs);
   co_return co_await write(stream, make(req, http::status::ok, dump_json(body)));
 }

@@ -420,6 +420,23 @@ def test_structured_output_json_object_choice_and_errors(srv):
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model=srv.model, messages=chat_msgs("hi"), max_tokens=8,
                                   response_format={"type": "json_object"}, extra_body={"guided_choice": ["a"]})
+    # A schema too ambiguous to follow (100 x 100 array alternatives alive after one "[") is found
+    # while generating: a 400 naming it, streaming or not, and the engine goes on serving.
+    inner = [{"type": "array", "minItems": 1, "items": {"type": "integer"}}] * 100
+    amb = {"anyOf": [{"type": "array", "minItems": 1, "items": {"anyOf": inner}}] * 100}
+    rf = {"type": "json_schema", "json_schema": {"name": "amb", "schema": amb}}
+    for temperature, top_p in ((0, 1.0), (1.0, 0.9)):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=srv.model, messages=chat_msgs("hi"), max_tokens=8, response_format=rf,
+                                      temperature=temperature, top_p=top_p)
+        assert "too ambiguous" in str(e.value)
+    stream = c.chat.completions.create(model=srv.model, messages=chat_msgs("hi"), max_tokens=8, response_format=rf,
+                                       stream=True)
+    with pytest.raises(openai.APIError) as e:
+        for _ in stream:
+            pass
+    assert "too ambiguous" in str(e.value)
+    assert c.completions.create(model=srv.model, prompt="Hello", max_tokens=2).choices[0].finish_reason
 
 
 def test_tokenize_detokenize(srv):

@@ -97,6 +97,18 @@ size_t code_points(const std::string& s) {
   return n;
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+std::unique_ptr<ss::tok::Tokenizer> qwen2_tokenizer() {
+  const std::string dir = std::string(SS_SOURCE_DIR) + "/tests/data/tokenizer/";
+  auto t = ss::tok::Tokenizer::from_json_text(read_file(dir + "qwen2.tokenizer.json"),
+                                              read_file(dir + "qwen2.tokenizer_config.json"), "qwen2.tokenizer.json");
+  return t.ok() ? std::move(t).value() : nullptr;
+}
 }  // namespace
 
 TEST(Grammar, JsonObjectGrammarAcceptsWhatASerializerWrites) {
@@ -354,6 +366,35 @@ TEST(Grammar, LargeEnumsStayOneStack) {
   EXPECT_NE(e.message().find("alternatives"), std::string::npos) << e.message();
 }
 
+// 100 array alternatives whose items are 100 array alternatives: after one '[' every pair is alive.
+ojson ambiguous_schema() {
+  ojson inner = ojson::array(), outer = ojson::array();
+  for (int i = 0; i < 100; ++i) inner.push_back({{"type", "array"}, {"minItems", 1}, {"items", {{"type", "integer"}}}});
+  for (int i = 0; i < 100; ++i) outer.push_back({{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", inner}}}});
+  return {{"anyOf", outer}};
+}
+
+TEST(Grammar, ATooAmbiguousSchemaStopsTheMatcherNotTheEngine) {
+  const Grammar g = compile(ambiguous_schema());
+  GrammarMatcher m(g);
+  GrammarMatcher::State s = m.initial(), n;
+  EXPECT_EQ(s.size(), 100u);
+  EXPECT_FALSE(m.advance(s, '[', n)) << "10,000 alternatives: more than kMaxStacks";
+  EXPECT_TRUE(m.overflowed());
+  // The constraint turns it into an error the engine finishes the request with, quickly.
+  auto tok = qwen2_tokenizer();
+  ASSERT_TRUE(tok);
+  auto cg = std::make_shared<CompiledGrammar>(compile(ambiguous_schema()), TokenTrie::build(*tok));
+  GrammarConstraint c(cg, {tok->eos_id() >= 0 ? tok->eos_id() : tok->eog_ids().at(0)});
+  EXPECT_TRUE(c.error().empty());
+  std::vector<float> logits(static_cast<size_t>(tok->vocab_size()), 0.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.mask(logits.data());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(c.error().rfind(std::string(kConstraintErrorPrefix), 0), 0u) << c.error();
+  EXPECT_NE(c.error().find("too ambiguous"), std::string::npos) << c.error();
+}
+
 TEST(Grammar, UnsupportedSchemasAreClearErrors) {
   struct Case {
     ojson schema;
@@ -396,20 +437,6 @@ TEST(Grammar, LeftRecursionIsRefused) {
   EXPECT_FALSE(g.validate().ok());
 }
 
-namespace {
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-std::unique_ptr<ss::tok::Tokenizer> qwen2_tokenizer() {
-  const std::string dir = std::string(SS_SOURCE_DIR) + "/tests/data/tokenizer/";
-  auto t = ss::tok::Tokenizer::from_json_text(read_file(dir + "qwen2.tokenizer.json"),
-                                              read_file(dir + "qwen2.tokenizer_config.json"), "qwen2.tokenizer.json");
-  return t.ok() ? std::move(t).value() : nullptr;
-}
-}  // namespace
 
 TEST(Grammar, TokenMasksEqualABruteForceWalkOfEveryToken) {
   auto tok = qwen2_tokenizer();
