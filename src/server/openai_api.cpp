@@ -577,6 +577,7 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     }
   }
   f.boolean("ignore_eos", g.ignore_eos);
+  f.boolean("return_tokens_as_token_ids", g.return_tokens_as_token_ids);
   f.integer("min_tokens", g.min_tokens, 0, std::numeric_limits<int32_t>::max());
   f.boolean("include_stop_str_in_output", g.include_stop_str_in_output);
   f.boolean("skip_special_tokens", g.skip_special_tokens);
@@ -688,6 +689,11 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
 }
 
 std::string token_str(const ModelInfo& m, int32_t id) { return m.tokenizer->token_to_piece(id); }
+// A logprobs entry's token: its piece, or vLLM's "token_id:<id>" with return_tokens_as_token_ids
+// (pieces that are not whole characters cannot be told apart as text).
+std::string lp_token(const GenerationRequest& g, const ModelInfo& m, int32_t id) {
+  return g.return_tokens_as_token_ids ? "token_id:" + std::to_string(id) : token_str(m, id);
+}
 
 ojson bytes_of(const std::string& s) {
   ojson a = ojson::array();
@@ -698,52 +704,54 @@ ojson bytes_of(const std::string& s) {
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; echoed prompt tokens
 // come first: the first with null logprobs (nothing precedes it), the others with prompt_lps (tokens
 // 1 .. n-1) when given, else null.
-ojson completion_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps, size_t text_offset,
-                          const std::vector<int32_t>* echo_ids, const std::vector<TokenLogprob>* prompt_lps = nullptr) {
+ojson completion_logprobs(const GenerationRequest& g, const ModelInfo& m, const std::vector<TokenLogprob>& lps,
+                          size_t text_offset, const std::vector<int32_t>* echo_ids,
+                          const std::vector<TokenLogprob>* prompt_lps = nullptr) {
   ojson tokens = ojson::array(), lp = ojson::array(), top = ojson::array(), off = ojson::array();
   size_t pos = 0;
-  auto add_offset = [&](const std::string& s) {
+  auto add_offset = [&](int32_t id) {  // offsets count the text's bytes, whatever the token is shown as
     off.push_back(pos);
-    pos += s.size();
+    pos += token_str(m, id).size();
   };
-  auto add = [&](const std::string& s, const TokenLogprob& t) {
+  auto add = [&](int32_t id, const TokenLogprob& t) {
+    const std::string s = lp_token(g, m, id);
     tokens.push_back(s);
     lp.push_back(t.logprob);
     ojson d = ojson::object();
-    for (const auto& [id, v] : t.top) {
-      const std::string ts = token_str(m, id);
+    for (const auto& [tid, v] : t.top) {
+      const std::string ts = lp_token(g, m, tid);
       if (!d.contains(ts)) d[ts] = v;
     }
     if (!d.contains(s)) d[s] = t.logprob;  // the token itself is always listed (as vLLM does)
     top.push_back(std::move(d));
-    add_offset(s);
+    add_offset(id);
   };
   if (echo_ids) {
     const bool scored = prompt_lps && prompt_lps->size() + 1 == echo_ids->size();
     for (size_t i = 0; i < echo_ids->size(); ++i) {
-      const std::string s = token_str(m, (*echo_ids)[i]);
+      const int32_t id = (*echo_ids)[i];
       if (scored && i > 0) {
-        add(s, (*prompt_lps)[i - 1]);
+        add(id, (*prompt_lps)[i - 1]);
         continue;
       }
-      tokens.push_back(s);
+      tokens.push_back(lp_token(g, m, id));
       lp.push_back(nullptr);
       top.push_back(nullptr);
-      add_offset(s);
+      add_offset(id);
     }
   }
   pos = std::max(pos, text_offset);
-  for (const TokenLogprob& t : lps) add(token_str(m, t.token), t);
+  for (const TokenLogprob& t : lps) add(t.token, t);
   return ojson{{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
 }
 
-ojson chat_logprobs(const ModelInfo& m, const std::vector<TokenLogprob>& lps) {
+ojson chat_logprobs(const GenerationRequest& g, const ModelInfo& m, const std::vector<TokenLogprob>& lps) {
   ojson content = ojson::array();
   for (const TokenLogprob& t : lps) {
-    const std::string s = token_str(m, t.token);
+    const std::string s = lp_token(g, m, t.token);
     ojson top = ojson::array();
     for (const auto& [id, v] : t.top) {
-      const std::string ts = token_str(m, id);
+      const std::string ts = lp_token(g, m, id);
       top.push_back(ojson{{"token", ts}, {"logprob", v}, {"bytes", bytes_of(ts)}});
     }
     content.push_back(ojson{{"token", s}, {"logprob", t.logprob}, {"bytes", bytes_of(s)}, {"top_logprobs", top}});
@@ -918,7 +926,7 @@ nlohmann::ordered_json completion_response(const GenerationRequest& g, const Mod
     const PromptInput& p = g.prompts[g.prompt_index(c.index)];
     ojson lp = nullptr;
     if (g.logprobs >= 0)
-      lp = completion_logprobs(m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr, &c.prompt_logprobs);
+      lp = completion_logprobs(g, m, c.logprobs, g.echo ? p.text.size() : 0, g.echo ? &p.ids : nullptr, &c.prompt_logprobs);
     arr.push_back(ojson{{"index", c.index},
                         {"text", g.echo ? p.text + c.text : c.text},
                         {"logprobs", lp},
@@ -936,7 +944,7 @@ nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo
   for (const ChoiceOutput& c : choices) {
     arr.push_back(ojson{{"index", c.index},
                         {"message", {{"role", "assistant"}, {"content", c.text}}},
-                        {"logprobs", g.logprobs >= 0 ? chat_logprobs(m, c.logprobs) : ojson(nullptr)},
+                        {"logprobs", g.logprobs >= 0 ? chat_logprobs(g, m, c.logprobs) : ojson(nullptr)},
                         {"finish_reason", c.finish_reason},
                         {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
@@ -962,14 +970,14 @@ nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelI
                                         const std::vector<TokenLogprob>* logprobs, size_t text_offset,
                                         const char* finish_reason) {
   return text_chunk(g, m, id, created, index, text,
-                    logprobs ? completion_logprobs(m, *logprobs, text_offset, nullptr) : ojson(nullptr), finish_reason);
+                    logprobs ? completion_logprobs(g, m, *logprobs, text_offset, nullptr) : ojson(nullptr), finish_reason);
 }
 
 nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                              int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps) {
   const PromptInput& p = g.prompts[g.prompt_index(index)];
   return text_chunk(g, m, id, created, index, p.text,
-                    g.logprobs >= 0 ? completion_logprobs(m, {}, 0, &p.ids, prompt_lps) : ojson(nullptr), nullptr);
+                    g.logprobs >= 0 ? completion_logprobs(g, m, {}, 0, &p.ids, prompt_lps) : ojson(nullptr), nullptr);
 }
 
 std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
@@ -988,7 +996,7 @@ nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m
   if (content) delta["content"] = *content;
   ojson choice = {{"index", index},
                   {"delta", delta},
-                  {"logprobs", logprobs ? chat_logprobs(m, *logprobs) : ojson(nullptr)},
+                  {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
                   {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
   ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;

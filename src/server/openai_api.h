@@ -97,6 +97,7 @@ struct GenerationRequest {
   int min_tokens = 0;                   // vLLM's: no stop (id or string) before this many tokens
   bool include_stop_str_in_output = false;  // vLLM's: keep the matched stop string in the text
   bool ignore_eos = false;
+  bool return_tokens_as_token_ids = false;  // vLLM's: logprobs name tokens "token_id:<id>"
   bool skip_special_tokens = true;
   bool stream = false;
   bool include_usage = false;

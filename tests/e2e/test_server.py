@@ -172,6 +172,27 @@ def test_logprobs(srv):
     assert all(v <= 0 for v in lp.token_logprobs)
 
 
+def test_return_tokens_as_token_ids(srv):
+    """vLLM's return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and
+    the ids spell the text (checked with the tokenizer's own /detokenize)."""
+    c = srv.client()
+    plain = c.completions.create(model=srv.model, prompt="Hello", max_tokens=6, temperature=0, logprobs=2)
+    ids = c.completions.create(model=srv.model, prompt="Hello", max_tokens=6, temperature=0, logprobs=2,
+                               extra_body={"return_tokens_as_token_ids": True})
+    a, b = plain.choices[0].logprobs, ids.choices[0].logprobs
+    assert b.token_logprobs == a.token_logprobs and b.text_offset == a.text_offset
+    assert all(re.fullmatch(r"token_id:\d+", t) for t in b.tokens), b.tokens
+    assert all(all(re.fullmatch(r"token_id:\d+", k) for k in d) for d in b.top_logprobs)
+    toks = [int(t.split(":")[1]) for t in b.tokens]
+    text = requests.post(srv.url + "/detokenize", json={"tokens": toks}, headers=AUTH).json()["prompt"]
+    assert text == ids.choices[0].text == plain.choices[0].text
+    chat = c.chat.completions.create(model=srv.model, messages=chat_msgs("Say hi."), max_tokens=4, temperature=0,
+                                     logprobs=True, top_logprobs=2, extra_body={"return_tokens_as_token_ids": True})
+    for t in chat.choices[0].logprobs.content:
+        assert re.fullmatch(r"token_id:\d+", t.token) and bytes(t.bytes) == t.token.encode()
+        assert all(re.fullmatch(r"token_id:\d+", x.token) for x in t.top_logprobs)
+
+
 def test_echo_logprobs_score_the_prompt_like_transformers(srv):
     """echo + logprobs (OpenAI's legacy completions, what lm-eval-harness scores prompts with) returns
     every prompt token's logprob after the first. Checked against Hugging Face transformers' logits of
