@@ -573,6 +573,7 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     } else {
       Fields sf(*so);
       sf.boolean("include_usage", g.include_usage);
+      sf.boolean("continuous_usage_stats", g.continuous_usage_stats);
       if (sf.failed()) f.fail(sf.error());
     }
   }
@@ -759,12 +760,6 @@ ojson chat_logprobs(const GenerationRequest& g, const ModelInfo& m, const std::v
   return ojson{{"content", content}};
 }
 
-ojson usage_json(const Usage& u) {
-  return ojson{{"prompt_tokens", u.prompt_tokens},
-               {"completion_tokens", u.completion_tokens},
-               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
-}
-
 ojson tokens_json(const std::vector<int32_t>& ids) {
   ojson a = ojson::array();
   for (int32_t id : ids) a.push_back(id);
@@ -772,6 +767,12 @@ ojson tokens_json(const std::vector<int32_t>& ids) {
 }
 
 }  // namespace
+
+nlohmann::ordered_json usage_json(const Usage& u) {
+  return ojson{{"prompt_tokens", u.prompt_tokens},
+               {"completion_tokens", u.completion_tokens},
+               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
 
 std::string error_body(const ApiError& e) {
   json err = {{"message", e.message},

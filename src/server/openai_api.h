@@ -101,6 +101,7 @@ struct GenerationRequest {
   bool skip_special_tokens = true;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage_stats = false;  // vLLM's stream_options: usage in every chunk (with include_usage)
   int logprobs = -1;  // < 0: none; k: each token's logprob plus the top k
   bool echo = false;  // completions: prepend the prompt text
   std::optional<double> timeout_s;
@@ -160,6 +161,7 @@ struct Usage {
   int completion_tokens = 0;
 };
 Usage usage_of(const GenerationRequest& g, const std::vector<ChoiceOutput>& choices);
+nlohmann::ordered_json usage_json(const Usage& u);  // {"prompt_tokens", "completion_tokens", "total_tokens"}
 
 nlohmann::ordered_json completion_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                            int64_t created, const std::vector<ChoiceOutput>& choices);

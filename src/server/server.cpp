@@ -778,6 +778,13 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     stream.expires_never();
     if (ec) write_failed = true;
   };
+  // vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
+  auto chunk = [&](nlohmann::ordered_json j, int choice) {
+    if (g.include_usage && g.continuous_usage_stats)
+      j["usage"] = usage_json(Usage{static_cast<int>(g.prompts[g.prompt_index(choice)].ids.size()),
+                                    outs[choice].completion_tokens});
+    return sse_event(dump_json(j));
+  };
   if (g.stream) {
     http::response<http::empty_body> res{http::status::ok, req.version()};
     res.set(http::field::server, "selfserve");
@@ -794,9 +801,9 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     for (int c = 0; c < nc; ++c) {
       if (chat) {
         const std::string empty;
-        first += sse_event(dump_json(chat_chunk(g, mi, id, created, c, "assistant", &empty, nullptr, nullptr)));
+        first += chunk(chat_chunk(g, mi, id, created, c, "assistant", &empty, nullptr, nullptr), c);
       } else if (g.echo && g.logprobs < 0) {  // with logprobs the echo waits for the prompt's (below)
-        first += sse_event(dump_json(completion_echo_chunk(g, mi, id, created, c, nullptr)));
+        first += chunk(completion_echo_chunk(g, mi, id, created, c, nullptr), c);
         streamed_len[c] = g.prompts[g.prompt_index(c)].text.size();
       }
     }
@@ -816,7 +823,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       if (g.stream && !chat && g.echo && g.logprobs >= 0 && !echo_sent[d.choice]) {
         // The echoed prompt with its logprobs, which came with the choice's first event.
         echo_sent[d.choice] = true;
-        payload += sse_event(dump_json(completion_echo_chunk(g, mi, id, created, d.choice, &o.prompt_logprobs)));
+        payload += chunk(completion_echo_chunk(g, mi, id, created, d.choice, &o.prompt_logprobs), d.choice);
         streamed_len[d.choice] = g.prompts[g.prompt_index(d.choice)].text.size();
       }
       std::vector<TokenLogprob> lps;
@@ -835,12 +842,13 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
         } else if (!d.text.empty() || d.has_logprob || done) {
           const char* fin = done ? finish_name(d.finish) : nullptr;
           if (chat)
-            payload += sse_event(dump_json(chat_chunk(g, mi, id, created, d.choice, nullptr,
-                                                      d.text.empty() && done ? nullptr : &d.text,
-                                                      g.logprobs >= 0 ? &lps : nullptr, fin)));
+            payload += chunk(chat_chunk(g, mi, id, created, d.choice, nullptr, d.text.empty() && done ? nullptr : &d.text,
+                                        g.logprobs >= 0 ? &lps : nullptr, fin),
+                             d.choice);
           else
-            payload += sse_event(dump_json(completion_chunk(g, mi, id, created, d.choice, d.text,
-                                                            g.logprobs >= 0 ? &lps : nullptr, streamed_len[d.choice], fin)));
+            payload += chunk(completion_chunk(g, mi, id, created, d.choice, d.text, g.logprobs >= 0 ? &lps : nullptr,
+                                              streamed_len[d.choice], fin),
+                             d.choice);
           streamed_len[d.choice] += d.text.size();
         }
       } else {

@@ -172,6 +172,28 @@ def test_logprobs(srv):
     assert all(v <= 0 for v in lp.token_logprobs)
 
 
+def test_continuous_usage_stats(srv):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far."""
+    c = srv.client()
+    for chat in (False, True):
+        kw = dict(model=srv.model, max_tokens=8, temperature=0, stream=True,
+                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+        stream = (c.chat.completions.create(messages=chat_msgs("Count to five."), **kw) if chat
+                  else c.completions.create(prompt="One, two, three,", extra_body={"ignore_eos": True}, **kw))
+        chunks = list(stream)
+        final = chunks[-1]
+        assert final.choices == [] and final.usage.completion_tokens > 0
+        seen = [ch.usage for ch in chunks[:-1]]
+        assert all(u is not None and u.prompt_tokens == final.usage.prompt_tokens for u in seen)
+        counts = [u.completion_tokens for u in seen]
+        assert counts == sorted(counts) and counts[-1] == final.usage.completion_tokens
+        assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in seen)
+    # Without it, chunks carry "usage": null as OpenAI's do.
+    plain = list(c.completions.create(model=srv.model, prompt="Hi", max_tokens=3, stream=True,
+                                      stream_options={"include_usage": True}))
+    assert all(ch.usage is None for ch in plain[:-1]) and plain[-1].usage.completion_tokens > 0
+
+
 def test_return_tokens_as_token_ids(srv):
     """vLLM's return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and
     the ids spell the text (checked with the tokenizer's own /detokenize)."""
