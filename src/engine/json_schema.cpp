@@ -18,7 +18,6 @@ constexpr int kMaxWhitespace = 20;    // blanks between two tokens of the JSON t
 constexpr int kMaxIntDigits = 16;     // digits of a number's integer part
 constexpr int kMaxFracDigits = 16;
 constexpr int kMaxExpDigits = 2;   // |exponent| <= 99: every number fits a double
-constexpr int64_t kMaxEnumeratedRange = 10000;  // integer ranges up to this many values are exact
 constexpr int kMaxRepeat = 100000;
 constexpr size_t kMaxAlternatives = 128;  // anyOf / oneOf     // minItems / maxLength and friends beyond this are refused
 
@@ -248,11 +247,50 @@ class Compiler {
     if (allow_negative) alts.push_back(cat({lit("-"), Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)}));
     return cache = alt_rule(alts);
   }
-  // Exactly the decimal spellings of lo..hi.
-  int integer_range(int64_t lo, int64_t hi) {
-    std::vector<std::string> words;
-    for (int64_t v = lo; v <= hi; ++v) words.push_back(std::to_string(v));
-    return literal_trie(g_, words);
+  // Exactly the decimal spellings (no leading zeros, "-" for negatives) of the integers in [lo, hi],
+  // either end open (nullopt) up to kMaxIntDigits digits. Digit by digit, as regex generators for
+  // numeric ranges do: each alternative starts with its own digit, so matching stays one stack.
+  int integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+    const int64_t kTop = 9999999999999999;  // kMaxIntDigits nines
+    std::vector<Seq> alts;
+    // Negative numbers: "-" then the magnitudes in [max(1, -hi), -lo].
+    if (!lo || *lo < 0) {
+      const int64_t mag_lo = hi && *hi < 0 ? -*hi : 1;
+      const int64_t mag_hi = lo ? -*lo : kTop;
+      if (mag_lo <= mag_hi) alts.push_back(cat({lit("-"), ref(natural_range(mag_lo, mag_hi))}));
+    }
+    // Non-negative numbers in [max(0, lo), hi].
+    const int64_t nlo = lo ? std::max<int64_t>(*lo, 0) : 0, nhi = hi ? *hi : kTop;
+    if (nlo <= nhi) alts.push_back(ref(natural_range(nlo, nhi)));
+    return alt_rule(alts);
+  }
+  // Non-negative [lo, hi]: one alternative per digit count.
+  int natural_range(int64_t lo, int64_t hi) {
+    std::vector<Seq> alts;
+    const std::string L = std::to_string(lo), H = std::to_string(hi);
+    for (size_t n = L.size(); n <= H.size(); ++n) {
+      std::string a(n, '0');  // the smallest n-digit number (0 for one digit)
+      if (n > 1) a[0] = '1';
+      if (n == L.size()) a = L;
+      const std::string b = n == H.size() ? H : std::string(n, '9');
+      if (a.size() == b.size() && a <= b) alts.push_back(ref(same_length_range(a, b)));
+    }
+    return alt_rule(alts);
+  }
+  // Strings of digits of one length between a and b (a <= b), as a rule.
+  int same_length_range(const std::string& a, const std::string& b) {
+    const auto D = [&](char lo, char hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    if (a.size() == 1) return alt_rule({Seq{D(a[0], b[0])}});
+    const std::string ar = a.substr(1), br = b.substr(1);
+    if (a[0] == b[0]) return alt_rule({cat({lit(std::string(1, a[0])), ref(same_length_range(ar, br))})});
+    const std::string nines(ar.size(), '9'), zeros(ar.size(), '0');
+    std::vector<Seq> alts;
+    alts.push_back(cat({lit(std::string(1, a[0])), ref(same_length_range(ar, nines))}));
+    if (a[0] + 1 <= b[0] - 1) alts.push_back(cat({Seq{D(static_cast<char>(a[0] + 1), static_cast<char>(b[0] - 1))},
+                                                  ref(repeat(Seq{D('0', '9')}, static_cast<int64_t>(ar.size()),
+                                                             static_cast<int64_t>(ar.size())))}));
+    alts.push_back(cat({lit(std::string(1, b[0])), ref(same_length_range(zeros, br))}));
+    return alt_rule(alts);
   }
 
   int value_any() {
@@ -473,21 +511,8 @@ class Compiler {
         !bound("exclusiveMaximum", true, false))
       return alt_rule({});
     if (lo && hi && *lo > *hi) return fail(where, "the integer bounds admit no value");
-    if (lo && hi) {
-      if (*hi - *lo + 1 > kMaxEnumeratedRange)
-        return fail(where, "integer ranges wider than " + std::to_string(kMaxEnumeratedRange) +
-                               " values are supported only as 'minimum' 0 or 1 with no maximum");
-      return integer_range(*lo, *hi);
-    }
-    if (hi) return fail(where, "an integer 'maximum' without a 'minimum' is not supported");
-    if (!lo || *lo < 0) {
-      if (lo) return fail(where, "a negative integer 'minimum' without a 'maximum' is not supported");
-      return integer(true);
-    }
-    if (*lo == 0) return integer(false);
-    if (*lo == 1) return alt_rule({cat({Seq{g_.range('1', '9')}, digits(0, kMaxIntDigits - 1)})});
-    return fail(where, "an integer 'minimum' above 1 needs a 'maximum' (ranges up to " +
-                           std::to_string(kMaxEnumeratedRange) + " values)");
+    if (!lo && !hi) return integer(true);
+    return integer_range(lo, hi);
   }
 
   int object_schema(const json& s, const std::string& where) {
