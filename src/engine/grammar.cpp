@@ -43,6 +43,15 @@ Grammar::Elem Grammar::range(uint8_t lo, uint8_t hi) {
 
 Grammar::Elem Grammar::byte(uint8_t c) { return range(c, c); }
 
+Grammar::Elem Grammar::one_of(std::string_view chars) {
+  ByteSet s{};
+  for (char ch : chars) {
+    const auto c = static_cast<uint8_t>(ch);
+    s[c >> 6] |= uint64_t{1} << (c & 63);
+  }
+  return bytes(s);
+}
+
 Grammar::Seq Grammar::literal(std::string_view s) {
   Seq out;
   for (char c : s) out.push_back(byte(static_cast<uint8_t>(c)));
@@ -431,6 +440,7 @@ bool GrammarConstraint::is_end(int32_t token) const {
 }
 
 bool GrammarConstraint::allows(int32_t token) {
+  probed_ = -1;
   if (is_end(token)) return broken_ || GrammarMatcher::can_end(state_);
   const TokenTrie& t = g_->trie();
   if (broken_ || token < 0 || token >= t.vocab_size() || t.piece(token).empty()) return false;
@@ -440,12 +450,19 @@ bool GrammarConstraint::allows(int32_t token) {
     std::swap(probe_, next_);
     cur = &probe_;
   }
+  probed_ = token;  // probe_ is the state after it: accept() takes it instead of walking again
   return true;
 }
 
 void GrammarConstraint::accept(int32_t token) {
+  const bool probed = probed_ == token;
+  probed_ = -1;
   if (broken_) return;
-  if (std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end()) return;
+  if (is_end(token)) return;
+  if (probed) {  // the sampler's draw was allowed: its state is already computed
+    std::swap(state_, probe_);
+    return;
+  }
   const TokenTrie& t = g_->trie();
   if (token < 0 || token >= t.vocab_size() || t.piece(token).empty()) {
     broken_ = true;

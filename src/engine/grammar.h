@@ -36,6 +36,7 @@ class Grammar {
   void add_alt(int rule, const Seq& seq);
   Elem bytes(const ByteSet& set);  // interned
   Elem byte(uint8_t c);
+  Elem one_of(std::string_view chars);  // any of these bytes
   Elem range(uint8_t lo, uint8_t hi);
   static Elem ref(int rule) { return Elem{Elem::Ref, static_cast<uint32_t>(rule)}; }
   Seq literal(std::string_view s);
@@ -176,6 +177,7 @@ class GrammarConstraint final : public TokenConstraint {
   std::vector<int32_t> end_ids_;
   GrammarMatcher m_;
   GrammarMatcher::State state_, next_, probe_;
+  int32_t probed_ = -1;  // the token probe_ was computed for by the last allows()
   std::vector<float> saved_;
   bool broken_ = false;  // a token outside the grammar was accepted (never happens when masked)
 };

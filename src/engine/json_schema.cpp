@@ -137,16 +137,8 @@ class Compiler {
       if (c != '"' && c != '\\') plain[c >> 6] |= uint64_t{1} << (c & 63);
     auto R = [&](int lo, int hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
     const Grammar::Elem cont = R(0x80, 0xbf);
-    const Grammar::Elem hex = g_.bytes([&] {
-      Grammar::ByteSet s{};
-      for (int c : std::string("0123456789abcdefABCDEF")) s[c >> 6] |= uint64_t{1} << (c & 63);
-      return s;
-    }());
-    const Grammar::Elem esc = g_.bytes([&] {
-      Grammar::ByteSet s{};
-      for (int c : std::string("\"\\/bfnrt")) s[c >> 6] |= uint64_t{1} << (c & 63);
-      return s;
-    }());
+    const Grammar::Elem hex = g_.one_of("0123456789abcdefABCDEF");
+    const Grammar::Elem esc = g_.one_of("\"\\/bfnrt");
     // Well-formed UTF-8 only (Unicode's table 3-7): no overlongs, surrogates or values past U+10FFFF.
     char_ = alt_rule({
         Seq{g_.bytes(plain)},
@@ -191,24 +183,14 @@ class Compiler {
     md.push_back(cat({lit("02-"), d28}));
     const Seq date = cat({Seq{d, d, d, d}, lit("-"), two(md)});
     const Seq frac = ref(alt_rule({Seq{}, cat({lit("."), digits(1, 9)})}));
-    const Seq zone = ref(alt_rule({lit("Z"), cat({Seq{g_.bytes([&] {
-                                                    Grammar::ByteSet b{};
-                                                    b['+' >> 6] |= uint64_t{1} << ('+' & 63);
-                                                    b['-' >> 6] |= uint64_t{1} << ('-' & 63);
-                                                    return b;
-                                                  }())},
-                                                  hour, lit(":"), minute})}));
+    const Seq zone = ref(alt_rule({lit("Z"), cat({Seq{g_.one_of("+-")}, hour, lit(":"), minute})}));
     const Seq time = cat({hour, lit(":"), minute, lit(":"), minute, frac, zone});
     Seq body;
     if (fmt == "date") body = date;
     else if (fmt == "time") body = time;
     else if (fmt == "date-time") body = cat({date, lit("T"), time});
     else if (fmt == "uuid") {
-      const Grammar::Elem h = g_.bytes([&] {
-        Grammar::ByteSet b{};
-        for (int c : std::string("0123456789abcdefABCDEF")) b[c >> 6] |= uint64_t{1} << (c & 63);
-        return b;
-      }());
+      const Grammar::Elem h = g_.one_of("0123456789abcdefABCDEF");
       for (int group : {8, 4, 4, 4, 12}) {
         if (!body.empty()) body.push_back(g_.byte('-'));
         for (int k = 0; k < group; ++k) body.push_back(h);
@@ -228,13 +210,8 @@ class Compiler {
     int& cache = allow_negative ? num_ : num_nonneg_;
     if (cache >= 0) return cache;
     const int frac = alt_rule({Seq{}, cat({lit("."), digits(1, kMaxFracDigits)})});
-    const int exp = alt_rule({Seq{}, cat({Seq{g_.bytes([&] {
-                                      Grammar::ByteSet s{};
-                                      s['e' >> 6] |= uint64_t{1} << ('e' & 63);
-                                      s['E' >> 6] |= uint64_t{1} << ('E' & 63);
-                                      return s;
-                                    }())},
-                                          ref(alt_rule({Seq{}, lit("+"), lit("-")})), digits(1, kMaxExpDigits)})});
+    const int exp =
+        alt_rule({Seq{}, cat({Seq{g_.one_of("eE")}, ref(alt_rule({Seq{}, lit("+"), lit("-")})), digits(1, kMaxExpDigits)})});
     const Seq body = cat({ref(natural()), ref(frac), ref(exp)});
     std::vector<Seq> alts = {body};
     if (allow_negative) alts.push_back(cat({lit("-"), body}));
@@ -287,8 +264,7 @@ class Compiler {
     std::vector<Seq> alts;
     alts.push_back(cat({lit(std::string(1, a[0])), ref(same_length_range(ar, nines))}));
     if (a[0] + 1 <= b[0] - 1) alts.push_back(cat({Seq{D(static_cast<char>(a[0] + 1), static_cast<char>(b[0] - 1))},
-                                                  ref(repeat(Seq{D('0', '9')}, static_cast<int64_t>(ar.size()),
-                                                             static_cast<int64_t>(ar.size())))}));
+                                                  digits(static_cast<int64_t>(ar.size()), static_cast<int64_t>(ar.size()))}));
     alts.push_back(cat({lit(std::string(1, b[0])), ref(same_length_range(zeros, br))}));
     return alt_rule(alts);
   }
