@@ -58,6 +58,29 @@ Grammar::Seq Grammar::literal(std::string_view s) {
   return out;
 }
 
+int Grammar::repeat(const Seq& item, int64_t min, int64_t max) {
+  auto then = [&](int rest) {
+    Seq s = item;
+    s.push_back(ref(rest));
+    return s;
+  };
+  int tail = new_rule();
+  if (max < 0) add_alt(tail, then(tail));
+  add_alt(tail, {});
+  for (int64_t k = 0; max >= 0 && k < max - min; ++k) {
+    const int r = new_rule();
+    add_alt(r, then(tail));
+    add_alt(r, {});
+    tail = r;
+  }
+  for (int64_t k = 0; k < min; ++k) {
+    const int r = new_rule();
+    add_alt(r, then(tail));
+    tail = r;
+  }
+  return tail;
+}
+
 Status Grammar::validate() const {
   const size_t n = alts_.size();
   if (root_ < 0 || static_cast<size_t>(root_) >= n) return make_error("grammar has no root rule");
@@ -481,7 +504,7 @@ bool GrammarConstraint::must_end() const { return broken_ || GrammarMatcher::mus
 
 std::string GrammarConstraint::error() const {
   if (!m_.overflowed()) return {};
-  return std::string(kConstraintErrorPrefix) + "the schema is too ambiguous to follow (more than " +
+  return std::string(kConstraintErrorPrefix) + "the schema or pattern is too ambiguous to follow (more than " +
          std::to_string(GrammarMatcher::kMaxStacks) + " alternatives alive at once)";
 }
 

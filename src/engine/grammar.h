@@ -40,6 +40,9 @@ class Grammar {
   Elem range(uint8_t lo, uint8_t hi);
   static Elem ref(int rule) { return Elem{Elem::Ref, static_cast<uint32_t>(rule)}; }
   Seq literal(std::string_view s);
+  // item{min,max} (max < 0: unbounded) as right-recursive rules; returns the rule. `item` must not
+  // match "" when max < 0 (that would be left recursion, which validate() refuses).
+  int repeat(const Seq& item, int64_t min, int64_t max);
   void set_root(int rule) { root_ = rule; }
   // Every referenced rule exists and has an alternative, and no rule can reach itself without
   // consuming a byte (left recursion would never finish expanding).

@@ -1,5 +1,7 @@
 #include "engine/json_schema.h"
 
+#include "engine/regex.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -23,12 +25,13 @@ constexpr size_t kMaxAlternatives = 128;  // anyOf / oneOf     // minItems / max
 
 // Keywords that constrain in ways the grammar does not follow: refused, never dropped silently.
 const std::set<std::string> kUnsupported = {
-    "pattern",          "patternProperties", "propertyNames",    "minProperties",   "maxProperties",
+    "patternProperties", "propertyNames",    "minProperties",   "maxProperties",
     "dependentRequired", "dependentSchemas", "dependencies",     "if",              "then",
     "else",             "not",               "contains",         "minContains",     "maxContains",
     "multipleOf",       "prefixItems",       "additionalItems",  "unevaluatedProperties",
     "unevaluatedItems", "contentSchema",     "$dynamicRef",      "$recursiveRef",
 };
+const std::set<std::string> kFormats = {"date", "time", "date-time", "uuid"};  // string_format() follows these
 const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
 
 // Exactly the given strings, as a trie of rules: one stack however many strings share a prefix
@@ -99,20 +102,7 @@ class Compiler {
   Seq lit(std::string_view s) { return g_.literal(s); }
   static Seq ref(int r) { return Seq{Grammar::ref(r)}; }
 
-  // item{min,max} (max < 0: unbounded), as right-recursive rules.
-  int repeat(const Seq& item, int64_t min, int64_t max) {
-    int tail;
-    if (max < 0) {
-      tail = g_.new_rule();
-      g_.add_alt(tail, cat({item, ref(tail)}));
-      g_.add_alt(tail, {});
-    } else {
-      tail = alt_rule({Seq{}});
-      for (int64_t k = 0; k < max - min; ++k) tail = alt_rule({cat({item, ref(tail)}), Seq{}});
-    }
-    for (int64_t k = 0; k < min; ++k) tail = alt_rule({cat({item, ref(tail)})});
-    return tail;
-  }
+  int repeat(const Seq& item, int64_t min, int64_t max) { return g_.repeat(item, min, max); }
 
   // ---- shared pieces ----
   int ws() {
@@ -419,6 +409,16 @@ class Compiler {
     if (t == "null") return alt_rule({lit("null")});
     if (t == "boolean") return alt_rule({lit("true"), lit("false")});
     if (t == "string") {
+      if (auto p = s.find("pattern"); p != s.end()) {
+        if (!p->is_string()) return fail(child(where, "pattern"), "must be a string");
+        for (const char* k : {"minLength", "maxLength"})
+          if (s.contains(k)) return fail(where, std::string("'pattern' together with '") + k + "' is not supported");
+        if (auto f = s.find("format"); f != s.end() && f->is_string() && kFormats.count(f->get<std::string>()))
+          return fail(where, "'pattern' together with 'format' " + f->dump() + " is not supported");
+        auto r = regex_rule(g_, p->get<std::string>(), {.json_string = true, .search = true});
+        if (!r.ok()) return fail(child(where, "pattern"), r.message());
+        return alt_rule({cat({lit("\""), ref(*r), lit("\"")})});
+      }
       if (auto f = s.find("format"); f != s.end() && f->is_string()) {
         const int r = string_format(f->get<std::string>());
         if (r >= 0) {

@@ -7,8 +7,9 @@
 // when additionalProperties is true or a schema), items, minItems / maxItems, minLength /
 // maxLength, integer minimum / maximum (and the exclusive forms), a number's minimum >= 0, anyOf /
 // oneOf (as anyOf), allOf of one schema, $ref into the same document ($defs, definitions, "#"),
-// nullable, boolean schemas, string formats date, time, date-time (RFC 3339) and uuid. Annotations
-// (title, description, default, examples, other formats, ...) are ignored. Keywords that constrain in a way the grammar does not follow (pattern, multipleOf, not,
+// nullable, boolean schemas, string formats date, time, date-time (RFC 3339) and uuid, string
+// pattern (regex.h: JSON Schema's search semantics, JSON-escaped). Annotations
+// (title, description, default, examples, other formats, ...) are ignored. Keywords that constrain in a way the grammar does not follow (patternProperties, multipleOf, not,
 // if/then/else, prefixItems, uniqueItems, ...) are an error naming the keyword and its place, never
 // silently dropped. Numbers have at most 16 integer and 16 fraction digits and a 2-digit exponent.
 #pragma once

@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include "engine/json_schema.h"
+#include "engine/regex.h"
 
 #include <algorithm>
 #include <cmath>
@@ -435,7 +436,8 @@ class OrderedSubtree final : public nlohmann::json_sax<ojson> {
 };
 
 // Structured outputs: OpenAI's response_format (text, json_object, json_schema) and vLLM's
-// guided_json / guided_choice, at most one of them. Schemas are read again from the body as
+// structured_outputs (json, regex, choice, json_object) or older guided_json / guided_regex /
+// guided_choice, at most one of them. Schemas are read again from the body as
 // ordered_json so their properties keep the declared order (the generation order).
 std::optional<ApiError> parse_structured(const Fields& f, std::string_view body, const ModelInfo& m,
                                          GenerationRequest& g) {
@@ -489,35 +491,66 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
                  "unsupported_parameter");
     }
   }
-  if (const json* gj = f.get("guided_json")) {
-    if (gj->is_string()) {
-      ojson sc_o = ordered(gj->get_ref<const std::string&>(), {}, "guided_json");
-      if (order_error) return order_error;
-      std::string k = "schema " + sc_o.dump();
-      if (auto e = take("guided_json", std::move(k), schema(std::move(sc_o)))) return e;
-    } else if (gj->is_object() || gj->is_boolean()) {
-      ojson sc_o = ordered(body, {"guided_json"}, "guided_json");
-      if (order_error) return order_error;
-      std::string k = "schema " + sc_o.dump();
-      if (auto e = take("guided_json", std::move(k), schema(std::move(sc_o)))) return e;
-    } else {
-      return bad(std::string("'guided_json' must be a JSON Schema (object or string), got ") + type_name(*gj), "guided_json");
-    }
-  }
-  if (const json* gc = f.get("guided_choice")) {
+  // A JSON Schema given as an object (read again with its key order from `path` in the body) or as a
+  // string (vLLM accepts both).
+  auto json_value = [&](const json& v, std::vector<std::string> path, const char* name) -> std::optional<ApiError> {
+    if (!(v.is_string() || v.is_object() || v.is_boolean()))
+      return bad(std::string("'") + name + "' must be a JSON Schema (object or string), got " + type_name(v), name);
+    ojson sc_o = v.is_string() ? ordered(v.get_ref<const std::string&>(), {}, name) : ordered(body, std::move(path), name);
+    if (order_error) return order_error;
+    std::string k = "schema " + sc_o.dump();
+    return take(name, std::move(k), schema(std::move(sc_o)));
+  };
+  auto choice = [&](const json& v, const char* name) -> std::optional<ApiError> {
     std::vector<std::string> choices;
-    if (gc->is_array())
-      for (const json& c : *gc)
+    if (v.is_array())
+      for (const json& c : v)
         if (c.is_string()) choices.push_back(c.get<std::string>());
-    if (!gc->is_array() || choices.size() != gc->size() || choices.empty())
-      return bad("'guided_choice' must be a non-empty array of strings", "guided_choice");
+    if (!v.is_array() || choices.size() != v.size() || choices.empty())
+      return bad(std::string("'") + name + "' must be a non-empty array of strings", name);
     std::string k = "choice " + json(choices).dump();
-    if (auto e = take("guided_choice", std::move(k), [choices] { return engine::choice_grammar(choices); })) return e;
+    return take(name, std::move(k), [choices] { return engine::choice_grammar(choices); });
+  };
+  auto regex = [&](const json& v, const char* name) -> std::optional<ApiError> {
+    if (!v.is_string()) return bad(std::string("'") + name + "' must be a string (a regular expression)", name);
+    std::string p = v.get<std::string>();
+    return take(name, "regex " + p, [p] { return engine::regex_grammar(p); });
+  };
+  // vLLM's guided_* fields (before v0.12) and its structured_outputs object (since).
+  if (const json* v = f.get("guided_json"))
+    if (auto e = json_value(*v, {"guided_json"}, "guided_json")) return e;
+  if (const json* v = f.get("guided_choice"))
+    if (auto e = choice(*v, "guided_choice")) return e;
+  if (const json* v = f.get("guided_regex"))
+    if (auto e = regex(*v, "guided_regex")) return e;
+  if (f.has("guided_grammar"))
+    return bad("'guided_grammar' is not supported (guided_json, guided_regex and guided_choice are)", "guided_grammar",
+               "unsupported_parameter");
+  if (const json* so = f.get("structured_outputs")) {
+    if (!so->is_object()) return bad("'structured_outputs' must be an object", "structured_outputs");
+    for (const auto& [k, v] : so->items()) {
+      if (v.is_null()) continue;
+      std::optional<ApiError> e;
+      if (k == "json") e = json_value(v, {"structured_outputs", "json"}, "structured_outputs.json");
+      else if (k == "regex") e = regex(v, "structured_outputs.regex");
+      else if (k == "choice") e = choice(v, "structured_outputs.choice");
+      else if (k == "json_object") {
+        if (!v.is_boolean()) e = bad("'structured_outputs.json_object' must be a boolean", "structured_outputs.json_object");
+        else if (v.get<bool>())
+          e = take("structured_outputs.json_object", "object",
+                   [] { return Expected<engine::Grammar>(engine::json_object_grammar()); });
+      } else if (k == "disable_fallback" || k == "disable_additional_properties") {
+        // No fallback backend to disable; undeclared properties are already refused unless the
+        // schema's additionalProperties asks for them.
+        if (!v.is_boolean()) e = bad("'structured_outputs." + k + "' must be a boolean", "structured_outputs." + k);
+      } else {
+        e = bad("'structured_outputs." + k + "' is not supported (json, regex, choice and json_object are)",
+                "structured_outputs." + k, "unsupported_parameter");
+      }
+      if (e) return e;
+    }
+    if (!build) return bad("'structured_outputs' names no constraint (json, regex, choice or json_object)", "structured_outputs");
   }
-  for (const char* unsupported : {"guided_regex", "guided_grammar"})
-    if (f.has(unsupported))
-      return bad(std::string("'") + unsupported + "' is not supported (guided_json and guided_choice are)", unsupported,
-                 "unsupported_parameter");
   if (!build) return std::nullopt;
   // Requests with the same schema share one compiled grammar and its per-state masks.
   const bool cacheable = m.grammar_cache && key.size() <= 64 * 1024;  // the cache holds its keys

@@ -246,14 +246,30 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","response_format":{"type":"yaml"}})", "response_format"},
       {R"({"prompt":"hi","response_format":{"type":"json_schema"}})", "response_format"},
       {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"x"}}})", "response_format"},
-      {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a+"}}}})",
+      {R"({"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"x(?=a)b"}}}})",
        "response_format"},
       {R"({"prompt":"hi","guided_json":"{not json"})", "guided_json"},
       {R"({"prompt":"hi","guided_json":5})", "guided_json"},
       {R"({"prompt":"hi","guided_json":{"type":"object"},"response_format":{"type":"json_object"}})", "guided_json"},
       {R"({"prompt":"hi","guided_choice":[]})", "guided_choice"},
       {R"({"prompt":"hi","guided_choice":["a",1]})", "guided_choice"},
-      {R"({"prompt":"hi","guided_regex":"a+"})", "guided_regex"},
+      {R"({"prompt":"hi","guided_regex":5})", "guided_regex"},
+      {R"({"prompt":"hi","guided_regex":"a(b"})", "guided_regex"},
+      {R"({"prompt":"hi","guided_regex":"(a)\\1"})", "guided_regex"},
+      {R"({"prompt":"hi","guided_regex":"a+","guided_choice":["a"]})", "guided_regex"},
+      {R"({"prompt":"hi","guided_grammar":"root ::= \"a\""})", "guided_grammar"},
+      {R"({"prompt":"hi","structured_outputs":"a+"})", "structured_outputs"},
+      {R"({"prompt":"hi","structured_outputs":{}})", "structured_outputs"},
+      {R"({"prompt":"hi","structured_outputs":{"json_object":false}})", "structured_outputs"},
+      {R"({"prompt":"hi","structured_outputs":{"regex":"a+","choice":["a"]}})", "structured_outputs.regex"},
+      {R"({"prompt":"hi","structured_outputs":{"regex":["a"]}})", "structured_outputs.regex"},
+      {R"({"prompt":"hi","structured_outputs":{"json":7}})", "structured_outputs.json"},
+      {R"({"prompt":"hi","structured_outputs":{"json_object":"yes"}})", "structured_outputs.json_object"},
+      {R"({"prompt":"hi","structured_outputs":{"choice":[]}})", "structured_outputs.choice"},
+      {R"({"prompt":"hi","structured_outputs":{"structural_tag":"{}"}})", "structured_outputs.structural_tag"},
+      {R"({"prompt":"hi","structured_outputs":{"regex":"a","disable_fallback":1}})", "structured_outputs.disable_fallback"},
+      {R"({"prompt":"hi","structured_outputs":{"regex":"a"},"response_format":{"type":"json_object"}})",
+       "structured_outputs.regex"},
       {R"({"prompt":[-1]})", "prompt"},
       {R"({"prompt":[99999999]})", "prompt"},
       {R"({"prompt":[4294967297]})", "prompt"},
@@ -287,6 +303,29 @@ TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
     engine::Request er = to_engine_request(r.value(), 0, m_, 1);
     EXPECT_TRUE(er.constraint) << body;
   }
+  // vLLM's structured_outputs (v0.12 on) and guided_regex: the same grammars.
+  for (const std::string& body :
+       {R"({"prompt":"hi","structured_outputs":{"json":)" + schema + "}}",
+        R"({"prompt":"hi","structured_outputs":{"json":)" + nlohmann::json(schema).dump() + ",\"disable_fallback\":true}}"}) {
+    auto r = completion(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    EXPECT_TRUE(matches(r.value().grammar->grammar(), R"({"zeta":1,"alpha":true})")) << body;
+    EXPECT_FALSE(matches(r.value().grammar->grammar(), R"({"alpha":true,"zeta":1})")) << body;
+  }
+  for (const std::string& body : {std::string(R"({"prompt":"hi","guided_regex":"[0-9]{3}-[a-z]+"})"),
+                                  std::string(R"({"prompt":"hi","structured_outputs":{"regex":"[0-9]{3}-[a-z]+","json":null}})")}) {
+    auto r = completion(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    EXPECT_TRUE(matches(r.value().grammar->grammar(), "123-abc")) << body;
+    EXPECT_FALSE(matches(r.value().grammar->grammar(), "12-abc")) << body;
+  }
+  auto so_choice = completion(R"({"prompt":"hi","structured_outputs":{"choice":["up","down"]}})");
+  ASSERT_TRUE(so_choice.ok());
+  EXPECT_TRUE(matches(so_choice.value().grammar->grammar(), "down"));
+  EXPECT_FALSE(matches(so_choice.value().grammar->grammar(), "left"));
+  auto so_obj = completion(R"({"prompt":"hi","structured_outputs":{"json_object":true}})");
+  ASSERT_TRUE(so_obj.ok());
+  EXPECT_TRUE(matches(so_obj.value().grammar->grammar(), R"({"a": 1})"));
   auto choice = completion(R"({"prompt":"hi","guided_choice":["yes","no"]})");
   ASSERT_TRUE(choice.ok());
   EXPECT_TRUE(matches(choice.value().grammar->grammar(), "no"));

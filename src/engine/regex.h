@@ -1,0 +1,33 @@
+// Regular expressions → Grammar, for structured outputs: vLLM's `regex` (the whole output matches)
+// and JSON Schema's `pattern` (a string value, JSON-escaped, that the pattern matches somewhere).
+//
+// The dialect is ECMAScript's (what JSON Schema specifies), over Unicode code points: literals and
+// escapes (\t \n \r \v \f \0 \cX \xHH \uHHHH \u{H...}, identity escapes of punctuation), `.`, classes
+// ([...], [^...], ranges, \d \D \w \W \s \S), groups ((...), (?:...), (?<name>...)), alternation,
+// quantifiers (* + ? {n} {n,} {n,m}, lazy forms alike: they match the same strings), and ^ / $ at
+// the start / end of a top-level alternative. What a grammar cannot follow is an error naming it:
+// lookaround, backreferences, word boundaries, \p{...} and anchors anywhere else.
+#pragma once
+#include <string_view>
+
+#include "common/status.h"
+#include "engine/grammar.h"
+
+namespace ss::engine {
+
+struct RegexOptions {
+  // How the matched text is written: as is (UTF-8), or as the inside of a JSON string (`"` and `\`
+  // and control characters escaped, the rest as UTF-8; one spelling per character).
+  bool json_string = false;
+  // JSON Schema's semantics: the pattern may match anywhere in the string, so an alternative not
+  // anchored with ^ (or $) lets any text come before (after) it. Otherwise the whole text matches
+  // and ^ / $ change nothing.
+  bool search = false;
+};
+
+// Adds the rules for `pattern` to g and returns the top rule (g's root is left alone).
+Expected<int> regex_rule(Grammar& g, std::string_view pattern, const RegexOptions& opt);
+// A grammar whose whole text matches `pattern` (vLLM's structured_outputs.regex / guided_regex).
+Expected<Grammar> regex_grammar(std::string_view pattern);
+
+}  // namespace ss::engine
