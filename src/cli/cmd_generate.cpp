@@ -11,7 +11,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/generator.h"
+#include "engine/gbnf.h"
 #include "engine/json_schema.h"
+#include "engine/regex.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ss::cli {
@@ -34,7 +36,7 @@ struct GenerateArgs {
   int threads = 0;
   int ctx = 0;
   bool quiet = false;
-  std::string json_schema, json_schema_file;
+  std::string json_schema, json_schema_file, grammar, grammar_file, regex;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
 };
 
@@ -86,17 +88,35 @@ void run_generate(const GenerateArgs& a) {
   engine::GenerateOptions go;
   go.max_tokens = a.max_tokens;
   go.stop_ids = tk.eog_ids();
-  if (!a.json_schema.empty() || !a.json_schema_file.empty()) {  // llama.cpp's -j / --json-schema-file
-    std::string text = a.json_schema;
-    if (!a.json_schema_file.empty()) {
-      std::ifstream f(a.json_schema_file, std::ios::binary);
-      if (!f) return fail(a.json_schema_file + ": cannot read");
-      text.assign(std::istreambuf_iterator<char>(f), {});
+  // llama.cpp's -j / --json-schema-file / --grammar / --grammar-file, and a regex: at most one.
+  const int n_constraints = !(a.json_schema.empty() && a.json_schema_file.empty()) +
+                            !(a.grammar.empty() && a.grammar_file.empty()) + !a.regex.empty();
+  if (n_constraints > 1) return fail("give one of --json-schema(-file), --grammar(-file) and --regex");
+  if (n_constraints == 1) {
+    auto read = [&](const std::string& inline_text, const std::string& path, std::string& out) {
+      out = inline_text;
+      if (path.empty()) return true;
+      std::ifstream f(path, std::ios::binary);
+      if (!f) return false;
+      out.assign(std::istreambuf_iterator<char>(f), {});
+      return true;
+    };
+    std::string text;
+    Expected<engine::Grammar> g = make_error("");
+    if (!a.regex.empty()) {
+      g = engine::regex_grammar(a.regex);
+      if (!g.ok()) return fail("--regex: " + g.message());
+    } else if (!a.grammar.empty() || !a.grammar_file.empty()) {
+      if (!read(a.grammar, a.grammar_file, text)) return fail(a.grammar_file + ": cannot read");
+      g = engine::gbnf_grammar(text);
+      if (!g.ok()) return fail("--grammar: " + g.message());
+    } else {
+      if (!read(a.json_schema, a.json_schema_file, text)) return fail(a.json_schema_file + ": cannot read");
+      auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
+      if (schema.is_discarded()) return fail("--json-schema: not JSON");
+      g = engine::json_schema_grammar(schema);
+      if (!g.ok()) return fail("--json-schema: " + g.message());
     }
-    auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
-    if (schema.is_discarded()) return fail("--json-schema: not JSON");
-    auto g = engine::json_schema_grammar(schema);
-    if (!g.ok()) return fail("--json-schema: " + g.message());
     auto compiled = std::make_shared<const engine::CompiledGrammar>(std::move(g).value(), engine::TokenTrie::build(tk));
     go.constraint = std::make_shared<engine::GrammarConstraint>(compiled, go.stop_ids);
   }
@@ -145,6 +165,9 @@ void register_generate(CLI::App& app) {
   c->add_option("--json-schema,-j", a->json_schema,
                 "Keep the output inside this JSON Schema (e.g. '{}' for any JSON value, '{\"type\": \"object\"}')");
   c->add_option("--json-schema-file", a->json_schema_file, "The same, read from a file");
+  c->add_option("--grammar", a->grammar, "Keep the output inside this GBNF grammar (llama.cpp's format; starts at 'root')");
+  c->add_option("--grammar-file", a->grammar_file, "The same, read from a file");
+  c->add_option("--regex", a->regex, "Keep the output a whole match of this regular expression (ECMAScript syntax)");
   c->callback([a] { run_generate(*a); });
 }
 

@@ -126,7 +126,12 @@ Status Grammar::validate() const {
         continue;
       }
       const uint32_t s = first[r][i++];
-      if (color[s] == 1) return make_error("grammar is left-recursive (rule " + std::to_string(s) + ")");
+      if (color[s] == 1) {
+        std::string msg = "grammar is left-recursive (rule ";
+        if (s < names_.size() && !names_[s].empty()) msg.append("'").append(names_[s]).append("'");
+        else msg.append(std::to_string(s));
+        return make_error(msg.append(")"));
+      }
       if (color[s] == 0) {
         color[s] = 1;
         st.push_back({s, 0});

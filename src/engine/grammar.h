@@ -44,6 +44,10 @@ class Grammar {
   // match "" when max < 0 (that would be left recursion, which validate() refuses).
   int repeat(const Seq& item, int64_t min, int64_t max);
   void set_root(int rule) { root_ = rule; }
+  void set_name(int rule, std::string name) {  // for validate()'s messages
+    if (names_.size() <= static_cast<size_t>(rule)) names_.resize(static_cast<size_t>(rule) + 1);
+    names_[static_cast<size_t>(rule)] = std::move(name);
+  }
   // Every referenced rule exists and has an alternative, and no rule can reach itself without
   // consuming a byte (left recursion would never finish expanding).
   Status validate() const;
@@ -71,6 +75,7 @@ class Grammar {
   std::vector<Elem> elems_;                  // alternatives back to back, each ended by End
   std::vector<std::vector<uint32_t>> alts_;  // per rule: where each alternative starts
   std::vector<ByteSet> sets_;
+  std::vector<std::string> names_;  // optional, per rule
   int root_ = -1;
 };
 

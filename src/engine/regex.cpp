@@ -14,7 +14,7 @@ namespace ss::engine {
 namespace {
 
 using Seq = Grammar::Seq;
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, inclusive
+using Ranges = CodePointRanges;
 
 constexpr uint32_t kMaxCp = 0x10FFFF;
 constexpr int64_t kMaxCount = 10000;  // n and m of {n,m}
@@ -40,7 +40,9 @@ void normalize(Ranges& r) {
   }
 }
 
-Ranges complement(Ranges r) {
+}  // namespace
+
+CodePointRanges complement_code_points(CodePointRanges r) {
   normalize(r);
   Ranges out;
   uint32_t next = 0;
@@ -52,6 +54,10 @@ Ranges complement(Ranges r) {
   normalize(out);
   return out;
 }
+
+namespace {
+
+Ranges complement(Ranges r) { return complement_code_points(std::move(r)); }
 
 const Ranges& digit_set() {
   static const Ranges r = {{'0', '9'}};
@@ -424,7 +430,7 @@ class Parser {
 // Parsed pattern → grammar rules. Rules are pure, so each node's Seq is built once and shared.
 class Emitter {
  public:
-  Emitter(Grammar& g, const std::vector<Node>& nodes, bool json) : g_(g), n_(nodes), json_(json) {}
+  Emitter(Grammar& g, const std::vector<Node>& nodes, bool json) : g_(g), n_(nodes), enc_(g, json) {}
 
   bool nullable(int i) {
     const Node& n = n_[static_cast<size_t>(i)];
@@ -442,39 +448,7 @@ class Emitter {
   std::optional<Seq> emit(int i) { return memo(i, false); }
   std::optional<Seq> emit_nonempty(int i) { return memo(i, true); }
 
-  std::optional<Seq> encode(const Ranges& set) {
-    if (auto it = sets_.find(set); it != sets_.end()) return it->second;
-    std::vector<Seq> alts;
-    Grammar::ByteSet ascii{};
-    bool any_ascii = false;
-    std::string short_esc;
-    for (const auto& [lo, hi] : set) {
-      for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) {
-        if (json_ && (c < 0x20 || c == '"' || c == '\\')) {
-          static constexpr std::pair<uint32_t, char> kShort[] = {{'"', '"'}, {'\\', '\\'}, {'\b', 'b'}, {'\f', 'f'},
-                                                                 {'\n', 'n'}, {'\r', 'r'},  {'\t', 't'}};
-          bool done = false;
-          for (const auto& [cc, e] : kShort)
-            if (cc == c) short_esc += e, done = true;
-          if (!done) {
-            static constexpr char kHex[] = "0123456789abcdef";
-            alts.push_back(g_.literal(std::string("\\u00") + kHex[c >> 4] + kHex[c & 15]));
-          }
-          continue;
-        }
-        ascii[c >> 6] |= uint64_t{1} << (c & 63);
-        any_ascii = true;
-      }
-      if (hi >= 0x80) utf8(std::max<uint32_t>(lo, 0x80), hi, alts);
-    }
-    if (!short_esc.empty()) alts.push_back(Seq{g_.byte('\\'), g_.one_of(short_esc)});
-    if (any_ascii) alts.push_back(Seq{g_.bytes(ascii)});
-    std::optional<Seq> out;
-    if (alts.size() == 1) out = alts[0];
-    else if (!alts.empty()) out = Seq{Grammar::ref(rule(alts))};
-    sets_.emplace(set, out);
-    return out;
-  }
+  std::optional<Seq> encode(const Ranges& set) { return enc_.encode(set); }
 
  private:
   int rule(const std::vector<Seq>& alts) {
@@ -484,45 +458,6 @@ class Emitter {
   }
   // A Seq that is one element (copied into each rule of a repetition).
   Seq single(const Seq& s) { return s.size() == 1 ? s : Seq{Grammar::ref(rule({s}))}; }
-
-  // UTF-8 spellings of [lo, hi] (>= 0x80, no surrogates) as byte-range sequences: split until every
-  // byte position of the range is itself a range (as RE2 and regex-syntax do).
-  void utf8(uint32_t lo, uint32_t hi, std::vector<Seq>& out) {
-    static constexpr uint32_t kLenMax[] = {0x7F, 0x7FF, 0xFFFF, kMaxCp};
-    for (int l = 1; l < 4; ++l)  // one length at a time
-      if (lo <= kLenMax[l - 1] && hi > kLenMax[l - 1]) {
-        utf8(lo, kLenMax[l - 1], out);
-        utf8(kLenMax[l - 1] + 1, hi, out);
-        return;
-      }
-    const int len = hi <= 0x7FF ? 2 : hi <= 0xFFFF ? 3 : 4;
-    for (int k = 1; k < len; ++k) {
-      const uint32_t m = (1u << (6 * k)) - 1;
-      if ((lo & ~m) != (hi & ~m)) {
-        if ((lo & m) != 0) {
-          utf8(lo, lo | m, out);
-          utf8((lo | m) + 1, hi, out);
-          return;
-        }
-        if ((hi & m) != m) {
-          utf8(lo, (hi & ~m) - 1, out);
-          utf8(hi & ~m, hi, out);
-          return;
-        }
-      }
-    }
-    uint8_t a[4], b[4];
-    encode_cp(lo, len, a);
-    encode_cp(hi, len, b);
-    Seq s;
-    for (int k = 0; k < len; ++k) s.push_back(g_.range(a[k], b[k]));
-    out.push_back(std::move(s));
-  }
-  static void encode_cp(uint32_t c, int len, uint8_t* o) {
-    static constexpr uint8_t kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
-    for (int k = len - 1; k > 0; --k, c >>= 6) o[k] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-    o[0] = static_cast<uint8_t>(kLead[len] | c);
-  }
 
   std::optional<Seq> memo(int i, bool nonempty) {
     auto& slot = (nonempty ? ne_ : all_)[i];
@@ -601,13 +536,90 @@ class Emitter {
 
   Grammar& g_;
   const std::vector<Node>& n_;
-  bool json_;
+  CodePointEncoder enc_;
   std::map<int, std::optional<std::optional<Seq>>> all_, ne_;
-  std::map<Ranges, std::optional<Seq>> sets_;
   std::map<std::pair<const Node*, size_t>, std::optional<Seq>> suffix_;
 };
 
 }  // namespace
+
+std::optional<Seq> CodePointEncoder::encode(CodePointRanges set) {
+  normalize(set);
+  if (auto it = memo_.find(set); it != memo_.end()) return it->second;
+  std::vector<Seq> alts;
+  Grammar::ByteSet ascii{};
+  bool any_ascii = false;
+  std::string short_esc;
+  for (const auto& [lo, hi] : set) {
+    for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x7F); ++c) {
+      if (json_ && (c < 0x20 || c == '"' || c == '\\')) {
+        static constexpr std::pair<uint32_t, char> kShort[] = {{'"', '"'}, {'\\', '\\'}, {'\b', 'b'}, {'\f', 'f'},
+                                                               {'\n', 'n'}, {'\r', 'r'},  {'\t', 't'}};
+        bool done = false;
+        for (const auto& [cc, e] : kShort)
+          if (cc == c) short_esc += e, done = true;
+        if (!done) {
+          static constexpr char kHex[] = "0123456789abcdef";
+          alts.push_back(g_.literal(std::string("\\u00") + kHex[c >> 4] + kHex[c & 15]));
+        }
+        continue;
+      }
+      ascii[c >> 6] |= uint64_t{1} << (c & 63);
+      any_ascii = true;
+    }
+    if (hi >= 0x80) utf8(std::max<uint32_t>(lo, 0x80), hi, alts);
+  }
+  if (!short_esc.empty()) alts.push_back(Seq{g_.byte('\\'), g_.one_of(short_esc)});
+  if (any_ascii) alts.push_back(Seq{g_.bytes(ascii)});
+  std::optional<Seq> out;
+  if (alts.size() == 1) out = alts[0];
+  else if (!alts.empty()) {
+    const int r = g_.new_rule();
+    for (const Seq& a : alts) g_.add_alt(r, a);
+    out = Seq{Grammar::ref(r)};
+  }
+  memo_.emplace(std::move(set), out);
+  return out;
+}
+
+// UTF-8 spellings of [lo, hi] (>= 0x80, no surrogates) as byte-range sequences: split until every
+// byte position of the range is itself a range (as RE2 and regex-syntax do).
+void CodePointEncoder::utf8(uint32_t lo, uint32_t hi, std::vector<Seq>& out) {
+  static constexpr uint32_t kLenMax[] = {0x7F, 0x7FF, 0xFFFF, kMaxCp};
+  for (int l = 1; l < 4; ++l)  // one length at a time
+    if (lo <= kLenMax[l - 1] && hi > kLenMax[l - 1]) {
+      utf8(lo, kLenMax[l - 1], out);
+      utf8(kLenMax[l - 1] + 1, hi, out);
+      return;
+    }
+  const int len = hi <= 0x7FF ? 2 : hi <= 0xFFFF ? 3 : 4;
+  for (int k = 1; k < len; ++k) {
+    const uint32_t m = (1u << (6 * k)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8(lo, lo | m, out);
+        utf8((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8(lo, (hi & ~m) - 1, out);
+        utf8(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  uint8_t a[4], b[4];
+  auto encode_cp = [](uint32_t c, int len, uint8_t* o) {
+    static constexpr uint8_t kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+    for (int k = len - 1; k > 0; --k, c >>= 6) o[k] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+    o[0] = static_cast<uint8_t>(kLead[len] | c);
+  };
+  encode_cp(lo, len, a);
+  encode_cp(hi, len, b);
+  Seq s;
+  for (int k = 0; k < len; ++k) s.push_back(g_.range(a[k], b[k]));
+  out.push_back(std::move(s));
+}
 
 Expected<int> regex_rule(Grammar& g, std::string_view pattern, const RegexOptions& opt) {
   Parser p(pattern);

@@ -8,7 +8,12 @@
 // the start / end of a top-level alternative. What a grammar cannot follow is an error naming it:
 // lookaround, backreferences, word boundaries, \p{...} and anchors anywhere else.
 #pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/grammar.h"
@@ -23,6 +28,24 @@ struct RegexOptions {
   // anchored with ^ (or $) lets any text come before (after) it. Otherwise the whole text matches
   // and ^ / $ change nothing.
   bool search = false;
+};
+
+// Sets of code points as inclusive ranges (any order; surrogates are dropped: they have no UTF-8).
+using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+CodePointRanges complement_code_points(CodePointRanges set);  // within U+0000..U+10FFFF
+
+// Writes code point sets as grammar elements matching exactly their spellings: UTF-8, or the
+// inside of a JSON string. Equal sets share their rules. (Used by the regex and GBNF compilers.)
+class CodePointEncoder {
+ public:
+  CodePointEncoder(Grammar& g, bool json_string) : g_(g), json_(json_string) {}
+  std::optional<Grammar::Seq> encode(CodePointRanges set);  // nullopt for an empty set
+
+ private:
+  void utf8(uint32_t lo, uint32_t hi, std::vector<Grammar::Seq>& out);
+  Grammar& g_;
+  bool json_;
+  std::map<CodePointRanges, std::optional<Grammar::Seq>> memo_;
 };
 
 // Adds the rules for `pattern` to g and returns the top rule (g's root is left alone).

@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include "engine/json_schema.h"
+#include "engine/gbnf.h"
 #include "engine/regex.h"
 
 #include <algorithm>
@@ -435,9 +436,9 @@ class OrderedSubtree final : public nlohmann::json_sax<ojson> {
   std::string key_;
 };
 
-// Structured outputs: OpenAI's response_format (text, json_object, json_schema) and vLLM's
-// structured_outputs (json, regex, choice, json_object) or older guided_json / guided_regex /
-// guided_choice, at most one of them. Schemas are read again from the body as
+// Structured outputs: OpenAI's response_format (text, json_object, json_schema), vLLM's
+// structured_outputs (json, regex, choice, grammar, json_object) or older guided_json /
+// guided_regex / guided_choice / guided_grammar, llama.cpp's grammar / json_schema; at most one. Schemas are read again from the body as
 // ordered_json so their properties keep the declared order (the generation order).
 std::optional<ApiError> parse_structured(const Fields& f, std::string_view body, const ModelInfo& m,
                                          GenerationRequest& g) {
@@ -516,6 +517,16 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     std::string p = v.get<std::string>();
     return take(name, "regex " + p, [p] { return engine::regex_grammar(p); });
   };
+  auto grammar = [&](const json& v, const char* name) -> std::optional<ApiError> {
+    if (!v.is_string()) return bad(std::string("'") + name + "' must be a string (a GBNF grammar)", name);
+    std::string t = v.get<std::string>();
+    return take(name, "gbnf " + t, [t] { return engine::gbnf_grammar(t); });
+  };
+  // llama.cpp's server fields: a GBNF grammar, a JSON Schema.
+  if (const json* v = f.get("grammar"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+    if (auto e = grammar(*v, "grammar")) return e;  // "" is no grammar, as llama.cpp reads it
+  if (const json* v = f.get("json_schema"))
+    if (auto e = json_value(*v, {"json_schema"}, "json_schema")) return e;
   // vLLM's guided_* fields (before v0.12) and its structured_outputs object (since).
   if (const json* v = f.get("guided_json"))
     if (auto e = json_value(*v, {"guided_json"}, "guided_json")) return e;
@@ -523,9 +534,8 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     if (auto e = choice(*v, "guided_choice")) return e;
   if (const json* v = f.get("guided_regex"))
     if (auto e = regex(*v, "guided_regex")) return e;
-  if (f.has("guided_grammar"))
-    return bad("'guided_grammar' is not supported (guided_json, guided_regex and guided_choice are)", "guided_grammar",
-               "unsupported_parameter");
+  if (const json* v = f.get("guided_grammar"))
+    if (auto e = grammar(*v, "guided_grammar")) return e;
   if (const json* so = f.get("structured_outputs")) {
     if (!so->is_object()) return bad("'structured_outputs' must be an object", "structured_outputs");
     for (const auto& [k, v] : so->items()) {
@@ -534,6 +544,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       if (k == "json") e = json_value(v, {"structured_outputs", "json"}, "structured_outputs.json");
       else if (k == "regex") e = regex(v, "structured_outputs.regex");
       else if (k == "choice") e = choice(v, "structured_outputs.choice");
+      else if (k == "grammar") e = grammar(v, "structured_outputs.grammar");
       else if (k == "json_object") {
         if (!v.is_boolean()) e = bad("'structured_outputs.json_object' must be a boolean", "structured_outputs.json_object");
         else if (v.get<bool>())
@@ -544,12 +555,13 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         // schema's additionalProperties asks for them.
         if (!v.is_boolean()) e = bad("'structured_outputs." + k + "' must be a boolean", "structured_outputs." + k);
       } else {
-        e = bad("'structured_outputs." + k + "' is not supported (json, regex, choice and json_object are)",
+        e = bad("'structured_outputs." + k + "' is not supported (json, regex, choice, grammar and json_object are)",
                 "structured_outputs." + k, "unsupported_parameter");
       }
       if (e) return e;
     }
-    if (!build) return bad("'structured_outputs' names no constraint (json, regex, choice or json_object)", "structured_outputs");
+    if (!build)
+      return bad("'structured_outputs' names no constraint (json, regex, choice, grammar or json_object)", "structured_outputs");
   }
   if (!build) return std::nullopt;
   // Requests with the same schema share one compiled grammar and its per-state masks.

@@ -132,5 +132,18 @@ def test_generate_json_schema(selfserve, default_model, tmp_path):
         doc = json.loads(r.stdout)
         jsonschema.validate(doc, schema)
         assert list(doc) == ["name", "age", "color"]
+    # llama.cpp's --grammar (GBNF) and a --regex: the output is a whole match (checked with Python's re).
+    for seed in ("1", "2"):
+        r = selfserve("generate", "--prompt", "Colors:", "--grammar",
+                      'root ::= color (", " color){2}\ncolor ::= "red" | "green" | "blue"',
+                      "--temperature", "1", "--max-tokens", "20", "--seed", seed, "--quiet")
+        assert re.fullmatch(r"(red|green|blue)(, (red|green|blue)){2}", r.stdout.decode().strip()), r.stdout
+        r = selfserve("generate", "--prompt", "The answer is", "--regex", r"(yes|no), because [a-z ]{5,30}\.",
+                      "--temperature", "1", "--max-tokens", "30", "--seed", seed, "--quiet")
+        assert re.fullmatch(r"(yes|no), because [a-z ]{5,30}\.", r.stdout.decode().strip()), r.stdout
+    bad = selfserve("generate", "--prompt", "x", "--grammar", "root ::= item", check=False)
+    assert bad.returncode != 0 and b"'item' is used but not defined" in bad.stderr, bad.stderr
+    bad = selfserve("generate", "--prompt", "x", "--regex", "a", "--grammar", 'root ::= "a"', check=False)
+    assert bad.returncode != 0 and b"give one of" in bad.stderr, bad.stderr
     bad = selfserve("generate", "--prompt", "x", "-j", '{"type": "string", "pattern": "(?=a)"}', check=False)
     assert bad.returncode != 0 and b"pattern" in bad.stderr and b"lookaround" in bad.stderr, bad.stderr

@@ -430,8 +430,9 @@ def test_structured_output_with_the_clients_pydantic_helper(srv):
         assert -100 <= ch.message.parsed.final_answer <= 100
 
 
-def test_structured_output_regex_and_schema_patterns(srv):
-    """vLLM's structured_outputs (regex, json, choice) and guided_regex, and JSON Schema's `pattern`:
+def test_structured_output_regex_grammar_and_schema_patterns(srv):
+    """vLLM's structured_outputs (regex, json, choice, grammar) and guided_regex, llama.cpp's GBNF
+    `grammar`, and JSON Schema's `pattern`:
     sampled at temperature 1, every answer matches by Python's `re` (and validates with the
     jsonschema package, which checks `pattern` with re.search)."""
     jsonschema = pytest.importorskip("jsonschema")
@@ -469,6 +470,30 @@ def test_structured_output_regex_and_schema_patterns(srv):
     r = c.completions.create(model=srv.model, prompt="Pick one:", max_tokens=8, temperature=1.0, n=4, seed=1,
                              extra_body={"structured_outputs": {"choice": ["left", "right"]}})
     assert all(ch.text in ("left", "right") for ch in r.choices)
+    # GBNF grammars: vLLM's structured_outputs.grammar (its documentation's SQL example) and llama.cpp's
+    # `grammar` field; each answer matches the same language written as a Python regex.
+    sql = """
+        root ::= select_statement
+        select_statement ::= "SELECT " column " from " table " where " condition
+        column ::= "col_1 " | "col_2 "
+        table ::= "table_1 " | "table_2 "
+        condition ::= column "= " number
+        number ::= "1 " | "2 "
+    """
+    sql_re = r"SELECT col_[12]  from table_[12]  where col_[12] = [12] "
+    r = c.completions.create(model=srv.model, prompt="A query:", max_tokens=40, temperature=1.0, n=3, seed=2,
+                             extra_body={"structured_outputs": {"grammar": sql}})
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and re.fullmatch(sql_re, ch.text), ch.text
+    lists = 'root ::= item ("," ws item){1,3}\nitem ::= [a-z]{2,6}\nws ::= " "?'
+    r = c.chat.completions.create(model=srv.model, messages=chat_msgs("Name some fruits."), max_tokens=40,
+                                  temperature=1.0, n=3, seed=4, extra_body={"grammar": lists})
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and re.fullmatch(r"[a-z]{2,6}(, ?[a-z]{2,6}){1,3}", ch.message.content), \
+            ch.message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=srv.model, prompt="x", max_tokens=8, extra_body={"grammar": "root ::= item"})
+    assert "'item' is used but not defined" in str(e.value)
     # What a regex cannot say to a grammar is a 400 naming it.
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=srv.model, prompt="x", max_tokens=8,

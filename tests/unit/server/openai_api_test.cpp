@@ -257,7 +257,12 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","guided_regex":"a(b"})", "guided_regex"},
       {R"({"prompt":"hi","guided_regex":"(a)\\1"})", "guided_regex"},
       {R"({"prompt":"hi","guided_regex":"a+","guided_choice":["a"]})", "guided_regex"},
-      {R"({"prompt":"hi","guided_grammar":"root ::= \"a\""})", "guided_grammar"},
+      {R"({"prompt":"hi","guided_grammar":"root ::= item"})", "guided_grammar"},
+      {R"({"prompt":"hi","grammar":5})", "grammar"},
+      {R"({"prompt":"hi","grammar":"root ::= root \"a\""})", "grammar"},
+      {R"({"prompt":"hi","grammar":"root ::= \"a\"","guided_regex":"a"})", "guided_regex"},
+      {R"({"prompt":"hi","structured_outputs":{"grammar":"x ::= \"a\""}})", "structured_outputs.grammar"},
+      {R"({"prompt":"hi","json_schema":{"type":"number","multipleOf":2}})", "json_schema"},
       {R"({"prompt":"hi","structured_outputs":"a+"})", "structured_outputs"},
       {R"({"prompt":"hi","structured_outputs":{}})", "structured_outputs"},
       {R"({"prompt":"hi","structured_outputs":{"json_object":false}})", "structured_outputs"},
@@ -319,6 +324,23 @@ TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
     EXPECT_TRUE(matches(r.value().grammar->grammar(), "123-abc")) << body;
     EXPECT_FALSE(matches(r.value().grammar->grammar(), "12-abc")) << body;
   }
+  // GBNF: llama.cpp's grammar field, vLLM's structured_outputs.grammar and guided_grammar; llama.cpp's
+  // json_schema field.
+  const std::string gbnf = nlohmann::json("root ::= answer (\",\" answer)*\nanswer ::= \"yes\" | \"no\"").dump();
+  for (const std::string& body : {R"({"prompt":"hi","grammar":)" + gbnf + "}", R"({"prompt":"hi","guided_grammar":)" + gbnf + "}",
+                                  R"({"prompt":"hi","structured_outputs":{"grammar":)" + gbnf + "}}"}) {
+    auto r = completion(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    EXPECT_TRUE(matches(r.value().grammar->grammar(), "yes,no,no")) << body;
+    EXPECT_FALSE(matches(r.value().grammar->grammar(), "yes,")) << body;
+  }
+  auto none = completion(R"({"prompt":"hi","grammar":""})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none.value().grammar);
+  auto ljs = completion(R"({"prompt":"hi","json_schema":)" + schema + "}");
+  ASSERT_TRUE(ljs.ok()) << ljs.error().message;
+  EXPECT_TRUE(matches(ljs.value().grammar->grammar(), R"({"zeta":1,"alpha":true})"));
+  EXPECT_FALSE(matches(ljs.value().grammar->grammar(), R"({"alpha":true,"zeta":1})"));
   auto so_choice = completion(R"({"prompt":"hi","structured_outputs":{"choice":["up","down"]}})");
   ASSERT_TRUE(so_choice.ok());
   EXPECT_TRUE(matches(so_choice.value().grammar->grammar(), "down"));
