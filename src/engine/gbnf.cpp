@@ -183,6 +183,7 @@ class Parser {
       } else {
         return true;
       }
+      if (g_.num_rules() + std::max(lo, hi) > kMaxRules) return failed("the grammar is too large to follow");
       Seq one = item;
       if (one.size() != 1) {
         const int r = g_.new_rule();

@@ -430,7 +430,9 @@ class Parser {
 // Parsed pattern → grammar rules. Rules are pure, so each node's Seq is built once and shared.
 class Emitter {
  public:
-  Emitter(Grammar& g, const std::vector<Node>& nodes, bool json) : g_(g), n_(nodes), enc_(g, json) {}
+  Emitter(Grammar& g, const std::vector<Node>& nodes, bool json)
+      : g_(g), n_(nodes), enc_(g, json), budget_(g.num_rules() + kMaxRules) {}
+  bool too_large = false;  // the pattern would need more than kMaxRules rules
 
   bool nullable(int i) {
     const Node& n = n_[static_cast<size_t>(i)];
@@ -528,6 +530,11 @@ class Emitter {
         int64_t lo = nx ? 0 : n.min;
         if (nonempty) lo = std::max<int64_t>(lo, 1);
         if (!item) return lo == 0 && !nonempty ? std::optional<Seq>(Seq{}) : std::nullopt;
+        // A repetition adds max(lo, max) rules: stop before nested counts build millions.
+        if (g_.num_rules() + std::max(lo, n.max) > budget_) {
+          too_large = true;
+          return std::nullopt;
+        }
         return Seq{Grammar::ref(g_.repeat(single(*item), lo, n.max))};
       }
     }
@@ -537,6 +544,7 @@ class Emitter {
   Grammar& g_;
   const std::vector<Node>& n_;
   CodePointEncoder enc_;
+  int64_t budget_;
   std::map<int, std::optional<std::optional<Seq>>> all_, ne_;
   std::map<std::pair<const Node*, size_t>, std::optional<Seq>> suffix_;
 };
@@ -643,8 +651,8 @@ Expected<int> regex_rule(Grammar& g, std::string_view pattern, const RegexOption
     g.add_alt(top, s);
     matches = true;
   }
+  if (e.too_large || g.num_rules() - rules_before > kMaxRules) return make_error("regex: the pattern is too large to follow");
   if (!matches) return make_error("regex: the pattern matches no string");
-  if (g.num_rules() - rules_before > kMaxRules) return make_error("regex: the pattern is too large to follow");
   return top;
 }
 

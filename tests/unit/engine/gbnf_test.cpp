@@ -204,6 +204,10 @@ TEST(Gbnf, ErrorsNameTheRuleAndThePlace) {
       {"", "no 'root' rule"},
       {"root ::= \"\\uD800\"", "Unicode scalar"},
       {"root ::= \"a\"{}", "expected a count"},
+      {"root ::= \"a\"{10000} \"b\"{10000} \"c\"{10000} \"d\"{10000} \"e\"{10000} \"f\"{10000} \"g\"{10000} "
+       "\"h\"{10000} \"i\"{10000} \"j\"{10000} \"k\"{10000} \"l\"{10000} \"m\"{10000} \"n\"{10000} \"o\"{10000} "
+       "\"p\"{10000} \"q\"{10000} \"r\"{10000} \"s\"{10000} \"t\"{10000} \"u\"{10000}",
+       "too large"},
   };
   for (const auto& [text, what] : bad) {
     auto g = gbnf_grammar(text);

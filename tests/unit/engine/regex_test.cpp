@@ -247,6 +247,12 @@ TEST(Regex, LargeCountsStayLinearAndMatchExactly) {
   EXPECT_TRUE(matches(*nested, text));
   text.insert(0, 5001, 'a');
   EXPECT_FALSE(matches(*nested, text));
+  // Counts nested past the rule budget stop early with an error instead of building millions of rules.
+  std::string nested_counts = "a";
+  for (int k = 0; k < 25; ++k) nested_counts = "(" + nested_counts + "){10000}";  // 250,000 rules
+  auto huge = regex_grammar(nested_counts);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.message().find("too large"), std::string::npos) << huge.message();
   // A brace that starts no quantifier is itself (ECMAScript's Annex B, and Python); "{,n}" is refused:
   // a literal to one, {0,n} to the other.
   auto brace = regex_grammar("x{}{1a}");
