@@ -245,8 +245,19 @@ class Compiler {
     return alt_rule(alts);
   }
   // Strings of digits of one length between a and b (a <= b), as a rule.
+  // Memoized, and [0..0, 9..9] is any n digits: without both, the two open ends recurse into
+  // [0..0, 9..9] twice per digit (2^16 calls and rules for a plain "minimum": 0).
   int same_length_range(const std::string& a, const std::string& b) {
+    const std::string key = a + ":" + b;
+    if (auto it = ranges_.find(key); it != ranges_.end()) return it->second;
+    const int r = same_length_range_uncached(a, b);
+    ranges_.emplace(key, r);
+    return r;
+  }
+  int same_length_range_uncached(const std::string& a, const std::string& b) {
     const auto D = [&](char lo, char hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
+    if (a.find_first_not_of('0') == std::string::npos && b.find_first_not_of('9') == std::string::npos)
+      return alt_rule({digits(static_cast<int64_t>(a.size()), static_cast<int64_t>(a.size()))});
     if (a.size() == 1) return alt_rule({Seq{D(a[0], b[0])}});
     const std::string ar = a.substr(1), br = b.substr(1);
     if (a[0] == b[0]) return alt_rule({cat({lit(std::string(1, a[0])), ref(same_length_range(ar, br))})});
@@ -559,6 +570,7 @@ class Compiler {
   std::string err_;
   int depth_ = 0;
   std::map<std::string, int> refs_;
+  std::map<std::string, int> ranges_;  // same_length_range
   int ws_ = -1, char_ = -1, string_ = -1, nat_ = -1, num_ = -1, num_nonneg_ = -1, int_ = -1, int_nonneg_ = -1;
   int any_ = -1, obj_any_ = -1;
 };

@@ -261,6 +261,17 @@ TEST(Grammar, IntegerBoundsAreExact) {
   }
 }
 
+TEST(Grammar, OpenIntegerBoundsStaySmall) {
+  // "minimum": 0 (Pydantic's ge=0) once built 2^16 rules per digit count: the open end recursed
+  // into "any n digits" twice per digit. Every bound now stays a few hundred rules.
+  for (const char* schema : {R"({"type": "integer", "minimum": 0})", R"({"type": "integer", "maximum": -1})",
+                             R"({"type": "integer", "minimum": 1234, "maximum": 98765432109876})"}) {
+    auto g = json_schema_grammar(ojson::parse(schema));
+    ASSERT_TRUE(g.ok()) << g.message();
+    EXPECT_LT(g->num_rules(), 1000) << schema;
+  }
+}
+
 TEST(Grammar, AnyIntegerRangeIsExact) {
   // Random bounds of every size (either end may be open): every integer near the bounds, near the
   // digit-count boundaries and at random is accepted exactly when it lies in the range.
