@@ -66,22 +66,16 @@ int literal_trie(Grammar& g, const std::vector<std::string>& words) {
 
 class Compiler {
  public:
-  explicit Compiler(const json& root) : root_(root) {}
+  Compiler(const json& root, Grammar& g) : root_(root), g_(g) {}
 
-  Expected<Grammar> run() {
+  // The schema's rule, added to the grammar (its root is left alone).
+  Expected<int> run() {
     const int r = compile(root_, "#");
     if (!err_.empty()) return make_error(err_);
-    g_.set_root(r);
-    SS_TRY(g_.validate());
-    return std::move(g_);
+    return r;
   }
-
-  Grammar any_object() {
-    g_.set_root(object_any());
-    return std::move(g_);
-  }
-
-  Grammar& g() { return g_; }
+  int any_object_rule() { return object_any(); }
+  int ws_rule() { return ws(); }
 
  private:
   int fail(const std::string& where, const std::string& what) {
@@ -566,7 +560,7 @@ class Compiler {
   }
 
   const json& root_;
-  Grammar g_;
+  Grammar& g_;
   std::string err_;
   int depth_ = 0;
   std::map<std::string, int> refs_;
@@ -577,11 +571,49 @@ class Compiler {
 
 }  // namespace
 
-Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema) { return Compiler(schema).run(); }
+Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema) { return Compiler(schema, g).run(); }
+
+Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema) {
+  Grammar g;
+  SS_ASSIGN(const int r, json_schema_rule(g, schema));
+  g.set_root(r);
+  SS_TRY(g.validate());
+  return g;
+}
 
 Grammar json_object_grammar() {
   static const json empty = json::object();
-  return Compiler(empty).any_object();
+  Grammar g;
+  g.set_root(Compiler(empty, g).any_object_rule());
+  return g;
+}
+
+Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel) {
+  if (tools.empty()) return make_error("no tools");
+  Grammar g;
+  static const json empty = json::object();
+  const Seq W{Grammar::ref(Compiler(empty, g).ws_rule())};
+  auto cat = [](std::initializer_list<Seq> parts) {
+    Seq out;
+    for (const Seq& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  // {"name": "<tool>", "parameters": <its schema>}, one alternative per tool.
+  const int call = g.new_rule();
+  for (const ToolSchema& t : tools) {
+    auto params = json_schema_rule(g, t.parameters);
+    if (!params.ok()) return make_error("tool '" + t.name + "' parameters: " + params.message());
+    g.add_alt(call, cat({g.literal("{"), W, g.literal("\"name\""), W, g.literal(":"), W, g.literal(json(t.name).dump()), W,
+                         g.literal(","), W, g.literal("\"parameters\""), W, g.literal(":"), W,
+                         Seq{Grammar::ref(*params)}, W, g.literal("}")}));
+  }
+  // [call (, call)*] with parallel calls, else [call].
+  const int more = g.repeat(cat({g.literal(","), W, Seq{Grammar::ref(call)}, W}), 0, parallel ? -1 : 0);
+  const int root = g.new_rule();
+  g.add_alt(root, cat({g.literal("["), W, Seq{Grammar::ref(call)}, W, Seq{Grammar::ref(more)}, g.literal("]")}));
+  g.set_root(root);
+  SS_TRY(g.validate());
+  return g;
 }
 
 Expected<Grammar> choice_grammar(const std::vector<std::string>& choices) {

@@ -24,6 +24,17 @@ namespace ss::engine {
 
 // An ordered_json, so the declared order of properties survives parsing.
 Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema);
+// The same schema's rule added to g (g's root is left alone), so one grammar can hold several schemas.
+Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema);
+
+// OpenAI tool calls as vLLM constrains tool_choice "required": a JSON array of
+// {"name": <a tool's name>, "parameters": <that tool's parameters schema>}, at least one call
+// (exactly one unless parallel calls are allowed).
+struct ToolSchema {
+  std::string name;
+  nlohmann::ordered_json parameters;
+};
+Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel);
 Grammar json_object_grammar();  // response_format {"type": "json_object"}: any JSON object
 // vLLM's guided_choice: exactly one of the strings (non-empty list of non-empty strings).
 Expected<Grammar> choice_grammar(const std::vector<std::string>& choices);

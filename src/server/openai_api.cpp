@@ -5,11 +5,14 @@
 #include "engine/regex.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
+#include <set>
 
 namespace ss::server {
 
@@ -210,13 +213,29 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
     if (r == msg.end() || !r->is_string()) return bad(where + ".role must be a string", where + ".role");
     std::string role = r->get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant")
-      return bad(where + ".role must be one of system, developer, user, assistant; got '" + role + "'",
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return bad(where + ".role must be one of system, developer, user, assistant, tool; got '" + role + "'",
                  where + ".role");
     std::string content;
     auto c = msg.find("content");
     if (c == msg.end() || c->is_null()) {
       if (role != "assistant") return bad(where + ".content is required", where + ".content");
+      // An assistant turn that called tools: its calls as the text tool_choice "required" generates,
+      // so the model sees what it asked for before the tool messages that answer it.
+      if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null()) {
+        if (!tc->is_array()) return bad(where + ".tool_calls must be an array", where + ".tool_calls");
+        ojson calls = ojson::array();
+        for (const json& call : *tc) {
+          const json fn = call.is_object() ? call.value("function", json()) : json();
+          if (!fn.is_object() || !fn.value("name", json()).is_string() || !fn.value("arguments", json()).is_string())
+            return bad(where + ".tool_calls[]: each needs function.name and function.arguments (strings)", where + ".tool_calls");
+          ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
+          if (args.is_discarded())
+            return bad(where + ".tool_calls[]: function.arguments must be a JSON text", where + ".tool_calls");
+          calls.push_back(ojson{{"name", fn["name"]}, {"parameters", std::move(args)}});
+        }
+        content = calls.dump();
+      }
     } else if (c->is_string()) {
       content = c->get<std::string>();
     } else if (c->is_array()) {
@@ -469,13 +488,94 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     return std::nullopt;
   };
   auto schema = [](ojson s) { return [s = std::move(s)] { return engine::json_schema_grammar(s); }; };
+  // OpenAI tools (chat): tool_choice "required" or a named function is kept inside a grammar, as vLLM
+  // does without a tool-call parser; "none" ignores the tools. "auto" (the default with tools) lets the
+  // model choose between text and calls in its own format, which needs a parser per model family:
+  // not here yet, so it is a 400 (as vLLM's without --enable-auto-tool-choice), never ignored.
+  if (g.endpoint == Endpoint::ChatCompletions) {
+    const json* tools = f.get("tools");
+    bool parallel = true;
+    if (const json* p = f.get("parallel_tool_calls")) {
+      if (!p->is_boolean()) return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+      parallel = p->get<bool>();
+    }
+    std::string mode = tools ? "auto" : "none", named;
+    if (const json* tc = f.get("tool_choice")) {
+      if (tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required")) {
+        mode = tc->get<std::string>();
+      } else if (tc->is_object() && tc->value("type", json()) == "function" && tc->contains("function") &&
+                 (*tc)["function"].is_object() && (*tc)["function"].value("name", json()).is_string()) {
+        mode = "named";
+        named = (*tc)["function"]["name"].get<std::string>();
+      } else {
+        return bad("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}",
+                   "tool_choice");
+      }
+    }
+    if (!tools && mode != "none") return bad("'tool_choice' needs 'tools'", "tool_choice");
+    if (tools) {
+      if (!tools->is_array() || tools->empty()) return bad("'tools' must be a non-empty array of tools", "tools");
+      std::set<std::string> names;
+      for (size_t i = 0; i < tools->size(); ++i) {
+        const json& t = (*tools)[i];
+        const std::string where = "tools[" + std::to_string(i) + "]";
+        if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") || !t["function"].is_object())
+          return bad(where + " must be {\"type\": \"function\", \"function\": {...}}", "tools");
+        const json& fn = t["function"];
+        const json name = fn.value("name", json());
+        const bool name_ok = name.is_string() && !name.get_ref<const std::string&>().empty() &&
+                             name.get_ref<const std::string&>().size() <= 64 &&
+                             std::all_of(name.get_ref<const std::string&>().begin(), name.get_ref<const std::string&>().end(),
+                                         [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+        if (!name_ok) return bad(where + ".function.name must be 1-64 letters, digits, '_' or '-'", "tools");
+        if (!names.insert(name.get<std::string>()).second)
+          return bad(where + ".function.name '" + name.get<std::string>() + "' is given twice", "tools");
+        if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object())
+          return bad(where + ".function.parameters must be a JSON Schema object", "tools");
+      }
+      if (mode == "auto")
+        return bad("tool_choice \"auto\" is not supported (this server has no tool-call parser for the model's format); "
+                   "use \"required\", a named function, or \"none\"",
+                   "tool_choice", "unsupported_parameter");
+      if (mode != "none") {
+        // The tools again with their key order (parameters are generated in the declared order).
+        const ojson tools_o = ordered(body, {"tools"}, "tools");
+        if (order_error) return order_error;
+        std::vector<engine::ToolSchema> specs;
+        for (const ojson& t : tools_o) {
+          const ojson& fn = t["function"];
+          auto p = fn.find("parameters");
+          specs.push_back({fn["name"].get<std::string>(),
+                           p != fn.end() && !p->is_null() ? *p : ojson{{"type", "object"}, {"properties", ojson::object()},
+                                                                       {"additionalProperties", false}}});
+        }
+        if (mode == "named") {
+          auto it = std::find_if(specs.begin(), specs.end(), [&](const engine::ToolSchema& t) { return t.name == named; });
+          if (it == specs.end()) return bad("tool_choice names '" + named + "', which is not in 'tools'", "tool_choice");
+          g.tool_choice = GenerationRequest::ToolChoice::Named;
+          g.tool_name = named;
+          std::string k = "schema " + it->parameters.dump();
+          if (auto e = take("tool_choice", std::move(k), schema(it->parameters))) return e;
+        } else {
+          g.tool_choice = GenerationRequest::ToolChoice::Required;
+          ojson key = ojson::array();
+          for (const auto& t : specs) key.push_back({t.name, t.parameters});
+          std::string k = std::string("tools ") + (parallel ? "parallel " : "single ") + key.dump();
+          if (auto e = take("tool_choice", std::move(k), [specs, parallel] { return engine::tool_calls_grammar(specs, parallel); }))
+            return e;
+        }
+      }
+    }
+  }
   if (const json* rf = f.get("response_format")) {
     auto t = rf->is_object() ? rf->find("type") : rf->end();
     if (!rf->is_object() || t == rf->end() || !t->is_string())
       return bad("'response_format' must be an object with a 'type'", "response_format");
     const std::string& type = t->get_ref<const std::string&>();
     if (type == "json_object") {
-      take("response_format", "object", [] { return Expected<engine::Grammar>(engine::json_object_grammar()); });
+      if (auto e = take("response_format", "object", [] { return Expected<engine::Grammar>(engine::json_object_grammar()); }))
+        return e;
     } else if (type == "json_schema") {
       auto js = rf->find("json_schema");
       if (js == rf->end() || !js->is_object())
@@ -486,7 +586,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       ojson sc_o = ordered(body, {"response_format", "json_schema", "schema"}, "response_format");
       if (order_error) return order_error;
       std::string k = "schema " + sc_o.dump();
-      take("response_format", std::move(k), schema(std::move(sc_o)));
+      if (auto e = take("response_format", std::move(k), schema(std::move(sc_o)))) return e;
     } else if (type != "text") {
       return bad("response_format '" + type + "' is not supported (text, json_object, json_schema)", "response_format",
                  "unsupported_parameter");
@@ -984,14 +1084,58 @@ nlohmann::ordered_json completion_response(const GenerationRequest& g, const Mod
   return out;
 }
 
+namespace {
+std::string tool_call_id() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "call_%016llx%08llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffu));
+  return buf;
+}
+ojson tool_call(const std::string& name, std::string arguments) {
+  return ojson{{"id", tool_call_id()}, {"type", "function"}, {"function", {{"name", name}, {"arguments", std::move(arguments)}}}};
+}
+}  // namespace
+
+std::optional<nlohmann::ordered_json> tool_calls_of(const GenerationRequest& g, const std::string& text) {
+  using TC = GenerationRequest::ToolChoice;
+  if (g.tool_choice == TC::None) return std::nullopt;
+  const ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return std::nullopt;  // cut by max_tokens: not a whole call
+  ojson calls = ojson::array();
+  if (g.tool_choice == TC::Named) {
+    calls.push_back(tool_call(g.tool_name, text));  // the arguments exactly as generated
+    return calls;
+  }
+  if (!v.is_array()) return std::nullopt;
+  for (const ojson& c : v) {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters")) return std::nullopt;
+    calls.push_back(tool_call(c["name"].get<std::string>(), c["parameters"].dump()));
+  }
+  return calls;
+}
+
+std::string tool_finish_reason(const GenerationRequest& g, const std::string& finish_reason) {
+  return g.tool_choice == GenerationRequest::ToolChoice::Required && finish_reason == "stop" ? "tool_calls" : finish_reason;
+}
+
 nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                      int64_t created, const std::vector<ChoiceOutput>& choices) {
   ojson arr = ojson::array();
   for (const ChoiceOutput& c : choices) {
+    ojson message = {{"role", "assistant"}, {"content", c.text}};
+    std::string finish = c.finish_reason;
+    if (auto calls = tool_calls_of(g, c.text)) {
+      message["content"] = nullptr;
+      message["tool_calls"] = std::move(*calls);
+      finish = tool_finish_reason(g, finish);
+    }
     arr.push_back(ojson{{"index", c.index},
-                        {"message", {{"role", "assistant"}, {"content", c.text}}},
+                        {"message", std::move(message)},
                         {"logprobs", g.logprobs >= 0 ? chat_logprobs(g, m, c.logprobs) : ojson(nullptr)},
-                        {"finish_reason", c.finish_reason},
+                        {"finish_reason", finish},
                         {"stop_reason", c.stop_reason ? ojson(*c.stop_reason) : ojson(nullptr)}});
   }
   ojson out = envelope("chat.completion", id, created, m, std::move(arr));
@@ -1044,6 +1188,27 @@ nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m
                   {"delta", delta},
                   {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
                   {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+  ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
+  if (g.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                       int64_t created, int index, const std::string& text,
+                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
+  ojson delta = ojson::object();
+  std::string finish = finish_reason ? finish_reason : "";
+  if (auto calls = tool_calls_of(g, text)) {
+    for (size_t k = 0; k < calls->size(); ++k) (*calls)[k]["index"] = k;  // a stream's calls carry their index
+    delta["tool_calls"] = std::move(*calls);
+    finish = tool_finish_reason(g, finish);
+  } else {
+    delta["content"] = text;
+  }
+  ojson choice = {{"index", index},
+                  {"delta", delta},
+                  {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
+                  {"finish_reason", finish_reason ? ojson(finish) : ojson(nullptr)}};
   ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
   if (g.include_usage) out["usage"] = nullptr;
   return out;

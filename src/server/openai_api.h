@@ -109,6 +109,10 @@ struct GenerationRequest {
   // Structured outputs (response_format json_object / json_schema, vLLM's guided_json /
   // guided_choice): every choice's text is kept inside this grammar. Null: free text.
   std::shared_ptr<const engine::CompiledGrammar> grammar;
+  // OpenAI tools (chat): with tool_choice "required" or a named function the grammar holds the
+  // calls, and the answer's text becomes message.tool_calls.
+  enum class ToolChoice { None, Named, Required } tool_choice = ToolChoice::None;
+  std::string tool_name;  // Named: the function
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   int prompt_index(int choice) const { return choice / n; }
@@ -178,6 +182,15 @@ nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelI
 // prompt tokens 1 .. n-1 (null logprobs where missing).
 nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                              int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps);
+// A tool-choice choice's whole text as OpenAI tool calls ([{id, type, function: {name, arguments}}]),
+// or nullopt when it is not a whole call (cut by max_tokens). finish_reason "stop" becomes
+// "tool_calls" for tool_choice "required" (a named function keeps "stop", as OpenAI and vLLM do).
+std::optional<nlohmann::ordered_json> tool_calls_of(const GenerationRequest& g, const std::string& text);
+std::string tool_finish_reason(const GenerationRequest& g, const std::string& finish_reason);
+// Streaming a tool-choice choice: its calls (or, when not whole, its text) in one chunk at the end.
+nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
+                                       int64_t created, int index, const std::string& text,
+                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason);
 nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                   int64_t created, int index, const char* role, const std::string* content,
                                   const std::vector<TokenLogprob>* logprobs, const char* finish_reason);

@@ -839,6 +839,14 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       if (g.stream) {
         if (done && d.finish == engine::FinishReason::Error) {
           payload += sse_event(error_body(generation_error(d.error)));
+        } else if (chat && g.tool_choice != GenerationRequest::ToolChoice::None) {
+          // Tool calls go out whole, in the choice's last chunk (arguments may come in any pieces).
+          o.text += d.text;
+          if (d.has_logprob) o.logprobs.push_back(std::move(d.lp));
+          if (done)
+            payload += chunk(chat_tool_chunk(g, mi, id, created, d.choice, o.text, g.logprobs >= 0 ? &o.logprobs : nullptr,
+                                             finish_name(d.finish)),
+                             d.choice);
         } else if (!d.text.empty() || d.has_logprob || done) {
           const char* fin = done ? finish_name(d.finish) : nullptr;
           if (chat)

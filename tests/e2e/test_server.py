@@ -553,6 +553,98 @@ def test_structured_output_json_object_choice_and_errors(srv):
     assert c.completions.create(model=srv.model, prompt="Hello", max_tokens=2).choices[0].finish_reason
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 20},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
+                   "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_tool_calls_named_required_streaming_and_multi_turn(srv):
+    """OpenAI tools through the official client: a named function and tool_choice "required" (as
+    vLLM constrains them) give tool_calls whose arguments validate against the tool's parameters
+    (jsonschema package); streaming gives the same calls; the tool's answer goes back as a "tool"
+    message; "auto" is a clear 400 (no tool-call parser), never silently ignored."""
+    jsonschema = pytest.importorskip("jsonschema")
+    c = srv.client()
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    by_name = {t["function"]["name"]: t for t in tools}
+    msgs = chat_msgs("What is the weather in Paris?")
+    r = c.chat.completions.create(model=srv.model, messages=msgs, tools=tools, max_tokens=60, temperature=1.0, n=3,
+                                  seed=5, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and ch.message.content is None, ch.message
+        (call,) = ch.message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+    assert len({ch.message.tool_calls[0].id for ch in r.choices}) == 3, "call ids are unique"
+    r = c.chat.completions.create(model=srv.model, messages=msgs, tools=tools, tool_choice="required",
+                                  parallel_tool_calls=False, max_tokens=80, temperature=1.0, n=4, seed=2)
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls", ch.message
+        (call,) = ch.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name]["function"]["parameters"])
+    # Streaming the first choice's seed: the same calls, in the last chunk, with their index.
+    stream = c.chat.completions.create(model=srv.model, messages=msgs, tools=tools, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=80, temperature=1.0, seed=2, stream=True)
+    chunks = [x for x in stream if x.choices]
+    streamed = [tc for x in chunks if x.choices[0].delta.tool_calls for tc in x.choices[0].delta.tool_calls]
+    want = r.choices[0].message.tool_calls
+    assert [(t.index, t.function.name, t.function.arguments) for t in streamed] == \
+        [(k, t.function.name, t.function.arguments) for k, t in enumerate(want)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The call and the tool's answer go back; with tool_choice "none" the model answers in text.
+    call = r.choices[0].message.tool_calls[0]
+    turn = msgs + [{"role": "assistant", "content": None,
+                    "tool_calls": [{"id": call.id, "type": "function",
+                                    "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
+    r = c.chat.completions.create(model=srv.model, messages=turn, tools=tools, tool_choice="none", max_tokens=16)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    # The prompt holds the call (as the "required" format) and the tool's answer.
+    tok = requests.post(srv.url + "/tokenize", json={"messages": turn}, headers=AUTH).json()
+    text = requests.post(srv.url + "/detokenize", json={"tokens": tok["tokens"]}, headers=AUTH).json()["prompt"]
+    assert '"name":"' + call.function.name + '"' in text and "18 degrees and sunny" in text, text
+    # What cannot be honoured is a 400 naming it.
+    for kw, needle in (({"tool_choice": "auto"}, "auto"),
+                       ({}, "auto"),  # "auto" is OpenAI's default when tools are given
+                       ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+                       ({"tool_choice": "sometimes"}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=srv.model, messages=msgs, tools=tools, max_tokens=8, **kw)
+        assert needle in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=srv.model, messages=msgs, tool_choice="required", max_tokens=8)
+    assert "needs 'tools'" in str(e.value)
+
+
+def test_tool_calls_with_the_clients_pydantic_helper(srv):
+    """openai.pydantic_function_tool turns a Pydantic model into a strict tool; a named choice gives
+    arguments the model class parses."""
+    pydantic = pytest.importorskip("pydantic")
+    from typing import Literal
+
+    class Booking(pydantic.BaseModel):
+        guest: str = pydantic.Field(max_length=24)
+        nights: int = pydantic.Field(ge=1, le=14)
+        room: Literal["single", "double", "suite"]
+
+    tool = openai.pydantic_function_tool(Booking)
+    c = srv.client()
+    for seed in (1, 2):
+        r = c.chat.completions.create(model=srv.model, messages=chat_msgs("Book a room for Ana, 3 nights."),
+                                      tools=[tool], tool_choice={"type": "function", "function": {"name": "Booking"}},
+                                      max_tokens=60, temperature=0.8, seed=seed)
+        (call,) = r.choices[0].message.tool_calls
+        booking = Booking.model_validate_json(call.function.arguments)
+        assert 1 <= booking.nights <= 14
+
+
 def test_tokenize_detokenize(srv):
     t = requests.post(srv.url + "/tokenize", json={"prompt": "Hello world"}, headers=AUTH).json()
     assert t["count"] == len(t["tokens"]) > 0

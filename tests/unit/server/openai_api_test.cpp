@@ -282,6 +282,93 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
   for (const auto& [body, param] : cases) expect_error(completion(body), 400, param, body);
 }
 
+TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
+  auto matches = [](const engine::Grammar& g, std::string_view text) {
+    engine::Grammar::State s = g.initial(), n;
+    for (char c : text) {
+      if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
+      std::swap(s, n);
+    }
+    return engine::Grammar::can_end(s);
+  };
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  // Declared order "zeta" before "alpha" (the body is parsed into sorted maps; the tools are re-read).
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}},"required":["zeta","alpha"],"additionalProperties":false}}},)"
+      R"({"type":"function","function":{"name":"g"}}])";
+  auto named = chat("{" + msgs + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})");
+  ASSERT_TRUE(named.ok()) << named.error().message;
+  const GenerationRequest& n = named.value();
+  EXPECT_EQ(n.tool_choice, GenerationRequest::ToolChoice::Named);
+  EXPECT_TRUE(matches(n.grammar->grammar(), R"({"zeta":1,"alpha":true})"));
+  EXPECT_FALSE(matches(n.grammar->grammar(), R"({"alpha":true,"zeta":1})"));
+  auto calls = tool_calls_of(n, R"({"zeta":1,"alpha":true})");
+  ASSERT_TRUE(calls);
+  ASSERT_EQ(calls->size(), 1u);
+  EXPECT_EQ((*calls)[0]["function"]["name"], "f");
+  EXPECT_EQ((*calls)[0]["function"]["arguments"], R"({"zeta":1,"alpha":true})");
+  EXPECT_EQ(tool_finish_reason(n, "stop"), "stop");
+  EXPECT_FALSE(tool_calls_of(n, R"({"zeta":1,)"));  // cut by max_tokens: no call
+
+  for (bool parallel : {true, false}) {
+    auto req = chat("{" + msgs + "," + tools + R"(,"tool_choice":"required","parallel_tool_calls":)" +
+                    (parallel ? "true" : "false") + "}");
+    ASSERT_TRUE(req.ok()) << req.error().message;
+    const GenerationRequest& r = req.value();
+    EXPECT_EQ(r.tool_choice, GenerationRequest::ToolChoice::Required);
+    const std::string one = R"([{"name":"g","parameters":{}}])";
+    const std::string two = R"([{"name": "f", "parameters": {"zeta": 2, "alpha": false}}, {"name":"g","parameters":{}}])";
+    EXPECT_TRUE(matches(r.grammar->grammar(), one));
+    EXPECT_EQ(matches(r.grammar->grammar(), two), parallel);
+    EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"h","parameters":{}}])"));
+    EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"g","parameters":{"x":1}}])"));
+    EXPECT_FALSE(matches(r.grammar->grammar(), "[]"));
+    auto c2 = tool_calls_of(r, two);
+    ASSERT_TRUE(c2);
+    ASSERT_EQ(c2->size(), 2u);
+    EXPECT_EQ((*c2)[0]["function"]["arguments"], R"({"zeta":2,"alpha":false})");
+    EXPECT_NE((*c2)[0]["id"], (*c2)[1]["id"]);
+    EXPECT_EQ(tool_finish_reason(r, "stop"), "tool_calls");
+    EXPECT_EQ(tool_finish_reason(r, "length"), "length");
+  }
+  // "none" ignores the tools; completions ignore them altogether.
+  auto none = chat("{" + msgs + "," + tools + R"(,"tool_choice":"none"})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none.value().grammar);
+  EXPECT_EQ(none.value().tool_choice, GenerationRequest::ToolChoice::None);
+  // An assistant turn with tool calls and the tool's answer render into the prompt.
+  auto turn = chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"g","arguments":"{\"a\": 1}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}]})");
+  ASSERT_TRUE(turn.ok()) << turn.error().message;
+  EXPECT_NE(turn.value().prompts[0].text.find(R"([{"name":"g","parameters":{"a":1}}])"), std::string::npos)
+      << turn.value().prompts[0].text;
+  EXPECT_NE(turn.value().prompts[0].text.find("sunny"), std::string::npos);
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{" + msgs + "," + tools + "}", "tool_choice"},  // "auto" by default: no parser
+      {"{" + msgs + "," + tools + R"(,"tool_choice":"auto"})", "tool_choice"},
+      {"{" + msgs + "," + tools + R"(,"tool_choice":"maybe"})", "tool_choice"},
+      {"{" + msgs + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"h"}}})", "tool_choice"},
+      {"{" + msgs + "," + tools + R"(,"tool_choice":{"type":"function"}})", "tool_choice"},
+      {"{" + msgs + R"(,"tool_choice":"required"})", "tool_choice"},
+      {"{" + msgs + R"(,"tools":[],"tool_choice":"required"})", "tools"},
+      {"{" + msgs + R"(,"tools":{"type":"function"},"tool_choice":"required"})", "tools"},
+      {"{" + msgs + R"(,"tools":[{"type":"custom","custom":{"name":"x"}}],"tool_choice":"required"})", "tools"},
+      {"{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"a b"}}],"tool_choice":"required"})", "tools"},
+      {"{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"a"}}],"tool_choice":"required"})",
+       "tools"},
+      {"{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"a","parameters":[]}}],"tool_choice":"required"})", "tools"},
+      {"{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"a","parameters":{"type":"number","multipleOf":2}}}],"tool_choice":"required"})",
+       "tool_choice"},
+      {"{" + msgs + "," + tools + R"(,"tool_choice":"required","parallel_tool_calls":1})", "parallel_tool_calls"},
+      {"{" + msgs + "," + tools + R"(,"tool_choice":"required","response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"g","arguments":"{nope"}}]}]})",
+       "messages[0].tool_calls"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":{"a":1}}]})", "messages[0].tool_calls"},
+      {R"({"messages":[{"role":"tool"}]})", "messages[0].content"},
+  };
+  for (const auto& [body, param] : cases) expect_error(chat(body), 400, param, body);
+}
+
 TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   // The request is parsed into std::map objects; the schema is read again with its key order, so
   // "zeta" (declared first) must come first even though it sorts last.
