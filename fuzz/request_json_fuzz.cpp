@@ -74,6 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (id < 0 || id >= env.m.vocab_size || !(v >= -100.0f && v <= 100.0f)) std::abort();
       // Structured outputs: follow the grammar for a few tokens, always taking the first token the
       // mask leaves; with end ids there is always one (the way out when the grammar is stuck).
+      std::string walked;  // the text the walk generated (tool calls are parsed from it below)
       if (er.constraint) {
         std::vector<float> logits(static_cast<size_t>(env.m.vocab_size));
         for (int step = 0; step < 24 && !er.constraint->must_end(); ++step) {
@@ -88,7 +89,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           if (std::find(er.stop_ids.begin(), er.stop_ids.end(), pick) != er.stop_ids.end()) break;
           er.constraint->accept(pick);
+          walked += env.tok->token_to_piece(pick);
         }
+        (void)dump_json(chat_tool_chunk(g, env.m, "id", 0, c, walked, nullptr, "stop"));
+        if (auto calls = tool_calls_of(g, walked)) (void)dump_json(*calls);
       }
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
       TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output);

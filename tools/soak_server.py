@@ -32,6 +32,12 @@ STRUCT_SCHEMA = {"type": "object", "properties": {"word": {"type": "string", "ma
                                                   "n": {"type": "integer", "minimum": 0, "maximum": 99},
                                                   "ok": {"type": "boolean"}},
                  "required": ["word", "n"], "additionalProperties": False}
+SOAK_REGEX = r"[A-Z][a-z]{1,8}( [a-z]{1,8}){0,3}[.!?]"
+SOAK_GBNF = 'root ::= item (", " item){0,3}\nitem ::= "red" | "green" | [0-9]{1,3}'
+SOAK_GBNF_RE = r"(red|green|[0-9]{1,3})(, (red|green|[0-9]{1,3})){0,3}"
+SOAK_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string", "maxLength": 12}, "k": {"type": "integer", "minimum": 1}},
+    "required": ["q"], "additionalProperties": False}}}
 
 
 def text(rng, lo, hi):
@@ -96,11 +102,18 @@ class Soak:
         if rng.random() < 0.1:
             body["min_tokens"] = rng.randint(0, body["max_tokens"])
         if rng.random() < 0.15:  # structured outputs: a few schemas shared by many requests, one rare
-            kind = rng.choice(["object", "schema", "schema", "rare", "choice"])
+            kind = rng.choice(["object", "schema", "schema", "rare", "choice", "regex", "grammar", "tools"])
             if kind == "object":
                 body["response_format"] = {"type": "json_object"}
             elif kind == "choice":
                 body["guided_choice"] = ["yes", "no", rng.choice(WORDS)]
+            elif kind == "regex":
+                body["structured_outputs"] = {"regex": SOAK_REGEX}
+            elif kind == "grammar":
+                body["grammar"] = SOAK_GBNF
+            elif kind == "tools" and chat:
+                body["tools"] = [SOAK_TOOL, {"type": "function", "function": {"name": "noop"}}]
+                body["tool_choice"] = rng.choice(["required", {"type": "function", "function": {"name": "lookup"}}])
             else:
                 schema = STRUCT_SCHEMA if kind == "schema" else {"type": "array", "items": {"enum": WORDS[:rng.randint(1, 40)]},
                                                                  "maxItems": rng.randint(1, 5)}
@@ -123,10 +136,20 @@ class Soak:
         if len(j["choices"]) != want or sorted(c["index"] for c in j["choices"]) != list(range(want)):
             self.fail(f"choices {len(j['choices'])} != {want}")
         for c in j["choices"]:
-            if c["finish_reason"] not in ("stop", "length"):
+            if c["finish_reason"] not in ("stop", "length", "tool_calls"):
                 self.fail(f"finish_reason {c['finish_reason']}")
+            if chat and c["message"].get("tool_calls"):
+                for call in c["message"]["tool_calls"]:
+                    if call["function"]["name"] not in ("lookup", "noop"):
+                        self.fail(f"tool call to {call['function']['name']!r}")
+                    json.loads(call["function"]["arguments"])
+                continue
             out = c["message"]["content"] if chat else c["text"]
             whole = c["finish_reason"] == "stop" and not body.get("stop") and not body.get("echo")
+            if whole and "structured_outputs" in body and not re.fullmatch(SOAK_REGEX, out):
+                self.fail(f"regex output that does not match: {out!r}")
+            if whole and "grammar" in body and not re.fullmatch(SOAK_GBNF_RE, out):
+                self.fail(f"grammar output that does not match: {out!r}")
             if whole and "response_format" in body:
                 try:
                     json.loads(out)
@@ -188,6 +211,8 @@ class Soak:
         b'{"prompt": "hi", "cache_salt": ""}', b'{"prompt": [99999999]}', b'{"prompt": "hi", "n": 0}',
         b'{"messages": [{"role": "wizard", "content": "x"}]}', b'{"prompt": "hi", "temperature": -1}',
         b'{"prompt": "hi", "stop": [1, 2]}', b'{"prompt": "hi", "timeout": "soon"}',
+        b'{"prompt": "hi", "structured_outputs": {"regex": "a(?=b)"}}', b'{"prompt": "hi", "grammar": "root ::= x"}',
+        b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}',
     ]
 
     def bad(self, rng):
