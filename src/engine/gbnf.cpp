@@ -272,32 +272,12 @@ class Parser {
         default: --i_; return failed(std::string("unknown escape '\\") + e + "'");
       }
     }
-    const uint8_t c = b(i_);
-    const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || i_ + static_cast<size_t>(len) > t_.size()) return failed("the grammar is not valid UTF-8");
-    cp = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
-    for (int k = 1; k < len; ++k) {
-      if ((b(i_ + k) & 0xC0) != 0x80) return failed("the grammar is not valid UTF-8");
-      cp = cp << 6 | (b(i_ + k) & 0x3Fu);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return failed("the grammar is not valid UTF-8");
-    i_ += static_cast<size_t>(len);
+    if (!decode_utf8(t_, i_, cp)) return failed("the grammar is not valid UTF-8");
     return true;
   }
 
   void append_utf8(Seq& out, uint32_t cp) {
-    uint8_t buf[4];
-    int n;
-    if (cp < 0x80) buf[0] = static_cast<uint8_t>(cp), n = 1;
-    else if (cp < 0x800) buf[0] = static_cast<uint8_t>(0xC0 | cp >> 6), buf[1] = static_cast<uint8_t>(0x80 | (cp & 0x3F)), n = 2;
-    else if (cp < 0x10000)
-      buf[0] = static_cast<uint8_t>(0xE0 | cp >> 12), buf[1] = static_cast<uint8_t>(0x80 | (cp >> 6 & 0x3F)),
-      buf[2] = static_cast<uint8_t>(0x80 | (cp & 0x3F)), n = 3;
-    else
-      buf[0] = static_cast<uint8_t>(0xF0 | cp >> 18), buf[1] = static_cast<uint8_t>(0x80 | (cp >> 12 & 0x3F)),
-      buf[2] = static_cast<uint8_t>(0x80 | (cp >> 6 & 0x3F)), buf[3] = static_cast<uint8_t>(0x80 | (cp & 0x3F)), n = 4;
-    for (int k = 0; k < n; ++k) out.push_back(g_.byte(buf[k]));
+    for (char c : encode_utf8(cp)) out.push_back(g_.byte(static_cast<uint8_t>(c)));
   }
 
   std::string_view t_;

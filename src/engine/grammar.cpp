@@ -81,6 +81,15 @@ int Grammar::repeat(const Seq& item, int64_t min, int64_t max) {
   return tail;
 }
 
+bool Grammar::matches(std::string_view text) const {
+  State s = initial(), n;
+  for (char c : text) {
+    if (!advance(s, static_cast<uint8_t>(c), n)) return false;
+    std::swap(s, n);
+  }
+  return can_end(s);
+}
+
 Status Grammar::validate() const {
   const size_t n = alts_.size();
   if (root_ < 0 || static_cast<size_t>(root_) >= n) return make_error("grammar has no root rule");

@@ -65,6 +65,7 @@ class Grammar {
   // Consumes one byte; false (and out.dead()) when no stack accepts it. `out` is overwritten.
   bool advance(const State& in, uint8_t c, State& out) const;
   static bool can_end(const State& s);   // some stack is complete
+  bool matches(std::string_view text) const;  // the whole text is in the language (reference matcher)
   static bool must_end(const State& s);  // every stack is complete: nothing may follow
 
  private:

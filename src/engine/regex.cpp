@@ -42,6 +42,44 @@ void normalize(Ranges& r) {
 
 }  // namespace
 
+bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
+  if (i >= s.size()) return false;
+  const uint8_t c = b(i);
+  const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (len == 0 || i + static_cast<size_t>(len) > s.size()) return false;
+  uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
+  for (int k = 1; k < len; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return false;
+    v = v << 6 | (b(i + k) & 0x3Fu);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < kMin[len] || v > kMaxCp || (v >= 0xD800 && v <= 0xDFFF)) return false;
+  cp = v;
+  i += static_cast<size_t>(len);
+  return true;
+}
+
+std::string encode_utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | cp >> 6);
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | cp >> 12);
+    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | cp >> 18);
+    out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
 CodePointRanges complement_code_points(CodePointRanges r) {
   normalize(r);
   Ranges out;
@@ -223,21 +261,7 @@ class Parser {
   }
 
   // One UTF-8 character of the pattern itself.
-  bool literal_cp(uint32_t& cp) {
-    const auto b = [&](size_t k) { return static_cast<uint8_t>(p_[k]); };
-    const uint8_t c = b(i_);
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || i_ + static_cast<size_t>(len) > p_.size()) return fail("the pattern is not valid UTF-8");
-    cp = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
-    for (int k = 1; k < len; ++k) {
-      if ((b(i_ + k) & 0xC0) != 0x80) return fail("the pattern is not valid UTF-8");
-      cp = cp << 6 | (b(i_ + k) & 0x3Fu);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > kMaxCp || (cp >= 0xD800 && cp <= 0xDFFF)) return fail("the pattern is not valid UTF-8");
-    i_ += static_cast<size_t>(len);
-    return true;
-  }
+  bool literal_cp(uint32_t& cp) { return decode_utf8(p_, i_, cp) || fail("the pattern is not valid UTF-8"); }
 
   bool hex(size_t digits, uint32_t& v) {
     v = 0;

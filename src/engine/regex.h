@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -29,6 +30,11 @@ struct RegexOptions {
   // and ^ / $ change nothing.
   bool search = false;
 };
+
+// One UTF-8 scalar value of s at i (i advances past it); false when ill-formed (truncated,
+// overlong, a surrogate, past U+10FFFF, a stray continuation byte).
+bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp);
+std::string encode_utf8(uint32_t cp);  // cp: a scalar value
 
 // Sets of code points as inclusive ranges (any order; surrogates are dropped: they have no UTF-8).
 using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;

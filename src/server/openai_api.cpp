@@ -1178,19 +1178,25 @@ std::vector<TokenLogprob> prompt_token_logprobs(const std::vector<int32_t>& ids,
   return out;
 }
 
+// One chat chunk around `delta`.
+static ojson delta_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id, int64_t created,
+                         int index, ojson delta, const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
+  ojson choice = {{"index", index},
+                  {"delta", std::move(delta)},
+                  {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
+                  {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
+  ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
+  if (g.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
 nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                   int64_t created, int index, const char* role, const std::string* content,
                                   const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
   ojson delta = ojson::object();
   if (role) delta["role"] = role;
   if (content) delta["content"] = *content;
-  ojson choice = {{"index", index},
-                  {"delta", delta},
-                  {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
-                  {"finish_reason", finish_reason ? ojson(finish_reason) : ojson(nullptr)}};
-  ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
-  if (g.include_usage) out["usage"] = nullptr;
-  return out;
+  return delta_chunk(g, m, id, created, index, std::move(delta), logprobs, finish_reason);
 }
 
 nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
@@ -1205,13 +1211,7 @@ nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelIn
   } else {
     delta["content"] = text;
   }
-  ojson choice = {{"index", index},
-                  {"delta", delta},
-                  {"logprobs", logprobs ? chat_logprobs(g, m, *logprobs) : ojson(nullptr)},
-                  {"finish_reason", finish_reason ? ojson(finish) : ojson(nullptr)}};
-  ojson out = envelope("chat.completion.chunk", id, created, m, ojson::array({choice}));
-  if (g.include_usage) out["usage"] = nullptr;
-  return out;
+  return delta_chunk(g, m, id, created, index, std::move(delta), logprobs, finish_reason ? finish.c_str() : nullptr);
 }
 
 nlohmann::ordered_json usage_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,

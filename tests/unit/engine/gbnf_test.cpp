@@ -7,22 +7,17 @@
 #include <random>
 #include <regex>
 
+#include "all_strings.h"
 #include "engine/gbnf.h"
 #include "engine/grammar.h"
 
 using namespace ss::engine;
+using ss::test::all_strings;
 using nlohmann::json;
 
 namespace {
 
-bool matches(const Grammar& g, std::string_view text) {
-  Grammar::State s = g.initial(), n;
-  for (char c : text) {
-    if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
-    std::swap(s, n);
-  }
-  return Grammar::can_end(s);
-}
+bool matches(const Grammar& g, std::string_view text) { return g.matches(text); }
 
 Grammar compile(std::string_view text) {
   auto g = gbnf_grammar(text);
@@ -73,21 +68,6 @@ json random_value(std::mt19937& rng, int depth) {
       return o;
     }
   }
-}
-
-std::vector<std::string> all_strings(const std::string& alphabet, int max_len) {
-  std::vector<std::string> out = {""};
-  for (size_t begin = 0, len = 0; len < static_cast<size_t>(max_len); ++len) {
-    const size_t end = out.size();
-    for (size_t i = begin; i < end; ++i)
-      for (char c : alphabet) {
-        std::string s = out[i];
-        s.push_back(c);
-        out.push_back(std::move(s));
-      }
-    begin = end;
-  }
-  return out;
 }
 
 }  // namespace

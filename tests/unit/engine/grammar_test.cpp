@@ -22,14 +22,7 @@ using ojson = nlohmann::ordered_json;  // schemas: key order is the generation o
 
 namespace {
 
-bool matches(const Grammar& g, std::string_view text) {
-  Grammar::State s = g.initial(), n;
-  for (char c : text) {
-    if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
-    std::swap(s, n);
-  }
-  return Grammar::can_end(s);
-}
+bool matches(const Grammar& g, std::string_view text) { return g.matches(text); }
 
 Grammar compile(const ojson& schema) {
   auto g = json_schema_grammar(schema);

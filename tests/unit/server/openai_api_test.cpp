@@ -283,14 +283,7 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
 }
 
 TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
-  auto matches = [](const engine::Grammar& g, std::string_view text) {
-    engine::Grammar::State s = g.initial(), n;
-    for (char c : text) {
-      if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
-      std::swap(s, n);
-    }
-    return engine::Grammar::can_end(s);
-  };
+  auto matches = [](const engine::Grammar& g, std::string_view text) { return g.matches(text); };
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
   // Declared order "zeta" before "alpha" (the body is parsed into sorted maps; the tools are re-read).
   const std::string tools =
@@ -372,14 +365,7 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
 TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   // The request is parsed into std::map objects; the schema is read again with its key order, so
   // "zeta" (declared first) must come first even though it sorts last.
-  auto matches = [](const engine::Grammar& g, std::string_view text) {
-    engine::Grammar::State s = g.initial(), n;
-    for (char c : text) {
-      if (!g.advance(s, static_cast<uint8_t>(c), n)) return false;
-      std::swap(s, n);
-    }
-    return engine::Grammar::can_end(s);
-  };
+  auto matches = [](const engine::Grammar& g, std::string_view text) { return g.matches(text); };
   const std::string schema =
       R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}},"required":["zeta","alpha"]})";
   for (const std::string& body :
