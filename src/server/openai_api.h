@@ -106,8 +106,8 @@ struct GenerationRequest {
   bool echo = false;  // completions: prepend the prompt text
   std::optional<double> timeout_s;
   std::string cache_salt;  // vLLM's: prefix-cache isolation (non-empty when given)
-  // Structured outputs (response_format json_object / json_schema, vLLM's guided_json /
-  // guided_choice): every choice's text is kept inside this grammar. Null: free text.
+  // Structured outputs (response_format, vLLM's structured_outputs / guided_*, llama.cpp's grammar /
+  // json_schema, tool choices): every choice's text is kept inside this grammar. Null: free text.
   std::shared_ptr<const engine::CompiledGrammar> grammar;
   // OpenAI tools (chat): with tool_choice "required" or a named function the grammar holds the
   // calls, and the answer's text becomes message.tool_calls.
