@@ -363,7 +363,8 @@ class Parser {
         const std::string_view rest = p_.substr(i_);
         if (rest.starts_with("?:")) {
           i_ += 2;
-        } else if (rest.starts_with("?<") && !rest.starts_with("?<=") && !rest.starts_with("?<!")) {
+        } else if ((rest.starts_with("?<") && !rest.starts_with("?<=") && !rest.starts_with("?<!")) ||
+                   rest.starts_with("?P<")) {  // a named group, ECMAScript's or Python's spelling
           const size_t close = p_.find('>', i_);
           if (close == std::string_view::npos) return fail("a group name without '>'"), -1;
           i_ = close + 1;

@@ -3,7 +3,8 @@
 //
 // The dialect is ECMAScript's (what JSON Schema specifies), over Unicode code points: literals and
 // escapes (\t \n \r \v \f \0 \cX \xHH \uHHHH \u{H...}, identity escapes of punctuation), `.`, classes
-// ([...], [^...], ranges, \d \D \w \W \s \S), groups ((...), (?:...), (?<name>...)), alternation,
+// ([...], [^...], ranges, \d \D \w \W \s \S), groups ((...), (?:...), (?<name>...), and Python's
+// (?P<name>...), which vLLM users write), alternation,
 // quantifiers (* + ? {n} {n,} {n,m}, lazy forms alike: they match the same strings), and ^ / $ at
 // the start / end of a top-level alternative. What a grammar cannot follow is an error naming it:
 // lookaround, backreferences, word boundaries, \p{...} and anchors anywhere else.

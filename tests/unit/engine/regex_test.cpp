@@ -239,7 +239,7 @@ TEST(Regex, LargeCountsStayLinearAndMatchExactly) {
   EXPECT_TRUE(matches(*brace, "x{}{1a}"));
   EXPECT_FALSE(regex_grammar("a{,2}").ok());
   // Named groups are plain groups (libstdc++'s engine has no named groups to compare with).
-  auto named = regex_grammar("(?<year>\\d{4})-(?<m>\\d\\d)");
+  auto named = regex_grammar("(?<year>\\d{4})-(?P<m>\\d\\d)");  // ECMAScript's and Python's spelling
   ASSERT_TRUE(named.ok()) << named.message();
   EXPECT_TRUE(matches(*named, "2026-12"));
   EXPECT_FALSE(matches(*named, "226-12"));
