@@ -456,18 +456,23 @@ class Parser {
 class Emitter {
  public:
   Emitter(Grammar& g, const std::vector<Node>& nodes, bool json)
-      : g_(g), n_(nodes), enc_(g, json), budget_(g.num_rules() + kMaxRules) {}
+      : g_(g), n_(nodes), enc_(g, json), budget_(g.num_rules() + kMaxRules), nullable_(nodes.size(), -1) {}
   bool too_large = false;  // the pattern would need more than kMaxRules rules
 
-  bool nullable(int i) {
-    const Node& n = n_[static_cast<size_t>(i)];
-    switch (n.kind) {
-      case Node::Set: return false;
-      case Node::Cat: return std::all_of(n.kids.begin(), n.kids.end(), [&](int k) { return nullable(k); });
-      case Node::Alt: return std::any_of(n.kids.begin(), n.kids.end(), [&](int k) { return nullable(k); });
-      case Node::Rep: return n.min == 0 || nullable(n.kids[0]);
+  bool nullable(int i) {  // memoized: asked again at every repetition and concatenation above
+    int8_t& memo = nullable_[static_cast<size_t>(i)];
+    if (memo < 0) {
+      const Node& n = n_[static_cast<size_t>(i)];
+      bool v = false;
+      switch (n.kind) {
+        case Node::Set: v = false; break;
+        case Node::Cat: v = std::all_of(n.kids.begin(), n.kids.end(), [&](int k) { return nullable(k); }); break;
+        case Node::Alt: v = std::any_of(n.kids.begin(), n.kids.end(), [&](int k) { return nullable(k); }); break;
+        case Node::Rep: v = n.min == 0 || nullable(n.kids[0]); break;
+      }
+      memo = v;
     }
-    return false;
+    return memo == 1;
   }
 
   // The strings node i matches (nullopt: none), and the same without "" (the item of a repetition
@@ -570,6 +575,7 @@ class Emitter {
   const std::vector<Node>& n_;
   CodePointEncoder enc_;
   int64_t budget_;
+  std::vector<int8_t> nullable_;  // per node: -1 not known yet
   std::map<int, std::optional<std::optional<Seq>>> all_, ne_;
   std::map<std::pair<const Node*, size_t>, std::optional<Seq>> suffix_;
 };
