@@ -543,8 +543,9 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         const ojson tools_o = ordered(body, {"tools"}, "tools");
         if (order_error) return order_error;
         std::vector<engine::ToolSchema> specs;
-        for (const ojson& t : tools_o) {
-          const ojson& fn = t["function"];
+        for (const ojson& t : tools_o) {  // the same tools as validated above, read a second time
+          const ojson fn = t.is_object() ? t.value("function", ojson()) : ojson();
+          if (!fn.is_object() || !fn.value("name", ojson()).is_string()) return bad("'tools' changed on a second read", "tools");
           auto p = fn.find("parameters");
           specs.push_back({fn["name"].get<std::string>(),
                            p != fn.end() && !p->is_null() ? *p : ojson{{"type", "object"}, {"properties", ojson::object()},
