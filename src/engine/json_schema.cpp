@@ -66,7 +66,7 @@ int literal_trie(Grammar& g, const std::vector<std::string>& words) {
 
 class Compiler {
  public:
-  Compiler(const json& root, Grammar& g) : root_(root), g_(g) {}
+  Compiler(const json& root, Grammar& g, const JsonOptions& opt = {}) : root_(root), g_(g), compact_(opt.compact) {}
 
   // The schema's rule, added to the grammar (its root is left alone).
   Expected<int> run() {
@@ -102,6 +102,7 @@ class Compiler {
   int ws() {
     if (ws_ >= 0) return ws_;
     int r = alt_rule({Seq{}});
+    if (compact_) return ws_ = r;  // no blanks between tokens
     for (int k = 0; k < kMaxWhitespace; ++k) {
       const int next = g_.new_rule();
       g_.add_alt(next, Seq{});
@@ -561,6 +562,7 @@ class Compiler {
 
   const json& root_;
   Grammar& g_;
+  bool compact_ = false;
   std::string err_;
   int depth_ = 0;
   std::map<std::string, int> refs_;
@@ -571,28 +573,30 @@ class Compiler {
 
 }  // namespace
 
-Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema) { return Compiler(schema, g).run(); }
+Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema, const JsonOptions& opt) {
+  return Compiler(schema, g, opt).run();
+}
 
-Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema) {
+Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema, const JsonOptions& opt) {
   Grammar g;
-  SS_ASSIGN(const int r, json_schema_rule(g, schema));
+  SS_ASSIGN(const int r, json_schema_rule(g, schema, opt));
   g.set_root(r);
   SS_TRY(g.validate());
   return g;
 }
 
-Grammar json_object_grammar() {
+Grammar json_object_grammar(const JsonOptions& opt) {
   static const json empty = json::object();
   Grammar g;
-  g.set_root(Compiler(empty, g).any_object_rule());
+  g.set_root(Compiler(empty, g, opt).any_object_rule());
   return g;
 }
 
-Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel) {
+Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel, const JsonOptions& opt) {
   if (tools.empty()) return make_error("no tools");
   Grammar g;
   static const json empty = json::object();
-  const Seq W{Grammar::ref(Compiler(empty, g).ws_rule())};
+  const Seq W{Grammar::ref(Compiler(empty, g, opt).ws_rule())};
   auto cat = [](std::initializer_list<Seq> parts) {
     Seq out;
     for (const Seq& p : parts) out.insert(out.end(), p.begin(), p.end());
@@ -601,7 +605,7 @@ Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool 
   // {"name": "<tool>", "parameters": <its schema>}, one alternative per tool.
   const int call = g.new_rule();
   for (const ToolSchema& t : tools) {
-    auto params = json_schema_rule(g, t.parameters);
+    auto params = json_schema_rule(g, t.parameters, opt);
     if (!params.ok()) return make_error("tool '" + t.name + "' parameters: " + params.message());
     g.add_alt(call, cat({g.literal("{"), W, g.literal("\"name\""), W, g.literal(":"), W, g.literal(json(t.name).dump()), W,
                          g.literal(","), W, g.literal("\"parameters\""), W, g.literal(":"), W,

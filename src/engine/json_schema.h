@@ -22,10 +22,16 @@
 
 namespace ss::engine {
 
+struct JsonOptions {
+  // No blanks between the JSON text's tokens (vLLM's disable_any_whitespace; tool calls): a small
+  // model otherwise spends tokens on newlines and indentation.
+  bool compact = false;
+};
+
 // An ordered_json, so the declared order of properties survives parsing.
-Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema);
+Expected<Grammar> json_schema_grammar(const nlohmann::ordered_json& schema, const JsonOptions& opt = {});
 // The same schema's rule added to g (g's root is left alone), so one grammar can hold several schemas.
-Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema);
+Expected<int> json_schema_rule(Grammar& g, const nlohmann::ordered_json& schema, const JsonOptions& opt = {});
 
 // OpenAI tool calls as vLLM constrains tool_choice "required": a JSON array of
 // {"name": <a tool's name>, "parameters": <that tool's parameters schema>}, at least one call
@@ -34,8 +40,8 @@ struct ToolSchema {
   std::string name;
   nlohmann::ordered_json parameters;
 };
-Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel);
-Grammar json_object_grammar();  // response_format {"type": "json_object"}: any JSON object
+Expected<Grammar> tool_calls_grammar(const std::vector<ToolSchema>& tools, bool parallel, const JsonOptions& opt = {});
+Grammar json_object_grammar(const JsonOptions& opt = {});  // response_format {"type": "json_object"}: any JSON object
 // vLLM's guided_choice: exactly one of the strings (non-empty list of non-empty strings).
 Expected<Grammar> choice_grammar(const std::vector<std::string>& choices);
 

@@ -487,7 +487,9 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     build = std::move(b);
     return std::nullopt;
   };
-  auto schema = [](ojson s) { return [s = std::move(s)] { return engine::json_schema_grammar(s); }; };
+  auto schema = [](ojson s, bool compact = false) {
+    return [s = std::move(s), compact] { return engine::json_schema_grammar(s, {.compact = compact}); };
+  };
   // OpenAI tools (chat): tool_choice "required" or a named function is kept inside a grammar, as vLLM
   // does without a tool-call parser; "none" ignores the tools. "auto" (the default with tools) lets the
   // model choose between text and calls in its own format, which needs a parser per model family:
@@ -556,14 +558,16 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
           if (it == specs.end()) return bad("tool_choice names '" + named + "', which is not in 'tools'", "tool_choice");
           g.tool_choice = GenerationRequest::ToolChoice::Named;
           g.tool_name = named;
-          std::string k = "schema " + it->parameters.dump();
-          if (auto e = take("tool_choice", std::move(k), schema(it->parameters))) return e;
+          // Compact: arguments are data, and a small model otherwise pads them with newlines.
+          std::string k = "schema-compact " + it->parameters.dump();
+          if (auto e = take("tool_choice", std::move(k), schema(it->parameters, true))) return e;
         } else {
           g.tool_choice = GenerationRequest::ToolChoice::Required;
           ojson key = ojson::array();
           for (const auto& t : specs) key.push_back({t.name, t.parameters});
-          std::string k = std::string("tools ") + (parallel ? "parallel " : "single ") + key.dump();
-          if (auto e = take("tool_choice", std::move(k), [specs, parallel] { return engine::tool_calls_grammar(specs, parallel); }))
+          std::string k = std::string("tools-compact ") + (parallel ? "parallel " : "single ") + key.dump();
+          if (auto e = take("tool_choice", std::move(k),
+                            [specs, parallel] { return engine::tool_calls_grammar(specs, parallel, {.compact = true}); }))
             return e;
         }
       }
@@ -595,13 +599,14 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
   }
   // A JSON Schema given as an object (read again with its key order from `path` in the body) or as a
   // string (vLLM accepts both).
-  auto json_value = [&](const json& v, std::vector<std::string> path, const char* name) -> std::optional<ApiError> {
+  auto json_value = [&](const json& v, std::vector<std::string> path, const char* name,
+                        bool compact = false) -> std::optional<ApiError> {
     if (!(v.is_string() || v.is_object() || v.is_boolean()))
       return bad(std::string("'") + name + "' must be a JSON Schema (object or string), got " + type_name(v), name);
     ojson sc_o = v.is_string() ? ordered(v.get_ref<const std::string&>(), {}, name) : ordered(body, std::move(path), name);
     if (order_error) return order_error;
-    std::string k = "schema " + sc_o.dump();
-    return take(name, std::move(k), schema(std::move(sc_o)));
+    std::string k = (compact ? "schema-compact " : "schema ") + sc_o.dump();
+    return take(name, std::move(k), schema(std::move(sc_o), compact));
   };
   auto choice = [&](const json& v, const char* name) -> std::optional<ApiError> {
     std::vector<std::string> choices;
@@ -639,18 +644,26 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     if (auto e = grammar(*v, "guided_grammar")) return e;
   if (const json* so = f.get("structured_outputs")) {
     if (!so->is_object()) return bad("'structured_outputs' must be an object", "structured_outputs");
+    // vLLM's disable_any_whitespace: JSON without blanks between tokens.
+    bool compact = false;
+    if (auto d = so->find("disable_any_whitespace"); d != so->end() && !d->is_null()) {
+      if (!d->is_boolean())
+        return bad("'structured_outputs.disable_any_whitespace' must be a boolean", "structured_outputs.disable_any_whitespace");
+      compact = d->get<bool>();
+    }
     for (const auto& [k, v] : so->items()) {
       if (v.is_null()) continue;
       std::optional<ApiError> e;
-      if (k == "json") e = json_value(v, {"structured_outputs", "json"}, "structured_outputs.json");
+      if (k == "disable_any_whitespace") continue;  // read above
+      if (k == "json") e = json_value(v, {"structured_outputs", "json"}, "structured_outputs.json", compact);
       else if (k == "regex") e = regex(v, "structured_outputs.regex");
       else if (k == "choice") e = choice(v, "structured_outputs.choice");
       else if (k == "grammar") e = grammar(v, "structured_outputs.grammar");
       else if (k == "json_object") {
         if (!v.is_boolean()) e = bad("'structured_outputs.json_object' must be a boolean", "structured_outputs.json_object");
         else if (v.get<bool>())
-          e = take("structured_outputs.json_object", "object",
-                   [] { return Expected<engine::Grammar>(engine::json_object_grammar()); });
+          e = take("structured_outputs.json_object", compact ? "object-compact" : "object",
+                   [compact] { return Expected<engine::Grammar>(engine::json_object_grammar({.compact = compact})); });
       } else if (k == "disable_fallback" || k == "disable_additional_properties") {
         // No fallback backend to disable; undeclared properties are already refused unless the
         // schema's additionalProperties asks for them.

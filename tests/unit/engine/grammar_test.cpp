@@ -254,6 +254,18 @@ TEST(Grammar, IntegerBoundsAreExact) {
   }
 }
 
+TEST(Grammar, CompactJsonHasNoBlanks) {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}})");
+  auto g = json_schema_grammar(schema, {.compact = true});
+  ASSERT_TRUE(g.ok()) << g.message();
+  EXPECT_TRUE(matches(*g, R"({"a":[1,2]})"));
+  EXPECT_TRUE(matches(*g, R"({})"));
+  for (const char* spaced : {R"({"a": [1,2]})", R"({ "a":[1,2]})", R"({"a":[1, 2]})", "{\n}"}) EXPECT_FALSE(matches(*g, spaced)) << spaced;
+  const Grammar any = json_object_grammar({.compact = true});
+  EXPECT_TRUE(matches(any, json::parse(R"({"x": [1, {"y": "a b"}]})").dump()));  // dump() is compact
+  EXPECT_FALSE(matches(any, json::parse(R"({"x": [1, {"y": "a b"}]})").dump(1)));
+}
+
 TEST(Grammar, OpenIntegerBoundsStaySmall) {
   // "minimum": 0 (Pydantic's ge=0) once built 2^16 rules per digit count: the open end recursed
   // into "any n digits" twice per digit. Every bound now stays a few hundred rules.

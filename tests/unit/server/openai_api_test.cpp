@@ -272,6 +272,8 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
       {R"({"prompt":"hi","structured_outputs":{"json_object":"yes"}})", "structured_outputs.json_object"},
       {R"({"prompt":"hi","structured_outputs":{"choice":[]}})", "structured_outputs.choice"},
       {R"({"prompt":"hi","structured_outputs":{"structural_tag":"{}"}})", "structured_outputs.structural_tag"},
+      {R"({"prompt":"hi","structured_outputs":{"json_object":true,"disable_any_whitespace":"yes"}})",
+       "structured_outputs.disable_any_whitespace"},
       {R"({"prompt":"hi","structured_outputs":{"regex":"a","disable_fallback":1}})", "structured_outputs.disable_fallback"},
       {R"({"prompt":"hi","structured_outputs":{"regex":"a"},"response_format":{"type":"json_object"}})",
        "structured_outputs.regex"},
@@ -295,6 +297,7 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
   EXPECT_EQ(n.tool_choice, GenerationRequest::ToolChoice::Named);
   EXPECT_TRUE(matches(n.grammar->grammar(), R"({"zeta":1,"alpha":true})"));
   EXPECT_FALSE(matches(n.grammar->grammar(), R"({"alpha":true,"zeta":1})"));
+  EXPECT_FALSE(matches(n.grammar->grammar(), R"({"zeta": 1,"alpha":true})"));
   auto calls = tool_calls_of(n, R"({"zeta":1,"alpha":true})");
   ASSERT_TRUE(calls);
   ASSERT_EQ(calls->size(), 1u);
@@ -310,9 +313,12 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
     const GenerationRequest& r = req.value();
     EXPECT_EQ(r.tool_choice, GenerationRequest::ToolChoice::Required);
     const std::string one = R"([{"name":"g","parameters":{}}])";
-    const std::string two = R"([{"name": "f", "parameters": {"zeta": 2, "alpha": false}}, {"name":"g","parameters":{}}])";
+    const std::string two = R"([{"name":"f","parameters":{"zeta":2,"alpha":false}},{"name":"g","parameters":{}}])";
     EXPECT_TRUE(matches(r.grammar->grammar(), one));
     EXPECT_EQ(matches(r.grammar->grammar(), two), parallel);
+    // Compact: no blanks a small model would pad the call with.
+    EXPECT_FALSE(matches(r.grammar->grammar(), R"([ {"name":"g","parameters":{}}])"));
+    EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name": "g","parameters":{}}])"));
     EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"h","parameters":{}}])"));
     EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"g","parameters":{"x":1}}])"));
     EXPECT_FALSE(matches(r.grammar->grammar(), "[]"));
@@ -414,6 +420,14 @@ TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   ASSERT_TRUE(ljs.ok()) << ljs.error().message;
   EXPECT_TRUE(matches(ljs.value().grammar->grammar(), R"({"zeta":1,"alpha":true})"));
   EXPECT_FALSE(matches(ljs.value().grammar->grammar(), R"({"alpha":true,"zeta":1})"));
+  // vLLM's disable_any_whitespace: the same values, no blanks.
+  auto compact = completion(R"({"prompt":"hi","structured_outputs":{"json":)" + schema + R"(,"disable_any_whitespace":true}})");
+  ASSERT_TRUE(compact.ok()) << compact.error().message;
+  EXPECT_TRUE(matches(compact.value().grammar->grammar(), R"({"zeta":1,"alpha":true})"));
+  EXPECT_FALSE(matches(compact.value().grammar->grammar(), R"({"zeta": 1, "alpha": true})"));
+  auto spaced = completion(R"({"prompt":"hi","structured_outputs":{"json":)" + schema + R"(,"disable_any_whitespace":false}})");
+  ASSERT_TRUE(spaced.ok());
+  EXPECT_TRUE(matches(spaced.value().grammar->grammar(), R"({"zeta": 1, "alpha": true})"));
   auto so_choice = completion(R"({"prompt":"hi","structured_outputs":{"choice":["up","down"]}})");
   ASSERT_TRUE(so_choice.ok());
   EXPECT_TRUE(matches(so_choice.value().grammar->grammar(), "down"));
