@@ -247,17 +247,11 @@ class Parser {
 
   // One character of a literal or class: UTF-8 or an escape.
   bool character(uint32_t& cp) {
-    const auto b = [&](size_t k) { return static_cast<uint8_t>(t_[k]); };
     if (t_[i_] == '\\') {
       if (++i_ >= t_.size()) return failed("a '\\' at the end");
       const char e = t_[i_++];
       auto hex = [&](int n) {
-        cp = 0;
-        for (int k = 0; k < n; ++k) {
-          if (i_ >= t_.size() || !std::isxdigit(b(i_))) return failed("a malformed \\x, \\u or \\U escape");
-          const char h = t_[i_++];
-          cp = cp * 16 + static_cast<uint32_t>(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
-        }
+        if (!parse_hex(t_, i_, n, cp)) return failed("a malformed \\x, \\u or \\U escape");
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return failed("an escape that is not a Unicode scalar value");
         return true;
       };

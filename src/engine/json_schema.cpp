@@ -117,26 +117,14 @@ class Compiler {
 
   int string_char() {
     if (char_ >= 0) return char_;
-    Grammar::ByteSet plain{};
-    for (int c = 0x20; c <= 0x7f; ++c)
-      if (c != '"' && c != '\\') plain[c >> 6] |= uint64_t{1} << (c & 63);
-    auto R = [&](int lo, int hi) { return g_.range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); };
-    const Grammar::Elem cont = R(0x80, 0xbf);
+    // Unescaped: every scalar value but controls, '"' and '\\', as well-formed UTF-8 (no overlongs,
+    // surrogates or values past U+10FFFF); escaped: the short escapes and \uXXXX.
+    const Seq raw = *CodePointEncoder(g_, /*json_string=*/false).encode({{0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}});
     const Grammar::Elem hex = g_.one_of("0123456789abcdefABCDEF");
-    const Grammar::Elem esc = g_.one_of("\"\\/bfnrt");
-    // Well-formed UTF-8 only (Unicode's table 3-7): no overlongs, surrogates or values past U+10FFFF.
     char_ = alt_rule({
-        Seq{g_.bytes(plain)},
-        Seq{g_.byte('\\'), esc},
+        raw,
+        Seq{g_.byte('\\'), g_.one_of("\"\\/bfnrt")},
         Seq{g_.byte('\\'), g_.byte('u'), hex, hex, hex, hex},
-        Seq{R(0xc2, 0xdf), cont},
-        Seq{g_.byte(0xe0), R(0xa0, 0xbf), cont},
-        Seq{R(0xe1, 0xec), cont, cont},
-        Seq{g_.byte(0xed), R(0x80, 0x9f), cont},
-        Seq{R(0xee, 0xef), cont, cont},
-        Seq{g_.byte(0xf0), R(0x90, 0xbf), cont, cont},
-        Seq{R(0xf1, 0xf3), cont, cont, cont},
-        Seq{g_.byte(0xf4), R(0x80, 0x8f), cont, cont},
     });
     return char_;
   }

@@ -60,6 +60,19 @@ bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp) {
   return true;
 }
 
+bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v) {
+  uint32_t out = 0;
+  for (int k = 0; k < digits; ++k) {
+    if (i + static_cast<size_t>(k) >= s.size() || !std::isxdigit(static_cast<unsigned char>(s[i + static_cast<size_t>(k)])))
+      return false;
+    const char h = s[i + static_cast<size_t>(k)];
+    out = out * 16 + static_cast<uint32_t>(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+  }
+  v = out;
+  i += static_cast<size_t>(digits);
+  return true;
+}
+
 std::string encode_utf8(uint32_t cp) {
   std::string out;
   if (cp < 0x80) {
@@ -263,15 +276,7 @@ class Parser {
   // One UTF-8 character of the pattern itself.
   bool literal_cp(uint32_t& cp) { return decode_utf8(p_, i_, cp) || fail("the pattern is not valid UTF-8"); }
 
-  bool hex(size_t digits, uint32_t& v) {
-    v = 0;
-    for (size_t k = 0; k < digits; ++k) {
-      if (i_ >= p_.size() || !std::isxdigit(static_cast<unsigned char>(p_[i_]))) return fail("a malformed \\x or \\u escape");
-      const char h = p_[i_++];
-      v = v * 16 + static_cast<uint32_t>(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
-    }
-    return true;
-  }
+  bool hex(int digits, uint32_t& v) { return parse_hex(p_, i_, digits, v) || fail("a malformed \\x or \\u escape"); }
 
   // An escape after '\' (i_ at the letter). Either one code point (cp) or a class (set, is_set).
   bool escape(bool in_class, uint32_t& cp, Ranges& set, bool& is_set) {

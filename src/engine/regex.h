@@ -36,6 +36,8 @@ struct RegexOptions {
 // overlong, a surrogate, past U+10FFFF, a stray continuation byte).
 bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp);
 std::string encode_utf8(uint32_t cp);  // cp: a scalar value
+// Exactly `digits` hex digits of s at i into v (i advances past them); false if fewer are there.
+bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v);
 
 // Sets of code points as inclusive ranges (any order; surrogates are dropped: they have no UTF-8).
 using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
