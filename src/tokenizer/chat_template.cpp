@@ -6,9 +6,12 @@
 #include <string>
 
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tool_calls.h"
 
 namespace ss::tok {
 namespace {
+
+using ojson = nlohmann::ordered_json;
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
 
@@ -81,19 +84,58 @@ std::string token_or(const Tokenizer* tok, int32_t id, const char* fallback) {
   return tok ? std::string() : std::string(fallback);
 }
 
-Expected<std::string> render_chatml(std::string_view t, const std::vector<ChatMessage>& msgs, bool gen) {
+// Qwen2.5's tool section in the system turn (its template's words, tools as `tojson` prints them).
+std::string qwen_tools_system(const std::string& system, const ojson& tools) {
+  std::string out = cat("<|im_start|>system\n", system,
+                        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+  for (const ojson& t : tools) out += cat("\n", py_json_dumps(t));
+  out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call><|im_end|>\n";
+  return out;
+}
+
+// A call's arguments (a JSON text) as the templates' `tojson` prints the parsed object.
+Expected<std::string> arguments_json(const ChatToolCall& c) {
+  const ojson v = ojson::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return make_error("chat template: the arguments of a call to '" + c.name + "' are not JSON");
+  return py_json_dumps(v);
+}
+
+Expected<std::string> render_chatml(std::string_view t, const std::vector<ChatMessage>& msgs, bool gen,
+                                    const ojson& tools) {
   if (contains(t, "<think>") || contains(t, "reasoning_content"))
     return make_error("chat template: ChatML with reasoning blocks (Qwen3-style <think>) is not supported");
+  const bool hermes = tool_format(t) == ToolFormat::Hermes;
   std::string def = chatml_default_system(t);
   std::string out;
-  if (!def.empty() && !msgs.empty() && msgs[0].role != "system")
+  size_t first = 0;
+  if (hermes && !tools.empty()) {
+    const bool sys = !msgs.empty() && msgs[0].role == "system";
+    out += qwen_tools_system(sys ? msgs[0].content : def, tools);
+    first = sys ? 1 : 0;
+  } else if (!def.empty() && !msgs.empty() && msgs[0].role != "system") {
     out += cat("<|im_start|>system\n", def, "<|im_end|>\n");
-  for (size_t i = 0; i < msgs.size(); ++i) {
+  }
+  for (size_t i = first; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     if (m.role == "tool" && contains(t, "<tool_response>")) {  // Qwen2.5: tool results in a user turn
       if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
       out += cat("\n<tool_response>\n", m.content, "\n</tool_response>");
       if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      continue;
+    }
+    if (!m.tool_calls.empty()) {
+      if (!hermes) return make_error("chat template: this ChatML template has no format for an assistant's tool calls");
+      out += "<|im_start|>assistant";
+      if (!m.content.empty()) out += cat("\n", m.content);
+      for (const ChatToolCall& c : m.tool_calls) {
+        auto args = arguments_json(c);
+        if (!args.ok()) return args.error();
+        out += cat("\n<tool_call>\n{\"name\": \"", c.name, "\", \"arguments\": ", *args, "}\n</tool_call>");
+      }
+      out += "<|im_end|>\n";
       continue;
     }
     out += cat("<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
@@ -112,10 +154,12 @@ std::string today() {
 }
 
 Expected<std::string> render_llama3(std::string_view t, const std::vector<ChatMessage>& msgs, bool gen,
-                                    const std::string& bos, std::string_view date_string) {
+                                    const std::string& bos, std::string_view date_string, const ojson& tools) {
   std::string out = bos;
   size_t first = 0;
-  if (contains(t, "Cutting Knowledge Date")) {  // Llama 3.1 / 3.2 / 3.3: a system block always
+  const bool modern = contains(t, "Cutting Knowledge Date");  // Llama 3.1 / 3.2 / 3.3: a system block always
+  const bool json_tools = tool_format(t) == ToolFormat::Llama3Json && !tools.empty();
+  if (modern) {
     std::string date(date_string);
     if (date.empty()) {
       const std::string_view key = "set date_string = \"";
@@ -132,11 +176,36 @@ Expected<std::string> render_llama3(std::string_view t, const std::vector<ChatMe
       sys = py_strip(msgs[0].content);
       first = 1;
     }
-    out += cat("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ", date,
-               "\n\n", sys, "<|eot_id|>");
+    out += cat("<|start_header_id|>system<|end_header_id|>\n\n", json_tools ? "Environment: ipython\n" : "",
+               "Cutting Knowledge Date: December 2023\nToday Date: ", date, "\n\n", sys, "<|eot_id|>");
+  }
+  if (json_tools) {  // the tools go into the first turn after the system one (tools_in_user_message)
+    if (first == msgs.size())
+      return make_error("chat template: Cannot put tools in the first user message when there's no first user message!");
+    out += "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON "
+           "for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the "
+           "format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+           "variables.\n\n";
+    for (const ojson& tool : tools) out += cat(py_json_dumps(tool, 4), "\n\n");
+    out += cat(py_strip(msgs[first].content), "<|eot_id|>");
+    ++first;
   }
   for (size_t i = first; i < msgs.size(); ++i) {
-    out += cat("<|start_header_id|>", msgs[i].role, "<|end_header_id|>\n\n", py_strip(msgs[i].content), "<|eot_id|>");
+    const ChatMessage& m = msgs[i];
+    if (modern && !m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) return make_error("chat template: This model only supports single tool-calls at once!");
+      auto args = arguments_json(m.tool_calls[0]);
+      if (!args.ok()) return args.error();
+      out += cat("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"", m.tool_calls[0].name,
+                 "\", \"parameters\": ", *args, "}<|eot_id|>");
+    } else if (!m.tool_calls.empty()) {
+      return make_error("chat template: this Llama 3 template has no format for an assistant's tool calls");
+    } else if (modern && (m.role == "tool" || m.role == "ipython")) {
+      // The template prints a result with `tojson` (a string is iterable): as a JSON string.
+      out += cat("<|start_header_id|>ipython<|end_header_id|>\n\n", py_json_dumps(ojson(m.content)), "<|eot_id|>");
+    } else {
+      out += cat("<|start_header_id|>", m.role, "<|end_header_id|>\n\n", py_strip(m.content), "<|eot_id|>");
+    }
   }
   if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   return out;
@@ -204,22 +273,31 @@ const char* chat_family_name(ChatFamily f) {
 }
 
 Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt, const Tokenizer* tok, std::string_view date_string) {
+                                  bool add_generation_prompt, const Tokenizer* tok, std::string_view date_string,
+                                  std::string_view tools_json) {
   std::string_view t = template_text;
+  ojson tools = ojson::array();
+  if (!tools_json.empty()) {
+    tools = ojson::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+    if (tools.is_discarded() || !tools.is_array()) return make_error("chat template: tools must be a JSON array");
+  }
   if (t.empty()) {
     bool has_chatml = false;
     if (tok) {
       for (int32_t id = 0; id < tok->vocab_size() && !has_chatml; ++id) has_chatml = tok->token_text(id) == "<|im_start|>";
     }
     if (!has_chatml) return make_error("chat template: the model has none, and its vocabulary has no <|im_start|> for ChatML");
-    return render_chatml("", messages, add_generation_prompt);
+    return render_chatml("", messages, add_generation_prompt, tools);
   }
   ChatFamily f = detect_chat_family(t);
+  if (f == ChatFamily::Llama2 || f == ChatFamily::Mistral)
+    for (const ChatMessage& m : messages)
+      if (!m.tool_calls.empty()) return make_error("chat template: this template has no format for an assistant's tool calls");
   switch (f) {
-    case ChatFamily::ChatML: return render_chatml(t, messages, add_generation_prompt);
+    case ChatFamily::ChatML: return render_chatml(t, messages, add_generation_prompt, tools);
     case ChatFamily::Llama3:
       return render_llama3(t, messages, add_generation_prompt,
-                           token_or(tok, tok ? tok->bos_id() : -1, "<|begin_of_text|>"), date_string);
+                           token_or(tok, tok ? tok->bos_id() : -1, "<|begin_of_text|>"), date_string, tools);
     case ChatFamily::Llama2:
       return render_llama2(messages, token_or(tok, tok ? tok->bos_id() : -1, "<s>"),
                            token_or(tok, tok ? tok->eos_id() : -1, "</s>"));

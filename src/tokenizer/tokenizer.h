@@ -83,9 +83,14 @@ class StreamDecoder {
   std::string pending_;
 };
 
+struct ChatToolCall {
+  std::string name;
+  std::string arguments;  // a JSON text (an object)
+};
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;     // "system", "user", "assistant", "tool"
   std::string content;
+  std::vector<ChatToolCall> tool_calls{};  // an assistant turn's calls (templates with a tool format)
 };
 
 enum class ChatFamily { ChatML, Llama3, Llama2, Mistral, Unknown };
@@ -98,8 +103,11 @@ const char* chat_family_name(ChatFamily f);
 // vocabulary has <|im_start|>. The rendered text contains the BOS text where the template puts it:
 // encode it with add_special=false. date_string: for templates that print today's date
 // (Llama 3.1+); empty means the template's default, or today when it asks for strftime_now.
+// tools_json: OpenAI's `tools` array as a JSON text (empty: none), written where the template writes
+// tools (tool_format(template) != None; other templates ignore them, as their Jinja does). Assistant
+// turns with tool_calls render in the template's format; they need one (else an error).
 Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
                                   bool add_generation_prompt, const Tokenizer* tok = nullptr,
-                                  std::string_view date_string = {});
+                                  std::string_view date_string = {}, std::string_view tools_json = {});
 
 }  // namespace ss::tok
