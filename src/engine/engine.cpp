@@ -154,7 +154,7 @@ Status Engine::step() {
         float* row = e.logits_.data() + d.logits_row * c.vocab;
         TokenConstraint* con = s->req.constraint.get();
         // With logprobs the row is masked first, so the reported distribution is the one drawn from.
-        if (con && s->req.logprobs >= 0) con->mask(row);
+        if (con && s->req.logprobs >= 0) con->mask(row, e.cfg_.vocab_size);
         if (s->num_output() < s->req.min_tokens)  // too early to stop: the stop ids are out
           for (int32_t id : s->req.stop_ids) row[id] = -std::numeric_limits<float>::infinity();
         e.sampled_[i] = con && s->req.logprobs < 0 ? s->sampler.sample(row, s->prompt(), s->output(), *con)

@@ -444,9 +444,12 @@ CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
 GrammarConstraint::GrammarConstraint(std::shared_ptr<const CompiledGrammar> g, std::vector<int32_t> end_ids)
     : g_(std::move(g)), end_ids_(std::move(end_ids)), m_(g_->grammar()), state_(m_.initial()) {}
 
-void GrammarConstraint::mask(float* logits) {
-  const int n = g_->trie().vocab_size();
+void GrammarConstraint::mask(float* logits, int n_logits) {
   constexpr float kNo = -std::numeric_limits<float>::infinity();
+  const int n = std::min(g_->trie().vocab_size(), n_logits);
+  // Ids past the tokenizer's vocabulary (a padded lm_head, e.g. Qwen2.5's 151936 rows for 151665
+  // tokens) have no text: never allowed.
+  for (int i = n; i < n_logits; ++i) logits[i] = kNo;
   saved_.clear();
   for (int32_t id : end_ids_)
     if (id >= 0 && id < n) saved_.push_back(logits[id]);

@@ -175,7 +175,7 @@ class GrammarConstraint final : public TokenConstraint {
  public:
   GrammarConstraint(std::shared_ptr<const CompiledGrammar> g, std::vector<int32_t> end_ids);
   bool allows(int32_t token) override;
-  void mask(float* logits) override;
+  void mask(float* logits, int n) override;
   void accept(int32_t token) override;
   bool must_end() const override;
   std::string error() const override;

@@ -116,7 +116,7 @@ int32_t Sampler::sample(float* logits, std::span<const int32_t> prompt, std::spa
     const int32_t t = draw(logits);
     if (c.allows(t)) return t;
   }
-  c.mask(logits);
+  c.mask(logits, vocab_);
   return draw(logits);
 }
 

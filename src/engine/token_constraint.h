@@ -15,7 +15,9 @@ class TokenConstraint {
  public:
   virtual ~TokenConstraint() = default;
   virtual bool allows(int32_t token) = 0;  // may `token` come next?
-  virtual void mask(float* logits) = 0;    // -inf on every token that may not come next
+  // -inf on every token that may not come next; n: the row's length (the model's vocabulary, which
+  // may have padding ids beyond the tokenizer's: never allowed).
+  virtual void mask(float* logits, int n) = 0;
   virtual void accept(int32_t token) = 0;
   virtual bool must_end() const = 0;
   // Non-empty when the constraint cannot go on (e.g. a schema too ambiguous to follow): the request

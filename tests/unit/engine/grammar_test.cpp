@@ -443,7 +443,7 @@ TEST(Grammar, ATooAmbiguousSchemaStopsTheMatcherNotTheEngine) {
   EXPECT_TRUE(c.error().empty());
   std::vector<float> logits(static_cast<size_t>(tok->vocab_size()), 0.0f);
   const auto t0 = std::chrono::steady_clock::now();
-  c.mask(logits.data());
+  c.mask(logits.data(), tok->vocab_size());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   EXPECT_EQ(c.error().rfind(std::string(kConstraintErrorPrefix), 0), 0u) << c.error();
   EXPECT_NE(c.error().find("too ambiguous"), std::string::npos) << c.error();
@@ -581,9 +581,13 @@ TEST(Grammar, ConstraintAllowsEndOnlyWhenWholeAndFollowsTokens) {
   auto cg = std::make_shared<CompiledGrammar>(compile({{"type", "integer"}, {"minimum", 0}}), trie);
   const int32_t eos = tok->eos_id() >= 0 ? tok->eos_id() : tok->eog_ids().at(0);
   GrammarConstraint c(cg, {eos});
-  std::vector<float> logits(static_cast<size_t>(tok->vocab_size()), 1.0f);
-  c.mask(logits.data());
+  // The model's rows may outnumber the tokenizer's tokens (a padded lm_head): those ids have no text.
+  const int padded = tok->vocab_size() + 4;
+  std::vector<float> logits(static_cast<size_t>(padded), 1.0f);
+  c.mask(logits.data(), padded);
   EXPECT_EQ(logits[static_cast<size_t>(eos)], -std::numeric_limits<float>::infinity()) << "nothing written yet";
+  for (int id = tok->vocab_size(); id < padded; ++id)
+    EXPECT_EQ(logits[static_cast<size_t>(id)], -std::numeric_limits<float>::infinity()) << "padding id " << id;
   const auto one = tok->encode("7", false, false);
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(logits[static_cast<size_t>(one[0])], 1.0f);
@@ -593,7 +597,7 @@ TEST(Grammar, ConstraintAllowsEndOnlyWhenWholeAndFollowsTokens) {
   c.accept(one[0]);
   EXPECT_FALSE(c.must_end()) << "a number may go on";
   std::fill(logits.begin(), logits.end(), 1.0f);
-  c.mask(logits.data());
+  c.mask(logits.data(), padded);
   EXPECT_EQ(logits[static_cast<size_t>(eos)], 1.0f) << "7 is a whole integer";
   // A choice is over once written.
   auto ch = std::make_shared<CompiledGrammar>(std::move(choice_grammar({"yes", "no"})).value(), trie);

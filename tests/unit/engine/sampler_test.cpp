@@ -335,7 +335,7 @@ class SetConstraint final : public ss::engine::TokenConstraint {
     ++asked;
     return ok_.count(t) > 0;
   }
-  void mask(float* logits) override {
+  void mask(float* logits, int) override {
     ++masks;
     for (int i = 0; i < n; ++i)
       if (!ok_.count(i)) logits[i] = -std::numeric_limits<float>::infinity();
@@ -400,7 +400,7 @@ TEST(Sampler, ConstrainedGreedyAndTruncatedSamplingEqualMaskingFirst) {
       for (int step = 0; step < 5; ++step) {
         std::vector<float> ra = l, rb = l;
         const int32_t ta = a.sample(ra.data(), {}, {}, ca);
-        cb.mask(rb.data());
+        cb.mask(rb.data(), 300);
         const int32_t tb = b.sample(rb.data(), {}, {});
         ASSERT_EQ(ta, tb) << "seed " << seed << " mode " << mode << " step " << step;
         ASSERT_TRUE(ok.count(ta));
