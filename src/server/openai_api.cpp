@@ -200,7 +200,8 @@ std::vector<int32_t> encode_text(const tok::Tokenizer& tk, const std::string& te
 
 // Messages -> rendered chat text -> ids. prompt_text receives the rendered text.
 std::optional<ApiError> render_messages(const json& msgs, bool add_generation_prompt, const ModelInfo& m,
-                                         std::vector<int32_t>& ids, std::string& text) {
+                                         std::vector<int32_t>& ids, std::string& text, std::string_view tools_json = {}) {
+  const bool native_calls = tok::tool_format(m.chat_template) != tok::ToolFormat::None;
   if (!msgs.is_array()) return bad(std::string("'messages' must be an array, got ") + type_name(msgs), "messages");
   if (msgs.empty()) return bad("'messages' must contain at least one message", "messages");
   std::vector<tok::ChatMessage> conv;
@@ -217,25 +218,23 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
       return bad(where + ".role must be one of system, developer, user, assistant, tool; got '" + role + "'",
                  where + ".role");
     std::string content;
+    std::vector<tok::ChatToolCall> calls;
     auto c = msg.find("content");
+    // An assistant turn that called tools: in the template's own format when it has one, else as the
+    // text tool_choice "required" generates, so the model sees what it asked for before the answers.
+    if (auto tc = msg.find("tool_calls"); role == "assistant" && tc != msg.end() && !tc->is_null()) {
+      if (!tc->is_array()) return bad(where + ".tool_calls must be an array", where + ".tool_calls");
+      for (const json& call : *tc) {
+        const json fn = call.is_object() ? call.value("function", json()) : json();
+        if (!fn.is_object() || !fn.value("name", json()).is_string() || !fn.value("arguments", json()).is_string())
+          return bad(where + ".tool_calls[]: each needs function.name and function.arguments (strings)", where + ".tool_calls");
+        if (!json::accept(fn["arguments"].get_ref<const std::string&>()))
+          return bad(where + ".tool_calls[]: function.arguments must be a JSON text", where + ".tool_calls");
+        calls.push_back({fn["name"].get<std::string>(), fn["arguments"].get<std::string>()});
+      }
+    }
     if (c == msg.end() || c->is_null()) {
       if (role != "assistant") return bad(where + ".content is required", where + ".content");
-      // An assistant turn that called tools: its calls as the text tool_choice "required" generates,
-      // so the model sees what it asked for before the tool messages that answer it.
-      if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null()) {
-        if (!tc->is_array()) return bad(where + ".tool_calls must be an array", where + ".tool_calls");
-        ojson calls = ojson::array();
-        for (const json& call : *tc) {
-          const json fn = call.is_object() ? call.value("function", json()) : json();
-          if (!fn.is_object() || !fn.value("name", json()).is_string() || !fn.value("arguments", json()).is_string())
-            return bad(where + ".tool_calls[]: each needs function.name and function.arguments (strings)", where + ".tool_calls");
-          ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
-          if (args.is_discarded())
-            return bad(where + ".tool_calls[]: function.arguments must be a JSON text", where + ".tool_calls");
-          calls.push_back(ojson{{"name", fn["name"]}, {"parameters", std::move(args)}});
-        }
-        content = calls.dump();
-      }
     } else if (c->is_string()) {
       content = c->get<std::string>();
     } else if (c->is_array()) {
@@ -255,10 +254,17 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
       return bad(where + ".content must be a string or an array of text parts, got " + type_name(*c),
                  where + ".content");
     }
-    conv.push_back({std::move(role), std::move(content)});
+    if (!calls.empty() && !native_calls) {
+      ojson arr = ojson::array();
+      for (const tok::ChatToolCall& k : calls)
+        arr.push_back(ojson{{"name", k.name}, {"parameters", ojson::parse(k.arguments)}});
+      content += content.empty() ? arr.dump() : "\n" + arr.dump();
+      calls.clear();
+    }
+    conv.push_back({std::move(role), std::move(content), std::move(calls)});
   }
   const tok::Tokenizer& tk = *m.tokenizer;
-  auto rendered = tok::render_chat(m.chat_template, conv, add_generation_prompt, &tk);
+  auto rendered = tok::render_chat(m.chat_template, conv, add_generation_prompt, &tk, {}, tools_json);
   if (!rendered.ok()) return bad("cannot apply the chat template: " + rendered.message(), "messages");
   text = std::move(rendered).value();
   // A template that already begins with the BOS text must not get a second BOS.
@@ -536,14 +542,21 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object())
           return bad(where + ".function.parameters must be a JSON Schema object", "tools");
       }
-      if (mode == "auto")
-        return bad("tool_choice \"auto\" is not supported (this server has no tool-call parser for the model's format); "
-                   "use \"required\", a named function, or \"none\"",
-                   "tool_choice", "unsupported_parameter");
+      if (mode == "auto") {
+        // The model chooses between text and calls in its own format; the calls are parsed afterwards.
+        g.tool_format = tok::tool_format(m.chat_template);
+        if (g.tool_format == tok::ToolFormat::None)
+          return bad("tool_choice \"auto\" needs a chat template with a tool-call format (Qwen2.5's <tool_call>, "
+                     "Llama 3.1+'s JSON calls); this model's has none: use \"required\", a named function, or \"none\"",
+                     "tool_choice", "unsupported_parameter");
+        g.tool_choice = GenerationRequest::ToolChoice::Auto;
+      }
       if (mode != "none") {
-        // The tools again with their key order (parameters are generated in the declared order).
+        // The tools again with their key order (parameters are generated in the declared order, and
+        // the chat template writes them as given).
         const ojson tools_o = ordered(body, {"tools"}, "tools");
         if (order_error) return order_error;
+        g.tools_json = tools_o.dump();
         std::vector<engine::ToolSchema> specs;
         for (const ojson& t : tools_o) {  // the same tools as validated above, read a second time
           const ojson fn = t.is_object() ? t.value("function", ojson()) : ojson();
@@ -553,7 +566,9 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
                            p != fn.end() && !p->is_null() ? *p : ojson{{"type", "object"}, {"properties", ojson::object()},
                                                                        {"additionalProperties", false}}});
         }
-        if (mode == "named") {
+        if (mode == "auto") {
+          // no grammar: text or calls, as the model likes
+        } else if (mode == "named") {
           auto it = std::find_if(specs.begin(), specs.end(), [&](const engine::ToolSchema& t) { return t.name == named; });
           if (it == specs.end()) return bad("tool_choice names '" + named + "', which is not in 'tools'", "tool_choice");
           g.tool_choice = GenerationRequest::ToolChoice::Named;
@@ -812,7 +827,7 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
     f.boolean("add_generation_prompt", add_gen);
     if (f.failed()) return f.error();
     PromptInput in;
-    if (auto e = render_messages(*it, add_gen, m, in.ids, in.text)) return *e;
+    if (auto e = render_messages(*it, add_gen, m, in.ids, in.text, g.tools_json)) return *e;
     if (in.ids.empty()) return bad("the prompt is empty", "messages");
     if (auto e = check_ids(in.ids, m, "messages")) return *e;
     g.prompts.push_back(std::move(in));
@@ -1023,8 +1038,15 @@ ApiResult<nlohmann::json> tokenize_request(std::string_view body, const ModelInf
     if (f.failed()) return f.error();
     std::vector<int32_t> ids;
     if (const json* msgs = f.get("messages")) {
-      std::string text;
-      if (auto e = render_messages(*msgs, add_gen, m, ids, text)) return *e;
+      std::string text, tools_json;
+      if (const json* t = f.get("tools")) {  // as vLLM's /tokenize: the prompt a chat request with them gets
+        if (!t->is_array()) return bad(std::string("'tools' must be an array, got ") + type_name(*t), "tools");
+        OrderedSubtree sax({"tools"});
+        if (!ojson::sax_parse(body, &sax) || !sax.result || sax.too_many_keys)
+          return bad("'tools': an object has more than " + std::to_string(kMaxSchemaKeys) + " keys", "tools");
+        tools_json = sax.result->dump();
+      }
+      if (auto e = render_messages(*msgs, add_gen, m, ids, text, tools_json)) return *e;
     } else if (const json* p = f.get("prompt")) {
       if (!p->is_string()) return bad(std::string("'prompt' must be a string, got ") + type_name(*p), "prompt");
       ids = m.tokenizer->encode(p->get_ref<const std::string&>(), add_special && m.tokenizer->add_bos(), true);
@@ -1113,26 +1135,41 @@ ojson tool_call(const std::string& name, std::string arguments) {
 }
 }  // namespace
 
-std::optional<nlohmann::ordered_json> tool_calls_of(const GenerationRequest& g, const std::string& text) {
+ToolAnswer tool_answer(const GenerationRequest& g, const std::string& text) {
   using TC = GenerationRequest::ToolChoice;
-  if (g.tool_choice == TC::None) return std::nullopt;
+  ToolAnswer a;
+  a.content = text;
+  if (g.tool_choice == TC::None) return a;
+  if (g.tool_choice == TC::Auto) {
+    tok::ParsedToolOutput p = tok::parse_tool_calls(g.tool_format, text);
+    if (p.calls.empty()) return a;
+    for (tok::ParsedToolCall& c : p.calls) a.calls.push_back(tool_call(c.name, std::move(c.arguments)));
+    a.called = true;
+    a.content = std::move(p.content);
+    return a;
+  }
   const ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (v.is_discarded()) return std::nullopt;  // cut by max_tokens: not a whole call
-  ojson calls = ojson::array();
+  if (v.is_discarded()) return a;  // cut by max_tokens: not a whole call
   if (g.tool_choice == TC::Named) {
-    calls.push_back(tool_call(g.tool_name, text));  // the arguments exactly as generated
-    return calls;
+    a.calls.push_back(tool_call(g.tool_name, text));  // the arguments exactly as generated
+  } else {
+    if (!v.is_array()) return a;
+    ojson calls = ojson::array();
+    for (const ojson& c : v) {
+      if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters")) return a;
+      calls.push_back(tool_call(c["name"].get<std::string>(), c["parameters"].dump()));
+    }
+    a.calls = std::move(calls);
   }
-  if (!v.is_array()) return std::nullopt;
-  for (const ojson& c : v) {
-    if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("parameters")) return std::nullopt;
-    calls.push_back(tool_call(c["name"].get<std::string>(), c["parameters"].dump()));
-  }
-  return calls;
+  a.called = true;
+  a.content.clear();
+  return a;
 }
 
-std::string tool_finish_reason(const GenerationRequest& g, const std::string& finish_reason) {
-  return g.tool_choice == GenerationRequest::ToolChoice::Required && finish_reason == "stop" ? "tool_calls" : finish_reason;
+std::string tool_finish_reason(const GenerationRequest& g, const ToolAnswer& a, const std::string& finish_reason) {
+  using TC = GenerationRequest::ToolChoice;
+  const bool calls = a.called && (g.tool_choice == TC::Required || g.tool_choice == TC::Auto);
+  return calls && finish_reason == "stop" ? "tool_calls" : finish_reason;
 }
 
 nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
@@ -1141,10 +1178,13 @@ nlohmann::ordered_json chat_response(const GenerationRequest& g, const ModelInfo
   for (const ChoiceOutput& c : choices) {
     ojson message = {{"role", "assistant"}, {"content", c.text}};
     std::string finish = c.finish_reason;
-    if (auto calls = tool_calls_of(g, c.text)) {
-      message["content"] = nullptr;
-      message["tool_calls"] = std::move(*calls);
-      finish = tool_finish_reason(g, finish);
+    if (g.tool_choice != GenerationRequest::ToolChoice::None) {
+      ToolAnswer a = tool_answer(g, c.text);
+      if (a.called) {
+        message["content"] = a.content.empty() ? ojson(nullptr) : ojson(a.content);
+        message["tool_calls"] = std::move(a.calls);
+        finish = tool_finish_reason(g, a, finish);
+      }
     }
     arr.push_back(ojson{{"index", c.index},
                         {"message", std::move(message)},
@@ -1215,15 +1255,18 @@ nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m
 
 nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                        int64_t created, int index, const std::string& text,
-                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason) {
+                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason,
+                                       size_t streamed) {
   ojson delta = ojson::object();
   std::string finish = finish_reason ? finish_reason : "";
-  if (auto calls = tool_calls_of(g, text)) {
-    for (size_t k = 0; k < calls->size(); ++k) (*calls)[k]["index"] = k;  // a stream's calls carry their index
-    delta["tool_calls"] = std::move(*calls);
-    finish = tool_finish_reason(g, finish);
-  } else {
-    delta["content"] = text;
+  ToolAnswer a = tool_answer(g, text);
+  // What is left of the content (the text before the calls, or all of it) after what was streamed.
+  const std::string rest = a.content.size() > streamed ? a.content.substr(streamed) : std::string();
+  if (!rest.empty() || (!a.called && streamed == 0)) delta["content"] = rest;
+  if (a.called) {
+    for (size_t k = 0; k < a.calls.size(); ++k) a.calls[k]["index"] = k;  // a stream's calls carry their index
+    delta["tool_calls"] = std::move(a.calls);
+    finish = tool_finish_reason(g, a, finish);
   }
   return delta_chunk(g, m, id, created, index, std::move(delta), logprobs, finish_reason ? finish.c_str() : nullptr);
 }

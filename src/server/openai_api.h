@@ -16,6 +16,7 @@
 #include "engine/grammar.h"
 #include "engine/request.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tool_calls.h"
 
 namespace ss::server {
 
@@ -111,8 +112,12 @@ struct GenerationRequest {
   std::shared_ptr<const engine::CompiledGrammar> grammar;
   // OpenAI tools (chat): with tool_choice "required" or a named function the grammar holds the
   // calls, and the answer's text becomes message.tool_calls.
-  enum class ToolChoice { None, Named, Required } tool_choice = ToolChoice::None;
+  // With "auto" the model writes calls in its own format (tool_format, from its chat template) or
+  // answers in text; the calls are parsed out afterwards, as vLLM's tool-call parsers do.
+  enum class ToolChoice { None, Named, Required, Auto } tool_choice = ToolChoice::None;
   std::string tool_name;  // Named: the function
+  tok::ToolFormat tool_format = tok::ToolFormat::None;  // Auto
+  std::string tools_json;  // the tools (declared key order) for the chat template; empty: none
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   int prompt_index(int choice) const { return choice / n; }
@@ -182,15 +187,24 @@ nlohmann::ordered_json completion_chunk(const GenerationRequest& g, const ModelI
 // prompt tokens 1 .. n-1 (null logprobs where missing).
 nlohmann::ordered_json completion_echo_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                              int64_t created, int index, const std::vector<TokenLogprob>* prompt_lps);
-// A tool-choice choice's whole text as OpenAI tool calls ([{id, type, function: {name, arguments}}]),
-// or nullopt when it is not a whole call (cut by max_tokens). finish_reason "stop" becomes
-// "tool_calls" for tool_choice "required" (a named function keeps "stop", as OpenAI and vLLM do).
-std::optional<nlohmann::ordered_json> tool_calls_of(const GenerationRequest& g, const std::string& text);
-std::string tool_finish_reason(const GenerationRequest& g, const std::string& finish_reason);
-// Streaming a tool-choice choice: its calls (or, when not whole, its text) in one chunk at the end.
+// A chat choice's text as OpenAI tool calls ([{id, type, function: {name, arguments}}]) and the
+// content beside them. called is false when the text holds no whole call (cut by max_tokens, or
+// "auto" answered in text): then content is the whole text.
+struct ToolAnswer {
+  bool called = false;
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  std::string content;  // "auto": the text before the calls (may be empty)
+};
+ToolAnswer tool_answer(const GenerationRequest& g, const std::string& text);
+// finish_reason "stop" becomes "tool_calls" when "required" or "auto" called (a named function keeps
+// "stop", as OpenAI and vLLM do).
+std::string tool_finish_reason(const GenerationRequest& g, const ToolAnswer& a, const std::string& finish_reason);
+// Streaming a tool-choice choice: its calls (or, when not whole, its text) in one chunk at the end;
+// `streamed` bytes of the text already went out as content ("auto" streams text until a call may begin).
 nlohmann::ordered_json chat_tool_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                        int64_t created, int index, const std::string& text,
-                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason);
+                                       const std::vector<TokenLogprob>* logprobs, const char* finish_reason,
+                                       size_t streamed = 0);
 nlohmann::ordered_json chat_chunk(const GenerationRequest& g, const ModelInfo& m, const std::string& id,
                                   int64_t created, int index, const char* role, const std::string* content,
                                   const std::vector<TokenLogprob>* logprobs, const char* finish_reason);

@@ -839,6 +839,22 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       if (g.stream) {
         if (done && d.finish == engine::FinishReason::Error) {
           payload += sse_event(error_body(generation_error(d.error)));
+        } else if (chat && g.tool_choice == GenerationRequest::ToolChoice::Auto) {
+          // "auto": text streams as it comes until a call may begin; from there on it is held, and the
+          // calls (or, when they are not whole, the held text) go out in the choice's last chunk.
+          o.text += d.text;
+          if (d.has_logprob) o.logprobs.push_back(std::move(d.lp));  // not yet sent
+          const std::vector<TokenLogprob>* pending = g.logprobs >= 0 ? &o.logprobs : nullptr;
+          if (done) {
+            payload += chunk(chat_tool_chunk(g, mi, id, created, d.choice, o.text, pending, finish_name(d.finish),
+                                             streamed_len[d.choice]),
+                             d.choice);
+          } else if (const size_t safe = tok::tool_content_prefix(g.tool_format, o.text); safe > streamed_len[d.choice]) {
+            const std::string piece = o.text.substr(streamed_len[d.choice], safe - streamed_len[d.choice]);
+            payload += chunk(chat_chunk(g, mi, id, created, d.choice, nullptr, &piece, pending, nullptr), d.choice);
+            o.logprobs.clear();
+            streamed_len[d.choice] = safe;
+          }
         } else if (chat && g.tool_choice != GenerationRequest::ToolChoice::None) {
           // Tool calls go out whole, in the choice's last chunk (arguments may come in any pieces).
           o.text += d.text;

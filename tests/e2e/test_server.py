@@ -569,7 +569,8 @@ def test_tool_calls_named_required_streaming_and_multi_turn(srv):
     """OpenAI tools through the official client: a named function and tool_choice "required" (as
     vLLM constrains them) give tool_calls whose arguments validate against the tool's parameters
     (jsonschema package); streaming gives the same calls; the tool's answer goes back as a "tool"
-    message; "auto" is a clear 400 (no tool-call parser), never silently ignored."""
+    message; "auto" is a clear 400 here (the default model's template has no call format), never
+    silently ignored."""
     jsonschema = pytest.importorskip("jsonschema")
     c = srv.client()
     tools = [WEATHER_TOOL, TIME_TOOL]
@@ -621,6 +622,86 @@ def test_tool_calls_named_required_streaming_and_multi_turn(srv):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=srv.model, messages=msgs, tool_choice="required", max_tokens=8)
     assert "needs 'tools'" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def qwen_tools_model(tmp_path_factory):
+    """The tiny random-weight Qwen2 fixture with Qwen2.5's real chat template (the one with tools)."""
+    d = tmp_path_factory.mktemp("qwen25-tools")
+    src = ROOT / "tests" / "data" / "tiny-qwen2"
+    for f in src.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    template = json.loads((ROOT / "tests" / "data" / "tokenizer" / "chat_tool_cases.json").read_text())["templates"]["qwen2.5"]
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    model = json.loads((src / "config.json").read_text())
+    model["max_position_embeddings"] = 4096  # room for the tools section (random weights: any length is as good)
+    (d / "config.json").write_text(json.dumps(model))
+    return str(d)
+
+
+def test_tool_choice_auto_in_the_models_own_format(qwen_tools_model, tmp_path):
+    """tool_choice "auto" (OpenAI's default with tools) on a model whose template has a call format:
+    the tools reach the prompt as the template's tojson (Python's json.dumps) writes them, the model
+    answers in text or in <tool_call> blocks, and the calls come back as message.tool_calls, streamed
+    or not. A regex makes the random-weight model write a call."""
+    s = Server(tmp_path, "qwen-tools", "--model", qwen_tools_model, "--api-key", API_KEY)
+    try:
+        c = s.client()
+        tools = [WEATHER_TOOL, TIME_TOOL]
+        msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+        def prompt_text(body):
+            tok = requests.post(s.url + "/tokenize", json=body, headers=AUTH).json()
+            return requests.post(s.url + "/detokenize", json={"tokens": tok["tokens"]}, headers=AUTH).json()["prompt"]
+        text = prompt_text({"messages": msgs, "tools": tools})
+        for t in tools:
+            assert "\n" + json.dumps(t, ensure_ascii=False) + "\n" in text, text
+        assert "<tool_call></tool_call> XML tags" in text
+        assert "<tools>" not in prompt_text({"messages": msgs})
+
+        call_re = (r'Let me check\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
+                   r'\{"city": "(Oslo|Paris)", "unit": "celsius"\}\}\n</tool_call>')
+        kw = dict(model=s.model, messages=msgs, tools=tools, max_tokens=200, temperature=1.0, seed=3,
+                  extra_body={"structured_outputs": {"regex": call_re}})
+        r = c.chat.completions.create(**kw)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        assert ch.message.content == "Let me check.\n"
+        (call,) = ch.message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+        args = json.loads(call.function.arguments)
+        assert args["city"] in ("Oslo", "Paris") and args["unit"] == "celsius"
+        assert call.function.arguments == json.dumps(args, ensure_ascii=False)  # as vLLM's hermes parser writes them
+        # Streamed: the text goes out as it comes, the call (never a piece of it as text) at the end.
+        chunks = [x for x in c.chat.completions.create(stream=True, **kw) if x.choices]
+        content = "".join(x.choices[0].delta.content or "" for x in chunks)
+        assert content == "Let me check.\n"
+        assert sum(1 for x in chunks if x.choices[0].delta.content) > 1, "the text streamed in pieces"
+        streamed = [tc for x in chunks if x.choices[0].delta.tool_calls for tc in x.choices[0].delta.tool_calls]
+        assert [(t.index, t.function.name, t.function.arguments) for t in streamed] == \
+            [(0, "get_weather", call.function.arguments)]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # Free text (no call) is plain content, the same streamed or not.
+        free = dict(model=s.model, messages=msgs, tools=tools, max_tokens=24, temperature=0)
+        r = c.chat.completions.create(**free)
+        chunks = [x for x in c.chat.completions.create(stream=True, **free) if x.choices]
+        assert "".join(x.choices[0].delta.content or "" for x in chunks) == r.choices[0].message.content
+        assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length")
+        # The call and its result go back in the template's own form.
+        turn = msgs + [{"role": "assistant", "content": None,
+                        "tool_calls": [{"id": call.id, "type": "function",
+                                        "function": {"name": "get_weather", "arguments": call.function.arguments}}]},
+                       {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+        text = prompt_text({"messages": turn, "tools": tools})
+        assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ' +
+                json.dumps(args, ensure_ascii=False) + '}\n</tool_call><|im_end|>') in text, text
+        assert "<tool_response>\nsunny\n</tool_response>" in text
+        r = c.chat.completions.create(model=s.model, messages=turn, tools=tools, max_tokens=8)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        assert s.stop() == 0, s.log_text()
 
 
 def test_tool_calls_with_the_clients_pydantic_helper(srv):

@@ -285,6 +285,10 @@ TEST_F(OpenAiApi, OutOfRangeValues) {
 }
 
 TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
+  // A ChatML template without a tool format: tools stay out of the prompt, calls are written as JSON.
+  m_.chat_template =
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
   auto matches = [](const engine::Grammar& g, std::string_view text) { return g.matches(text); };
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
   // Declared order "zeta" before "alpha" (the body is parsed into sorted maps; the tools are re-read).
@@ -298,13 +302,15 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
   EXPECT_TRUE(matches(n.grammar->grammar(), R"({"zeta":1,"alpha":true})"));
   EXPECT_FALSE(matches(n.grammar->grammar(), R"({"alpha":true,"zeta":1})"));
   EXPECT_FALSE(matches(n.grammar->grammar(), R"({"zeta": 1,"alpha":true})"));
-  auto calls = tool_calls_of(n, R"({"zeta":1,"alpha":true})");
-  ASSERT_TRUE(calls);
-  ASSERT_EQ(calls->size(), 1u);
-  EXPECT_EQ((*calls)[0]["function"]["name"], "f");
-  EXPECT_EQ((*calls)[0]["function"]["arguments"], R"({"zeta":1,"alpha":true})");
-  EXPECT_EQ(tool_finish_reason(n, "stop"), "stop");
-  EXPECT_FALSE(tool_calls_of(n, R"({"zeta":1,)"));  // cut by max_tokens: no call
+  auto calls = tool_answer(n, R"({"zeta":1,"alpha":true})");
+  ASSERT_TRUE(calls.called);
+  ASSERT_EQ(calls.calls.size(), 1u);
+  EXPECT_EQ(calls.calls[0]["function"]["name"], "f");
+  EXPECT_EQ(calls.calls[0]["function"]["arguments"], R"({"zeta":1,"alpha":true})");
+  EXPECT_EQ(calls.content, "");
+  EXPECT_EQ(tool_finish_reason(n, calls, "stop"), "stop");
+  EXPECT_FALSE(tool_answer(n, R"({"zeta":1,)").called);  // cut by max_tokens: no call
+  EXPECT_EQ(tool_answer(n, R"({"zeta":1,)").content, R"({"zeta":1,)");
 
   for (bool parallel : {true, false}) {
     auto req = chat("{" + msgs + "," + tools + R"(,"tool_choice":"required","parallel_tool_calls":)" +
@@ -322,13 +328,14 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
     EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"h","parameters":{}}])"));
     EXPECT_FALSE(matches(r.grammar->grammar(), R"([{"name":"g","parameters":{"x":1}}])"));
     EXPECT_FALSE(matches(r.grammar->grammar(), "[]"));
-    auto c2 = tool_calls_of(r, two);
-    ASSERT_TRUE(c2);
-    ASSERT_EQ(c2->size(), 2u);
-    EXPECT_EQ((*c2)[0]["function"]["arguments"], R"({"zeta":2,"alpha":false})");
-    EXPECT_NE((*c2)[0]["id"], (*c2)[1]["id"]);
-    EXPECT_EQ(tool_finish_reason(r, "stop"), "tool_calls");
-    EXPECT_EQ(tool_finish_reason(r, "length"), "length");
+    auto c2 = tool_answer(r, two);
+    ASSERT_TRUE(c2.called);
+    ASSERT_EQ(c2.calls.size(), 2u);
+    EXPECT_EQ(c2.calls[0]["function"]["arguments"], R"({"zeta":2,"alpha":false})");
+    EXPECT_NE(c2.calls[0]["id"], c2.calls[1]["id"]);
+    EXPECT_EQ(tool_finish_reason(r, c2, "stop"), "tool_calls");
+    EXPECT_EQ(tool_finish_reason(r, c2, "length"), "length");
+    EXPECT_EQ(tool_finish_reason(r, tool_answer(r, "[{"), "stop"), "stop");
   }
   // "none" ignores the tools; completions ignore them altogether.
   auto none = chat("{" + msgs + "," + tools + R"(,"tool_choice":"none"})");
@@ -343,7 +350,7 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
   EXPECT_NE(turn.value().prompts[0].text.find("sunny"), std::string::npos);
 
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"{" + msgs + "," + tools + "}", "tool_choice"},  // "auto" by default: no parser
+      {"{" + msgs + "," + tools + "}", "tool_choice"},  // "auto" by default: this template has no call format
       {"{" + msgs + "," + tools + R"(,"tool_choice":"auto"})", "tool_choice"},
       {"{" + msgs + "," + tools + R"(,"tool_choice":"maybe"})", "tool_choice"},
       {"{" + msgs + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"h"}}})", "tool_choice"},
@@ -366,6 +373,85 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
       {R"({"messages":[{"role":"tool"}]})", "messages[0].content"},
   };
   for (const auto& [body, param] : cases) expect_error(chat(body), 400, param, body);
+}
+
+// tool_choice "auto" with a template that has a call format: the tools go into the prompt as the
+// template writes them, nothing constrains the text, and the calls are parsed out of the answer.
+TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
+  const nlohmann::ordered_json fixtures = nlohmann::ordered_json::parse(
+      test_support::read_file(std::string(SS_SOURCE_DIR) + "/tests/data/tokenizer/chat_tool_cases.json"));
+  m_.chat_template = fixtures["templates"]["qwen2.5"].get<std::string>();
+  m_.max_model_len = 4096;
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}}}}}])";
+  auto r = chat(R"({"messages":[{"role":"user","content":"hi"}],)" + tools + "}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const GenerationRequest& g = r.value();
+  EXPECT_EQ(g.tool_choice, GenerationRequest::ToolChoice::Auto);
+  EXPECT_EQ(g.tool_format, tok::ToolFormat::Hermes);
+  EXPECT_FALSE(g.grammar);
+  // Python's json.dumps of the tool, in its declared key order.
+  EXPECT_NE(g.prompts[0].text.find(
+                "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+                "\"properties\": {\"zeta\": {\"type\": \"integer\"}, \"alpha\": {\"type\": \"boolean\"}}}}}\n</tools>"),
+            std::string::npos)
+      << g.prompts[0].text;
+  // "none" leaves the tools out of the prompt.
+  auto none = chat(R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"none",)" + tools + "}");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none.value().prompts[0].text.find("<tools>"), std::string::npos);
+
+  // Text and calls, as the model wrote them.
+  const std::string text = "Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"zeta\": 1}}\n</tool_call>";
+  ToolAnswer a = tool_answer(g, text);
+  ASSERT_TRUE(a.called);
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0]["function"]["name"], "f");
+  EXPECT_EQ(a.calls[0]["function"]["arguments"], "{\"zeta\": 1}");
+  EXPECT_EQ(a.content, "Checking.\n");
+  EXPECT_EQ(tool_finish_reason(g, a, "stop"), "tool_calls");
+  ToolAnswer plain = tool_answer(g, "Just text.");
+  EXPECT_FALSE(plain.called);
+  EXPECT_EQ(plain.content, "Just text.");
+  EXPECT_EQ(tool_finish_reason(g, plain, "stop"), "stop");
+
+  ChoiceOutput o;
+  o.text = text;
+  o.finish_reason = "stop";
+  const json resp = chat_response(g, m_, "chatcmpl-1", 1, {o});
+  EXPECT_EQ(resp["choices"][0]["message"]["content"], "Checking.\n");
+  EXPECT_EQ(resp["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(resp["choices"][0]["finish_reason"], "tool_calls");
+  // Streaming: "Check" already went out; the last chunk carries the rest of the content and the call.
+  const json last = chat_tool_chunk(g, m_, "chatcmpl-1", 1, 0, text, nullptr, "stop", 5);
+  EXPECT_EQ(last["choices"][0]["delta"]["content"], "ing.\n");
+  EXPECT_EQ(last["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "tool_calls");
+  const json all_sent = chat_tool_chunk(g, m_, "chatcmpl-1", 1, 0, "Just text.", nullptr, "stop", 10);
+  EXPECT_FALSE(all_sent["choices"][0]["delta"].contains("content"));
+  EXPECT_EQ(all_sent["choices"][0]["finish_reason"], "stop");
+
+  // History: an assistant's calls in the template's <tool_call> form, results as <tool_response>.
+  auto turn = chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"zeta\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}],)" +
+                   tools + "}");
+  ASSERT_TRUE(turn.ok()) << turn.error().message;
+  EXPECT_NE(turn.value().prompts[0].text.find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+                                              "{\"zeta\": 1}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+                                              "sunny\n</tool_response><|im_end|>"),
+            std::string::npos)
+      << turn.value().prompts[0].text;
+
+  // Llama 3.2: calls are JSON objects; two calls in one turn are the template's own error.
+  m_.chat_template = fixtures["templates"]["llama3.2"].get<std::string>();
+  auto l = chat(R"({"messages":[{"role":"user","content":"hi"}],)" + tools + "}");
+  ASSERT_TRUE(l.ok()) << l.error().message;
+  EXPECT_EQ(l.value().tool_format, tok::ToolFormat::Llama3Json);
+  EXPECT_NE(l.value().prompts[0].text.find("Given the following functions"), std::string::npos);
+  ToolAnswer la = tool_answer(l.value(), R"({"name": "f", "parameters": {"alpha": true}})");
+  ASSERT_TRUE(la.called);
+  EXPECT_EQ(la.calls[0]["function"]["arguments"], "{\"alpha\": true}");
+  auto two = chat(R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}},{"function":{"name":"f","arguments":"{}"}}]}]})");
+  expect_error(two, 400, "messages", "two calls in a Llama 3.2 turn");
 }
 
 TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
