@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<float> logits(static_cast<size_t>(env.m.vocab_size));
         for (int step = 0; step < 24 && !er.constraint->must_end(); ++step) {
           std::fill(logits.begin(), logits.end(), 0.0f);
-          er.constraint->mask(logits.data());
+          er.constraint->mask(logits.data(), env.m.vocab_size);
           int32_t pick = -1;
           for (int32_t id = 0; id < env.m.vocab_size && pick < 0; ++id)
             if (logits[static_cast<size_t>(id)] == 0.0f) pick = id;
@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           walked += env.tok->token_to_piece(pick);
         }
         (void)dump_json(chat_tool_chunk(g, env.m, "id", 0, c, walked, nullptr, "stop"));
-        if (auto calls = tool_calls_of(g, walked)) (void)dump_json(*calls);
+        (void)dump_json(tool_answer(g, walked).calls);
       }
       // Replay the prompt as if it were generated: stop strings and the text path see real tokens.
       TextOutput text(*env.tok, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output);
@@ -113,6 +113,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                                             : completion_response(g, env.m, "id", 0, outs));
     (void)dump_json(completion_chunk(g, env.m, "id", 0, 0, outs[0].text, &outs[0].logprobs, 0, "stop"));
     (void)dump_json(chat_chunk(g, env.m, "id", 0, 0, "assistant", &outs[0].text, &outs[0].logprobs, nullptr));
+    // "auto": the replayed text through the call parser, as the last chunk after a streamed part.
+    if (g.tool_choice == GenerationRequest::ToolChoice::Auto)
+      (void)dump_json(chat_tool_chunk(g, env.m, "id", 0, 0, outs[0].text, &outs[0].logprobs, "stop",
+                                      ss::tok::tool_content_prefix(g.tool_format, outs[0].text)));
   }
   auto t = tokenize_request(body, env.m);
   if (t.ok()) (void)dump_json(t.value());

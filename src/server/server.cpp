@@ -849,7 +849,8 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
             payload += chunk(chat_tool_chunk(g, mi, id, created, d.choice, o.text, pending, finish_name(d.finish),
                                              streamed_len[d.choice]),
                              d.choice);
-          } else if (const size_t safe = tok::tool_content_prefix(g.tool_format, o.text); safe > streamed_len[d.choice]) {
+          } else if (const size_t safe = tok::tool_content_prefix(g.tool_format, o.text, streamed_len[d.choice]);
+                     safe > streamed_len[d.choice]) {
             const std::string piece = o.text.substr(streamed_len[d.choice], safe - streamed_len[d.choice]);
             payload += chunk(chat_chunk(g, mi, id, created, d.choice, nullptr, &piece, pending, nullptr), d.choice);
             o.logprobs.clear();

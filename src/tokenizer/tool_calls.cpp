@@ -246,21 +246,21 @@ ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view text) {
   return {std::string(text), {}};
 }
 
-size_t tool_content_prefix(ToolFormat f, std::string_view text) {
+size_t tool_content_prefix(ToolFormat f, std::string_view text, size_t known) {
+  if (known > text.size()) known = text.size();
   if (f == ToolFormat::Hermes) {
-    const size_t p = text.find(kCallOpen);
+    const size_t p = text.find(kCallOpen, known);  // none starts before `known`
     if (p != std::string_view::npos) return p;
-    // Hold back an end that may be the start of "<tool_call>".
-    for (size_t k = std::min(text.size(), kCallOpen.size() - 1); k > 0; --k)
+    for (size_t k = std::min(text.size() - known, kCallOpen.size() - 1); k > 0; --k)
       if (text.substr(text.size() - k) == kCallOpen.substr(0, k)) return text.size() - k;
     return text.size();
   }
   if (f == ToolFormat::Llama3Json) {
+    if (known > 0) return text.size();  // decided: it began as text
     const size_t i = skip_ws(text, 0);
     if (i == text.size() || text[i] == '{') return 0;  // undecided, or a call: held to the end
-    const std::string_view rest = text.substr(i);
-    if (rest.size() < kPythonTag.size() ? kPythonTag.substr(0, rest.size()) == rest : rest.substr(0, kPythonTag.size()) == kPythonTag)
-      return 0;
+    const std::string_view rest = text.substr(i, kPythonTag.size());
+    if (kPythonTag.substr(0, rest.size()) == rest) return 0;  // <|python_tag|>, or the start of it
     return text.size();
   }
   return text.size();

@@ -36,7 +36,8 @@ struct ParsedToolOutput {
 // broken JSON, a call without a name) stays content: nothing is dropped.
 ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view text);
 // Streaming: how many leading bytes of the text so far are content whatever follows (no call can
-// start inside them). Non-decreasing as text is appended.
-size_t tool_content_prefix(ToolFormat f, std::string_view text);
+// start inside them). Non-decreasing as text is appended. known: what this returned for an earlier
+// prefix of the same text (the search starts there, so a long answer is not rescanned per token).
+size_t tool_content_prefix(ToolFormat f, std::string_view text, size_t known = 0);
 
 }  // namespace ss::tok

@@ -136,6 +136,7 @@ TEST(ToolParsers, RecoverTheCallsTemplatesWrite) {
       const size_t k = tool_content_prefix(f, std::string_view(text).substr(0, len));
       EXPECT_LE(k, len);
       EXPECT_GE(k, last) << "must not shrink at " << len << " of " << text;
+      EXPECT_EQ(tool_content_prefix(f, std::string_view(text).substr(0, len), last), k) << "resumed at " << last;
       EXPECT_LE(k, out.content.size()) << "a call's bytes streamed as content at " << len << " of " << text;
       last = k;
     }
