@@ -252,6 +252,54 @@ TEST(Server, ChatStreamingAndNot) {
   EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "length");
 }
 
+// tool_choice "auto" through the real server: text streams until the call begins, the call comes
+// whole in the last chunk, the same as the non-streamed answer (a regex makes the fake model call).
+TEST(Server, ToolChoiceAutoStreamsTextThenTheCall) {
+  Harness h({}, {}, 256, /*ready=*/false);
+  h.mi.max_model_len = 2048;  // room for the template's tools section
+  h.set_ready();
+  json req = {{"model", "test-model"},
+              {"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
+              {"tools", json::array({{{"type", "function"},
+                                      {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}})},
+              {"max_tokens", 120},
+              {"structured_outputs",
+               {{"regex", R"(Ok\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call>)"}}}};
+  const json plain = body_json(h.post("/v1/chat/completions", req));
+  ASSERT_TRUE(plain.contains("choices")) << plain.dump();
+  const json& msg = plain["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "Ok.\n");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << plain.dump();
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city": "Oslo"})");
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "tool_calls");
+
+  req["stream"] = true;
+  auto events = sse_payloads(h.post("/v1/chat/completions", req).body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  int pieces = 0;
+  json calls;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json c = json::parse(events[i]);
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("content") && !d["content"].get<std::string>().empty()) {
+      EXPECT_EQ(d["content"].get<std::string>().find('<'), std::string::npos) << "a piece of the call went out as text";
+      text += d["content"].get<std::string>();
+      ++pieces;
+    }
+    if (d.contains("tool_calls")) calls = d["tool_calls"];
+  }
+  EXPECT_EQ(text, "Ok.\n");
+  EXPECT_GE(pieces, 2) << "the text streamed as it came";
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city": "Oslo"})");
+  EXPECT_EQ(json::parse(events[events.size() - 2])["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(h.wait_idle());
+}
+
 TEST(Server, Logprobs) {
   Harness h;
   json req = greedy(6);
