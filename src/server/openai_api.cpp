@@ -507,6 +507,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       if (!p->is_boolean()) return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
       parallel = p->get<bool>();
     }
+    g.parallel_tool_calls = parallel;
     std::string mode = tools ? "auto" : "none", named;
     if (const json* tc = f.get("tool_choice")) {
       if (tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required")) {
@@ -1143,6 +1144,7 @@ ToolAnswer tool_answer(const GenerationRequest& g, const std::string& text) {
   if (g.tool_choice == TC::Auto) {
     tok::ParsedToolOutput p = tok::parse_tool_calls(g.tool_format, text);
     if (p.calls.empty()) return a;
+    if (!g.parallel_tool_calls) p.calls.resize(1);  // as vLLM: the first call only
     for (tok::ParsedToolCall& c : p.calls) a.calls.push_back(tool_call(c.name, std::move(c.arguments)));
     a.called = true;
     a.content = std::move(p.content);

@@ -118,6 +118,7 @@ struct GenerationRequest {
   std::string tool_name;  // Named: the function
   tok::ToolFormat tool_format = tok::ToolFormat::None;  // Auto
   std::string tools_json;  // the tools (declared key order) for the chat template; empty: none
+  bool parallel_tool_calls = true;  // false: at most one call ("auto" keeps the first it parses)
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   int prompt_index(int choice) const { return choice / n; }

@@ -410,6 +410,12 @@ TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
   EXPECT_EQ(a.calls[0]["function"]["arguments"], "{\"zeta\": 1}");
   EXPECT_EQ(a.content, "Checking.\n");
   EXPECT_EQ(tool_finish_reason(g, a, "stop"), "tool_calls");
+  const std::string two_calls = text + "\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"zeta\": 2}}\n</tool_call>";
+  EXPECT_EQ(tool_answer(g, two_calls).calls.size(), 2u);
+  auto single = chat(R"({"messages":[{"role":"user","content":"hi"}],"parallel_tool_calls":false,)" + tools + "}");
+  ASSERT_TRUE(single.ok()) << single.error().message;
+  ASSERT_EQ(tool_answer(single.value(), two_calls).calls.size(), 1u) << "parallel_tool_calls false: the first call";
+  EXPECT_EQ(tool_answer(single.value(), two_calls).calls[0]["function"]["arguments"], "{\"zeta\": 1}");
   ToolAnswer plain = tool_answer(g, "Just text.");
   EXPECT_FALSE(plain.called);
   EXPECT_EQ(plain.content, "Just text.");
