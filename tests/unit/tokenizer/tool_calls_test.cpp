@@ -22,29 +22,6 @@ ToolFormat format_of(const std::string& template_name) {
   return tool_format(cases()["templates"][template_name].get<std::string>());
 }
 
-// A vocabulary-free Tokenizer that only names bos/eos, for render_chat.
-class Names final : public Tokenizer {
- public:
-  Names(std::string bos, std::string eos) : names_{std::move(bos), std::move(eos)} {}
-  std::vector<int32_t> encode(std::string_view, bool, bool) const override { return {}; }
-  std::string decode(const std::vector<int32_t>&, bool) const override { return {}; }
-  std::string token_to_piece(int32_t) const override { return {}; }
-  int32_t vocab_size() const override { return 2; }
-  int32_t bos_id() const override { return names_[0].empty() ? -1 : 0; }
-  int32_t eos_id() const override { return 1; }
-  bool add_bos() const override { return false; }
-  std::string_view token_text(int32_t id) const override { return names_[id]; }
-  bool is_special(int32_t) const override { return true; }
-  const std::vector<int32_t>& eog_ids() const override { return eog_; }
-  const std::string& chat_template() const override { return tmpl_; }
-  std::string summary() const override { return "names"; }
-
- private:
-  std::string names_[2];
-  std::vector<int32_t> eog_{1};
-  std::string tmpl_;
-};
-
 TEST(PyJsonDumps, MatchesPython) {
   size_t n = 0;
   for (const ojson& c : cases()["dumps"]) {
@@ -77,7 +54,7 @@ TEST(ToolTemplates, MatchTransformersRenders) {
           cm.tool_calls.push_back({tc["function"]["name"], tc["function"]["arguments"].dump()});
       msgs.push_back(std::move(cm));
     }
-    Names names(c["bos"], c["eos"]);
+    test::NamesOnly names(c["bos"], c["eos"]);
     const std::string tools = c["tools"].is_null() ? "" : c["tools"].dump();
     auto r = render_chat(cases()["templates"][name].get<std::string>(), msgs, c["add_generation_prompt"], &names,
                          c["date_string"].get<std::string>(), tools);
