@@ -10,6 +10,9 @@ nothing running or waiting, no KV block held, /health 200, and SIGTERM exits 0.
 
     cmake -S . -B build-asan -G Ninja -DSELFSERVE_SANITIZE=ON -DSELFSERVE_CUDA=OFF && ninja -C build-asan selfserve
     ASAN_OPTIONS=detect_leaks=1 tools/soak_server.py --bin build-asan/selfserve --seconds 600 --clients 24
+
+--model and --auto-tools soak tool_choice "auto" (which needs a template with a call format, e.g. the
+tiny Qwen2 fixture with Qwen2.5's template, as tests/e2e builds it); --vocab bounds the token ids sent.
 """
 import argparse
 import http.client
@@ -35,6 +38,8 @@ STRUCT_SCHEMA = {"type": "object", "properties": {"word": {"type": "string", "ma
 SOAK_REGEX = r"[A-Z][a-z]{1,8}( [a-z]{1,8}){0,3}[.!?]"
 SOAK_GBNF = 'root ::= item (", " item){0,3}\nitem ::= "red" | "green" | [0-9]{1,3}'
 SOAK_GBNF_RE = r"(red|green|[0-9]{1,3})(, (red|green|[0-9]{1,3})){0,3}"
+# "auto" made to call: a Qwen2.5-style call the answer must come back parsed from.
+AUTO_CALL_REGEX = r'Ok\.\n<tool_call>\n\{"name": "lookup", "arguments": \{"q": "[a-z]{1,8}"\}\}\n</tool_call>'
 SOAK_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"q": {"type": "string", "maxLength": 12}, "k": {"type": "integer", "minimum": 1}},
     "required": ["q"], "additionalProperties": False}}}
@@ -83,14 +88,15 @@ class Soak:
                 body["top_logprobs"] = rng.randint(0, 3)
         else:
             body["prompt"] = (text(rng, 1, 60) if rng.random() < 0.7
-                              else [rng.randint(0, 40000) for _ in range(rng.randint(1, 80))])
+                              else [rng.randint(0, min(40000, self.args.vocab - 1)) for _ in range(rng.randint(1, 80))])
             if rng.random() < 0.3:
                 body["logprobs"] = rng.randint(0, 3)
                 body["echo"] = rng.random() < 0.5
         if rng.random() < 0.3:
             body["n"] = rng.randint(1, 3)
         if rng.random() < 0.2:
-            body["logit_bias"] = {str(rng.randint(0, 49151)): rng.uniform(-100, 100) for _ in range(rng.randint(1, 4))}
+            body["logit_bias"] = {str(rng.randint(0, self.args.vocab - 1)): rng.uniform(-100, 100)
+                                  for _ in range(rng.randint(1, 4))}
         if rng.random() < 0.2:
             body["cache_salt"] = rng.choice(["a", "b", "tenant-c"])
         if rng.random() < 0.2:
@@ -101,8 +107,10 @@ class Soak:
             body["presence_penalty"], body["frequency_penalty"] = rng.uniform(-2, 2), rng.uniform(-2, 2)
         if rng.random() < 0.1:
             body["min_tokens"] = rng.randint(0, body["max_tokens"])
-        if rng.random() < 0.15:  # structured outputs: a few schemas shared by many requests, one rare
-            kind = rng.choice(["object", "schema", "schema", "rare", "choice", "regex", "grammar", "tools"])
+        tools_heavy = self.args.auto_tools and chat and rng.random() < 0.3  # --auto-tools: tools often
+        if tools_heavy or rng.random() < 0.15:  # structured outputs: a few schemas shared by many requests, one rare
+            kind = "tools" if tools_heavy else rng.choice(["object", "schema", "schema", "rare", "choice", "regex", "grammar",
+                                                            "tools"])
             if kind == "object":
                 body["response_format"] = {"type": "json_object"}
             elif kind == "choice":
@@ -113,12 +121,21 @@ class Soak:
                 body["grammar"] = SOAK_GBNF
             elif kind == "tools" and chat:
                 body["tools"] = [SOAK_TOOL, {"type": "function", "function": {"name": "noop"}}]
-                body["tool_choice"] = rng.choice(["required", {"type": "function", "function": {"name": "lookup"}}])
+                choices = ["required", {"type": "function", "function": {"name": "lookup"}}]
+                if self.args.auto_tools:
+                    choices += ["auto", None]
+                body["tool_choice"] = rng.choice(choices)
+                if body["tool_choice"] is None:
+                    del body["tool_choice"]  # OpenAI's default with tools: "auto"
+                    if rng.random() < 0.5:
+                        body["structured_outputs"] = {"regex": AUTO_CALL_REGEX}
             else:
                 schema = STRUCT_SCHEMA if kind == "schema" else {"type": "array", "items": {"enum": WORDS[:rng.randint(1, 40)]},
                                                                  "maxItems": rng.randint(1, 5)}
                 body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
             body["max_tokens"] = rng.randint(8, 64)
+            if body.get("structured_outputs", {}).get("regex") == AUTO_CALL_REGEX:
+                body["max_tokens"] = 160  # the whole call, in a small vocabulary's tokens
             if "min_tokens" in body:
                 body["min_tokens"] = min(body["min_tokens"], body["max_tokens"])
         return chat, body
@@ -138,7 +155,12 @@ class Soak:
         for c in j["choices"]:
             if c["finish_reason"] not in ("stop", "length", "tool_calls"):
                 self.fail(f"finish_reason {c['finish_reason']}")
+            forced_call = body.get("structured_outputs", {}).get("regex") == AUTO_CALL_REGEX
+            if forced_call and c["finish_reason"] == "stop" and not body.get("stop"):
+                self.fail(f"an auto answer that is a whole call came back without it: {c['message']!r}")
             if chat and c["message"].get("tool_calls"):
+                if body.get("tool_choice", "auto") == "auto":
+                    self.count("auto_calls")
                 for call in c["message"]["tool_calls"]:
                     if call["function"]["name"] not in ("lookup", "noop"):
                         self.fail(f"tool call to {call['function']['name']!r}")
@@ -146,7 +168,7 @@ class Soak:
                 continue
             out = c["message"]["content"] if chat else c["text"]
             whole = c["finish_reason"] == "stop" and not body.get("stop") and not body.get("echo")
-            if whole and "structured_outputs" in body and not re.fullmatch(SOAK_REGEX, out):
+            if whole and "structured_outputs" in body and not forced_call and not re.fullmatch(SOAK_REGEX, out):
                 self.fail(f"regex output that does not match: {out!r}")
             if whole and "grammar" in body and not re.fullmatch(SOAK_GBNF_RE, out):
                 self.fail(f"grammar output that does not match: {out!r}")
@@ -216,7 +238,8 @@ class Soak:
     ]
 
     def bad(self, rng):
-        body = rng.choice(self.BAD)
+        # With --auto-tools, tools without a tool_choice are a valid "auto" request, not bad input.
+        body = rng.choice(self.BAD[:-1] if self.args.auto_tools else self.BAD)
         r = rng.random()
         if r < 0.05:
             body = b'{"prompt": "' + b"x" * (rng.randint(5, 12) << 20) + b'"}'  # over --max-body-mib 4: 413
@@ -289,7 +312,8 @@ class Soak:
         a = self.args
         log = open(a.log, "wb")
         self.server = subprocess.Popen([a.bin, "serve", "--port", "0", "--host", "127.0.0.1", "--max-num-seqs", "8",
-                                        "--max-waiting", "12", "--kv-cache-mib", str(a.kv_mib)],
+                                        "--max-waiting", "12", "--kv-cache-mib", str(a.kv_mib)] +
+                                       (["--model", a.model] if a.model else []),
                                        stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -366,6 +390,10 @@ def main():
     p.add_argument("--kv-mib", type=int, default=12, help="small: forces preemption (12: 34 blocks of 16)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--log", default="/tmp/selfserve-soak.log")
+    p.add_argument("--model", help="a model other than the default one")
+    p.add_argument("--vocab", type=int, default=49152, help="token ids sent stay below this (the model's vocabulary)")
+    p.add_argument("--auto-tools", action="store_true",
+                   help='also tool_choice "auto" (the model\'s template must have a call format)')
     sys.exit(Soak(p.parse_args()).run())
 
 
