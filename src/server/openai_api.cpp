@@ -230,6 +230,10 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
           return bad(where + ".tool_calls[]: each needs function.name and function.arguments (strings)", where + ".tool_calls");
         if (!json::accept(fn["arguments"].get_ref<const std::string&>()))
           return bad(where + ".tool_calls[]: function.arguments must be a JSON text", where + ".tool_calls");
+        if (tok::json_max_depth(fn["arguments"].get_ref<const std::string&>()) > tok::kMaxJsonDepth)
+          return bad(where + ".tool_calls[]: function.arguments nests deeper than " +
+                         std::to_string(tok::kMaxJsonDepth) + " levels",
+                     where + ".tool_calls");
         calls.push_back({fn["name"].get<std::string>(), fn["arguments"].get<std::string>()});
       }
     }
@@ -376,14 +380,17 @@ std::string context_message(const ModelInfo& m, size_t prompt, int64_t max_token
 }
 
 // The value at `path` (object keys from the root) of a JSON text, as ordered_json (key order kept),
-// everything else skipped; nullopt when the path is missing or an object there has more than
-// kMaxSchemaKeys keys (ordered_json inserts in linear time: a huge object would take quadratic time).
+// everything else skipped; nullopt when the path is missing, an object there has more than
+// kMaxSchemaKeys keys (ordered_json inserts in linear time: a huge object would take quadratic time)
+// or it nests deeper than tok::kMaxJsonDepth (serializing, compiling and printing it recurse per
+// level: a 200,000-deep array inside a schema or a tool overflowed the stack and killed the server).
 constexpr size_t kMaxSchemaKeys = 2048;
 class OrderedSubtree final : public nlohmann::json_sax<ojson> {
  public:
   explicit OrderedSubtree(std::vector<std::string> path) : path_(std::move(path)) {}
   std::optional<ojson> result;
   bool too_many_keys = false;
+  bool too_deep = false;
 
   bool null() override { return value(ojson(nullptr)); }
   bool boolean(bool v) override { return value(ojson(v)); }
@@ -437,6 +444,10 @@ class OrderedSubtree final : public nlohmann::json_sax<ojson> {
     return true;
   }
   bool open(ojson container, bool object) {
+    if (build_.size() >= tok::kMaxJsonDepth) {
+      too_deep = true;
+      return false;
+    }
     if (!build_.empty()) {
       ojson* child = nullptr;
       if (!insert(std::move(container), &child)) return false;
@@ -475,9 +486,10 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
   auto ordered = [&](std::string_view text, std::vector<std::string> path, const char* name) -> ojson {
     OrderedSubtree sax(std::move(path));
     const bool parsed = ojson::sax_parse(text, &sax);
-    if (!parsed || !sax.result || sax.too_many_keys) {
+    if (!parsed || !sax.result || sax.too_many_keys || sax.too_deep) {
       order_error = bad(std::string("'") + name + "': " +
-                            (sax.too_many_keys ? "an object in the schema has more than " + std::to_string(kMaxSchemaKeys) + " keys"
+                            (sax.too_deep ? "it nests deeper than " + std::to_string(tok::kMaxJsonDepth) + " levels"
+                             : sax.too_many_keys ? "an object in the schema has more than " + std::to_string(kMaxSchemaKeys) + " keys"
                                                : std::string("the schema is not valid JSON")),
                         name);
       return ojson::object();
@@ -1043,8 +1055,10 @@ ApiResult<nlohmann::json> tokenize_request(std::string_view body, const ModelInf
       if (const json* t = f.get("tools")) {  // as vLLM's /tokenize: the prompt a chat request with them gets
         if (!t->is_array()) return bad(std::string("'tools' must be an array, got ") + type_name(*t), "tools");
         OrderedSubtree sax({"tools"});
-        if (!ojson::sax_parse(body, &sax) || !sax.result || sax.too_many_keys)
-          return bad("'tools': an object has more than " + std::to_string(kMaxSchemaKeys) + " keys", "tools");
+        if (!ojson::sax_parse(body, &sax) || !sax.result || sax.too_many_keys || sax.too_deep)
+          return bad(sax.too_deep ? "'tools' nests deeper than " + std::to_string(tok::kMaxJsonDepth) + " levels"
+                                  : "'tools': an object has more than " + std::to_string(kMaxSchemaKeys) + " keys",
+                     "tools");
         tools_json = sax.result->dump();
       }
       if (auto e = render_messages(*msgs, add_gen, m, ids, text, tools_json)) return *e;
@@ -1150,6 +1164,7 @@ ToolAnswer tool_answer(const GenerationRequest& g, const std::string& text) {
     a.content = std::move(p.content);
     return a;
   }
+  if (tok::json_max_depth(text) > tok::kMaxJsonDepth) return a;  // (re-serialized below: recursion per level)
   const ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) return a;  // cut by max_tokens: not a whole call
   if (g.tool_choice == TC::Named) {

@@ -98,6 +98,8 @@ std::string qwen_tools_system(const std::string& system, const ojson& tools) {
 
 // A call's arguments (a JSON text) as the templates' `tojson` prints the parsed object.
 Expected<std::string> arguments_json(const ChatToolCall& c) {
+  if (json_max_depth(c.arguments) > kMaxJsonDepth)
+    return make_error("chat template: the arguments of a call to '" + c.name + "' nest too deeply");
   const ojson v = ojson::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) return make_error("chat template: the arguments of a call to '" + c.name + "' are not JSON");
   return py_json_dumps(v);
@@ -278,6 +280,8 @@ Expected<std::string> render_chat(std::string_view template_text, const std::vec
   std::string_view t = template_text;
   ojson tools = ojson::array();
   if (!tools_json.empty()) {
+    if (json_max_depth(tools_json) > kMaxJsonDepth)
+      return make_error("chat template: tools nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     tools = ojson::parse(tools_json, nullptr, /*allow_exceptions=*/false);
     if (tools.is_discarded() || !tools.is_array()) return make_error("chat template: tools must be a JSON array");
   }

@@ -1,6 +1,7 @@
 // Tool-call formats: Python's json.dumps for templates, and parsers of generated calls.
 #include "tokenizer/tool_calls.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +120,7 @@ void dumps(std::string& out, const ojson& v, int indent, int level) {
 }
 
 bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+
 bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 size_t skip_ws(std::string_view s, size_t i) {
   while (i < s.size() && is_ws(s[i])) ++i;
@@ -150,7 +152,7 @@ size_t object_end(std::string_view s, size_t i) {
 bool read_call(std::string_view s, size_t& i, ParsedToolCall& call) {
   if (i >= s.size() || s[i] != '{') return false;
   const size_t end = object_end(s, i);
-  if (end == std::string_view::npos) return false;
+  if (end == std::string_view::npos || json_max_depth(s.substr(i, end - i)) > kMaxJsonDepth) return false;
   const ojson v = ojson::parse(s.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded() || !v.is_object()) return false;
   auto name = v.find("name");
@@ -209,6 +211,25 @@ ParsedToolOutput parse_llama3_json(std::string_view text) {
 }
 
 }  // namespace
+
+size_t json_max_depth(std::string_view s) {
+  size_t depth = 0, most = 0;
+  bool in_str = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      most = std::max(most, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return most;
+}
 
 std::string py_json_dumps(const nlohmann::ordered_json& v, int indent) {
   std::string out;

@@ -16,6 +16,12 @@ namespace ss::tok {
 // This is transformers' `tojson` filter, so a template's tools and arguments render byte for byte.
 std::string py_json_dumps(const nlohmann::ordered_json& v, int indent = -1);
 
+// How deeply arrays and objects nest in a JSON text (brackets outside strings; the text need not be
+// valid). Serializers, schema compilers and json.dumps recurse per level: callers refuse JSON nested
+// deeper than kMaxJsonDepth before any of them runs.
+inline constexpr size_t kMaxJsonDepth = 128;
+size_t json_max_depth(std::string_view text);
+
 enum class ToolFormat {
   None,        // the template has no tool-call format this server knows
   Hermes,      // Qwen2.5: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, tools in the system turn

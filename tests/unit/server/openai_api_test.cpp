@@ -460,6 +460,46 @@ TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
   expect_error(two, 400, "messages", "two calls in a Llama 3.2 turn");
 }
 
+// What gets serialized, compiled or printed may not nest past tok::kMaxJsonDepth: those steps recurse
+// per level, and a 200,000-deep array in a schema's unknown key crashed the server. Unknown fields
+// may nest as they like (the body parser does not recurse).
+TEST_F(OpenAiApi, DeeplyNestedSchemasAndToolsAreRefused) {
+  auto nest = [](size_t n) { return std::string(n, '[') + std::string(n, ']'); };
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  const size_t most = tok::kMaxJsonDepth;
+  // The schema object is one level: a key inside it may nest most - 1 more.
+  auto ok = chat("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","x":)" +
+                 nest(most - 1) + "}}}}");
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","x":)" +
+           nest(most) + "}}}}",
+       "response_format"},
+      {"{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","x":)" +
+           nest(200000) + "}}}}",
+       "response_format"},
+      {"{" + msgs + R"(,"guided_json":")" + std::string(200000, '[') + "\"}", "guided_json"},
+      {"{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f","x":)" + nest(200000) + "}}]}", "tools"},
+      {"{" + msgs + R"(,"tool_choice":"required","tools":[{"type":"function","function":{"name":"f","x":)" +
+           nest(200000) + "}}]}",
+       "tools"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"g","arguments":")" +
+           nest(200000) + R"("}}]}]})",
+       "messages[0].tool_calls"},
+  };
+  for (const auto& [body, param] : cases) {
+    auto r = chat(body);
+    expect_error(r, 400, param, body.substr(0, 160));
+    if (!r.ok()) {
+      EXPECT_NE(r.error().message.find("deeper"), std::string::npos) << r.error().message;
+    }
+  }
+  auto t = tokenize_request("{" + msgs + R"(,"tools":[{"x":)" + nest(5000) + "}]}", m_);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().status, 400);
+  EXPECT_TRUE(chat("{" + msgs + R"(,"metadata":)" + nest(200000) + "}").ok()) << "an unknown deep field is ignored";
+}
+
 TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   // The request is parsed into std::map objects; the schema is read again with its key order, so
   // "zeta" (declared first) must come first even though it sorts last.

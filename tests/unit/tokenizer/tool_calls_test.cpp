@@ -143,6 +143,25 @@ TEST(ToolParsers, WhatIsNotAWholeCallStaysContent) {
   EXPECT_TRUE(parse_tool_calls(ToolFormat::None, "{\"name\": \"f\", \"parameters\": {}}").calls.empty());
 }
 
+TEST(ToolParsers, DepthIsBounded) {
+  EXPECT_EQ(json_max_depth(R"({"a": [1, {"b": "[[[{{"}]})"), 3u);
+  EXPECT_EQ(json_max_depth(R"("\"[[[")"), 0u);
+  EXPECT_EQ(json_max_depth("]]]{"), 1u) << "not JSON: still a bound";
+  // Arguments nested past the bound are not a call (printing them recurses per level).
+  const std::string deep = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  const std::string call = "{\"name\": \"f\", \"parameters\": {\"x\": " + deep + "}}";
+  EXPECT_TRUE(parse_tool_calls(ToolFormat::Llama3Json, call).calls.empty());
+  const std::string shallow = std::string(kMaxJsonDepth - 2, '[') + std::string(kMaxJsonDepth - 2, ']');
+  EXPECT_EQ(parse_tool_calls(ToolFormat::Llama3Json, "{\"name\": \"f\", \"parameters\": {\"x\": " + shallow + "}}")
+                .calls.size(),
+            1u);
+  // Tools nested past it are refused before they are printed.
+  auto r = render_chat(cases()["templates"]["qwen2.5"].get<std::string>(), {{"user", "q", {}}}, true, nullptr, {},
+                       "[{\"type\": \"function\", \"x\": " + deep + "}]");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("deeper"), std::string::npos) << r.message();
+}
+
 TEST(ToolParsers, Variants) {
   // Hermes: the last call unclosed (generation stopped on </tool_call>), text after the calls dropped.
   auto h = parse_tool_calls(ToolFormat::Hermes, "Hi\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n");
