@@ -127,9 +127,14 @@ size_t skip_ws(std::string_view s, size_t i) {
   return i;
 }
 
-// The end of the JSON object starting at s[i] == '{' (braces counted outside strings), or npos.
-size_t object_end(std::string_view s, size_t i) {
-  int depth = 0;
+// Brackets outside JSON strings from s[i] on: the deepest nesting, and where the value that opens
+// at s[i] closes (npos if it does not; only with stop_at_close, which ends the walk there).
+struct Brackets {
+  size_t most = 0, end = std::string_view::npos;
+};
+Brackets scan_brackets(std::string_view s, size_t i, bool stop_at_close) {
+  Brackets b;
+  size_t depth = 0;
   bool in_str = false;
   for (; i < s.size(); ++i) {
     const char c = s[i];
@@ -139,20 +144,22 @@ size_t object_end(std::string_view s, size_t i) {
     } else if (c == '"') {
       in_str = true;
     } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
+      b.most = std::max(b.most, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0 && --depth == 0 && stop_at_close) {
+      b.end = i + 1;
+      return b;
     }
   }
-  return std::string_view::npos;
+  return b;
 }
 
 // One call object at s[i]: {"name": "...", <args_key>: {...}} (either key name for the arguments).
 // On success i moves past it.
 bool read_call(std::string_view s, size_t& i, ParsedToolCall& call) {
   if (i >= s.size() || s[i] != '{') return false;
-  const size_t end = object_end(s, i);
-  if (end == std::string_view::npos || json_max_depth(s.substr(i, end - i)) > kMaxJsonDepth) return false;
+  const Brackets b = scan_brackets(s, i, /*stop_at_close=*/true);
+  if (b.end == std::string_view::npos || b.most > kMaxJsonDepth) return false;
+  const size_t end = b.end;
   const ojson v = ojson::parse(s.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded() || !v.is_object()) return false;
   auto name = v.find("name");
@@ -212,24 +219,7 @@ ParsedToolOutput parse_llama3_json(std::string_view text) {
 
 }  // namespace
 
-size_t json_max_depth(std::string_view s) {
-  size_t depth = 0, most = 0;
-  bool in_str = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_str) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_str = false;
-    } else if (c == '"') {
-      in_str = true;
-    } else if (c == '{' || c == '[') {
-      most = std::max(most, ++depth);
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return most;
-}
+size_t json_max_depth(std::string_view s) { return scan_brackets(s, 0, /*stop_at_close=*/false).most; }
 
 std::string py_json_dumps(const nlohmann::ordered_json& v, int indent) {
   std::string out;
