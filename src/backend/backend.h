@@ -1,13 +1,17 @@
-// The backend folder's public header: one interface, implemented by cpu/ and (later) cuda/.
-// The engine plans each step and hands the backend one flat batch; the backend runs the forward
-// pass over a paged KV cache it owns and returns logits for the positions that want them.
+// The backend folder's public header: one interface, implemented by cpu/ and cuda/.
+// An executor plans each step and hands the backend one flat batch; the backend runs the forward
+// pass over a paged KV cache it owns, samples the rows that want a token (sampling.h) and returns
+// token ids, plus only the log-probability rows asked for. Executors (executor.h) sit on top.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 
 namespace ss::model {
 class Model;
@@ -30,16 +34,90 @@ bool parse_kv_dtype(const std::string& s, KvCacheConfig::DType* out);
 // Bytes of one KV block (every layer's K and V) in the CPU backend's layout (blocks padded to 16 slots).
 int64_t cpu_kv_block_bytes(const KvCacheConfig& kv, int n_layers, int n_kv_heads, int head_dim);
 
-// One step. Token i belongs to sequence seq_index[i], sits at position positions[i], and its K/V is
-// stored in block block_tables[seq][positions[i] / block_size] at slot positions[i] % block_size.
-// Attention for token i covers positions 0..positions[i] of its sequence (causal): K/V of earlier
-// positions must already be in the cache or in this batch.
+// A row of the batch whose token is drawn: the logits of token `token` (an index into
+// StepBatch::tokens), sampled with `params` for the request's output position `n` (the RNG
+// counter). The spans and pointers stay valid for the step.
+struct SampleRow {
+  int32_t token = 0;
+  const SamplingParams* params = nullptr;
+  uint64_t n = 0;
+  std::span<const int32_t> prompt;  // penalties: the request's prompt and output so far
+  std::span<const int32_t> output;
+  std::span<const int32_t> banned;  // ids set to -inf first (the stop ids before min_tokens)
+  TokenMask* mask = nullptr;        // optional grammar
+  int logprobs = -1;                // >= 0: the chosen token's logprob plus the top k
+};
+
+// A prompt position to score (OpenAI's echo + logprobs): the raw logits' log-softmax at token
+// `token`, for `target` (the prompt token after it), plus the top k.
+struct ScoreRow {
+  int32_t token = 0;
+  int32_t target = 0;
+  int top_k = 0;
+};
+
+// A change to one slot's block table, applied before the step: entries [first, first + count) of
+// slot `slot` become edit_blocks[offset, offset + count) and the table ends there. Appending a
+// block, starting a sequence (first = 0) and dropping a table (first = 0, count = 0) are all edits.
+struct TableEdit {
+  int32_t slot = 0;
+  int32_t first = 0;
+  int32_t count = 0;
+  int32_t offset = 0;
+};
+
+// One step, flat. Token i belongs to batch sequence seq_index[i], sits at position positions[i],
+// and its K/V is stored in block table(seq_slot[s])[positions[i] / block_size] at slot
+// positions[i] % block_size. A backend keeps one block table per slot across steps
+// (max_slots() of them); the batch carries only the edits. Attention for token i covers positions
+// 0..positions[i] of its sequence (causal): K/V of earlier positions must already be in the cache
+// or in this batch.
 struct StepBatch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;
   std::vector<int32_t> seq_index;
-  std::vector<std::vector<int32_t>> block_tables;
-  std::vector<int32_t> logits_rows;  // indices into tokens; logits come back in this order
+  std::vector<int32_t> seq_slot;     // per batch sequence
+  std::vector<TableEdit> table_edits;
+  std::vector<int32_t> edit_blocks;
+  std::vector<SampleRow> sample_rows;
+  std::vector<ScoreRow> score_rows;
+  std::vector<int32_t> logits_rows;  // raw logits wanted back (tests, tools), indices into tokens
+
+  void clear();  // keeps capacity
+  // Appends an edit setting slot's table to `blocks` from entry `first` on.
+  void edit_table(int32_t slot, int32_t first, std::span<const int32_t> blocks);
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;         // one per sample row
+  std::vector<RowLogprobs> logprobs;   // one per sample row (filled where it asked for logprobs)
+  std::vector<RowLogprobs> scores;     // one per score row (chosen: the target's logprob)
+  std::vector<float> logits;           // logits_rows.size() x vocab
+};
+
+// Keeps the block table of each slot; backends apply a batch's edits through it.
+class BlockTables {
+ public:
+  explicit BlockTables(int slots = 0) : tables_(static_cast<size_t>(slots)) {}
+  Status apply(const StepBatch& b, int num_blocks);
+  std::span<const int32_t> of(int slot) const { return tables_[static_cast<size_t>(slot)]; }
+  int size() const { return static_cast<int>(tables_.size()); }
+
+ private:
+  std::vector<std::vector<int32_t>> tables_;
+};
+
+// Time per stage, summed over steps while profiling is on (what a backend can attribute; stages it
+// does not have stay 0).
+struct StepProfile {
+  double matmul_s = 0;     // every projection except lm_head (includes activation quantization)
+  double lm_head_s = 0;    // final norm + output projection
+  double attention_s = 0;  // the attention stage (scores, softmax, weighted V)
+  double rope_kv_s = 0;    // bias, q/k norm, RoPE, K/V cache writes
+  double other_s = 0;      // embedding, RMSNorm + residual, SwiGLU, gathers, validation, sampling
+  int64_t forwards = 0;
+  int64_t tokens = 0;
+  double total() const { return matmul_s + lm_head_s + attention_s + rope_kv_s + other_s; }
 };
 
 struct BackendOptions {
@@ -47,6 +125,7 @@ struct BackendOptions {
   KvCacheConfig kv;  // kv.num_blocks 0: enough for one sequence of min(max_context, 4096) tokens
   // Scratch is sized for this many tokens per step at start-up; a bigger batch grows it (allocates).
   int max_batch_tokens = 512;
+  int max_slots = 256;  // block tables kept (sequences that can be live in the KV cache at once)
 };
 
 class Backend {
@@ -54,15 +133,30 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual const KvCacheConfig& kv_config() const = 0;
-  // logits: logits_rows.size() x vocab floats, written in full.
-  virtual Status forward(const StepBatch& batch, float* logits) = 0;
-  // Runs fn(ctx, i) for i in [0, n) on the backend's host threads, if it has any, and waits (the
-  // engine samples each sequence's token this way). The calls must be independent.
-  virtual void parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) {
-    for (int i = 0; i < n; ++i) fn(ctx, i);
-  }
+  virtual int vocab_size() const = 0;  // logits per row
+  virtual int max_slots() const = 0;
+  // Runs one step: applies the table edits, computes every token's K/V, samples the sample rows,
+  // scores the score rows and copies out the raw logits rows. `out` is resized to the rows.
+  virtual Status step(const StepBatch& batch, StepOutput& out) = 0;
+
+  // Stage timing for benchmarks (bench decode); a backend without it reports nothing.
+  virtual void set_profiling(bool /*on*/, bool /*thread_cpu_time*/ = false) {}
+  virtual StepProfile profile() const { return {}; }
+  virtual void reset_profile() {}
 };
 
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts);
+
+// Checks what every backend needs of a batch before it touches memory: tokens, positions and
+// sequences consistent, slots and blocks in range, every position's block present in its table,
+// sample / score / logits rows in range. `tables`: the tables after the batch's edits.
+Status validate_batch(const StepBatch& b, const BlockTables& tables, int num_blocks, int block_size, int vocab);
+
+// Samples and scores rows on the host from logits the caller computed: row r of `logits` (vocab
+// floats, modified in place) belongs to sample row r, then score row r - sample_rows.size(). Rows
+// are pulled from a shared counter by `pool`'s threads (null: inline), each thread with its own
+// RowSampler (samplers[thread], at least pool's size of them).
+void sample_on_host(const StepBatch& b, float* logits, int vocab, std::vector<RowSampler>& samplers, ThreadPool* pool,
+                    StepOutput& out);
 
 }  // namespace ss::backend

@@ -12,14 +12,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/cpu_backend.h"
 #include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 
 namespace ss::cli {
 namespace {
@@ -58,20 +58,19 @@ void run_offline(const BenchArgs& a) {
     bo.kv.num_blocks = (a.prompt_tokens + a.gen_tokens + 16) / 16 + 1;
     auto be = backend::make_cpu_backend(model, bo);
     if (!be.ok()) return fail(be.message());
-    engine::SamplingParams sp;
-    sp.temperature = 0.0f;
-    engine::GenerateOptions go;
-    go.stop_at_eog = false;
+    // Greedy, no stop ids: exactly gen_tokens tokens each run.
+    auto request = [&](size_t prompt_len, int max_tokens) {
+      engine::Request r;
+      r.prompt.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prompt_len));
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = max_tokens;
+      return r;
+    };
     // Warm-up: page the weights in and touch every buffer once.
-    go.max_tokens = 2;
-    if (auto w = engine::generate(**be, vocab, std::vector<int32_t>(prompt.begin(), prompt.begin() + 16), sp, go,
-                                  [](int32_t) { return true; });
-        !w.ok())
-      return fail(w.message());
-    go.max_tokens = a.gen_tokens;
+    if (auto w = run_one_request(**be, request(16, 2), 512, {}); !w.ok()) return fail(w.message());
     std::vector<double> pp, tg;
     for (int r = 0; r < a.reps; ++r) {
-      auto st = engine::generate(**be, vocab, prompt, sp, go, [](int32_t) { return true; });
+      auto st = run_one_request(**be, request(prompt.size(), a.gen_tokens), 512, {});
       if (!st.ok()) return fail(st.message());
       pp.push_back(st->prompt_tokens / st->prefill_seconds);
       if (st->generated_tokens > 1) tg.push_back((st->generated_tokens - 1) / st->decode_seconds);
@@ -117,15 +116,17 @@ void run_decode(const DecodeArgs& a) {
   bo.kv.dtype = a.kv_dtype;
   bo.kv.num_blocks = per_seq * max_batch;
   bo.max_batch_tokens = std::max(max_batch, a.context);
-  auto be = backend::CpuBackend::create(model, bo);
+  bo.max_slots = max_batch;
+  auto be = backend::make_cpu_backend(model, bo);
   if (!be.ok()) return fail(be.message());
-  backend::CpuBackend& cpu = **be;
+  backend::Backend& cpu = **be;
   std::mt19937 rng(1234);
   // Every sequence gets its own blocks and a prompt of `context` random tokens, prefilled once.
   std::vector<std::vector<int32_t>> tables(max_batch);
   for (int s = 0; s < max_batch; ++s)
     for (int b = 0; b < per_seq; ++b) tables[s].push_back(s * per_seq + b);
-  std::vector<float> logits(static_cast<size_t>(std::max(max_batch, 1)) * vocab);
+  // Raw logits rows, as the forward pass alone produces them: no sampling in the measurement.
+  backend::StepOutput out;
   for (int s = 0; s < max_batch; ++s) {
     backend::StepBatch pb;
     for (int i = 0; i < a.context; ++i) {
@@ -133,19 +134,20 @@ void run_decode(const DecodeArgs& a) {
       pb.positions.push_back(i);
       pb.seq_index.push_back(0);
     }
-    pb.block_tables = {tables[s]};
+    pb.seq_slot = {s};
+    pb.edit_table(s, 0, tables[s]);
     pb.logits_rows = {a.context - 1};
-    if (auto st = cpu.forward(pb, logits.data()); !st.ok()) return fail(st.message());
+    if (auto st = cpu.step(pb, out); !st.ok()) return fail(st.message());
   }
-  std::printf("model: %s, %d threads, context %d, %s KV cache, %d decode steps per rep (median of %d)\n",
-              model.path.c_str(), cpu.threads(), a.context, backend::kv_dtype_name(a.kv_dtype), a.steps, a.reps);
+  std::printf("model: %s, %s, context %d, %s KV cache, %d decode steps per rep (median of %d)\n",
+              model.path.c_str(), cpu.name().c_str(), a.context, backend::kv_dtype_name(a.kv_dtype), a.steps, a.reps);
   std::printf("%6s %10s %12s %9s | %8s %8s %8s %8s %8s  (ms per step)\n", "batch", "step ms", "tok/s", "x first",
               "matmul", "lm_head", "attn", "rope_kv", "other");
   nlohmann::json results = nlohmann::json::array();
   double base = 0;
   for (int n : a.batch) {
     std::vector<double> step_ms;
-    std::vector<backend::CpuProfile> profs;
+    std::vector<backend::StepProfile> profs;
     for (int r = 0; r < a.reps; ++r) {
       // Decode positions context .. context + steps - 1 (rewritten each rep: the cache slots are reused).
       cpu.reset_profile();
@@ -157,10 +159,10 @@ void run_decode(const DecodeArgs& a) {
           b.tokens.push_back(static_cast<int32_t>(rng() % vocab));
           b.positions.push_back(a.context + k);
           b.seq_index.push_back(s);
-          b.block_tables.push_back(tables[s]);
+          b.seq_slot.push_back(s);
           b.logits_rows.push_back(s);
         }
-        if (auto st = cpu.forward(b, logits.data()); !st.ok()) return fail(st.message());
+        if (auto st = cpu.step(b, out); !st.ok()) return fail(st.message());
       }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       cpu.set_profiling(false);
@@ -168,7 +170,7 @@ void run_decode(const DecodeArgs& a) {
       profs.push_back(cpu.profile());
     }
     const double ms = median(step_ms), tps = n * 1e3 / ms;
-    const backend::CpuProfile& prof = profs[std::find(step_ms.begin(), step_ms.end(), ms) - step_ms.begin()];
+    const backend::StepProfile& prof = profs[std::find(step_ms.begin(), step_ms.end(), ms) - step_ms.begin()];
     if (base == 0) base = tps;  // the first batch size is the baseline
     const double per = 1e3 / std::max<int64_t>(prof.forwards, 1);
     std::printf("%6d %10.3f %12.1f %8.2fx | %8.3f %8.3f %8.3f %8.3f %8.3f\n", n, ms, tps, tps / base, prof.matmul_s * per,
@@ -182,7 +184,8 @@ void run_decode(const DecodeArgs& a) {
   if (!a.json_path.empty()) {
     std::ofstream f(a.json_path);
     f << nlohmann::json{{"model", model.path},
-                        {"threads", cpu.threads()},
+                        {"threads", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency())},
+                        {"backend", cpu.name()},
                         {"context", a.context},
                         {"kv_cache_dtype", backend::kv_dtype_name(a.kv_dtype)},
                         {"steps", a.steps},

@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "engine/gbnf.h"
 #include "engine/json_schema.h"
 #include "engine/regex.h"
@@ -85,9 +85,12 @@ void run_generate(const GenerateArgs& a) {
   sp.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : std::random_device{}();
   if (auto st = sp.validate(); !st.ok()) return fail(st.message());
 
-  engine::GenerateOptions go;
-  go.max_tokens = a.max_tokens;
-  go.stop_ids = tk.eog_ids();
+  engine::Request req;
+  req.prompt = ids;
+  req.sampling = sp;
+  // Generation ends when the context is full, whatever --max-tokens asks.
+  req.max_tokens = std::min(a.max_tokens, ctx - static_cast<int>(ids.size()));
+  req.stop_ids = tk.eog_ids();
   // llama.cpp's -j / --json-schema-file / --grammar / --grammar-file, and a regex: at most one.
   const int n_constraints = !(a.json_schema.empty() && a.json_schema_file.empty()) +
                             !(a.grammar.empty() && a.grammar_file.empty()) + !a.regex.empty();
@@ -118,14 +121,13 @@ void run_generate(const GenerateArgs& a) {
       if (!g.ok()) return fail("--json-schema: " + g.message());
     }
     auto compiled = std::make_shared<const engine::CompiledGrammar>(std::move(g).value(), engine::TokenTrie::build(tk));
-    go.constraint = std::make_shared<engine::GrammarConstraint>(compiled, go.stop_ids);
+    req.constraint = std::make_shared<engine::GrammarConstraint>(compiled, req.stop_ids);
   }
   tok::StreamDecoder dec(tk);
-  auto st = engine::generate(**be, model.config.vocab_size, ids, sp, go, [&](int32_t id) {
+  auto st = run_one_request(**be, std::move(req), 512, [&](int32_t id) {
     const std::string piece = dec.push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    return true;
   });
   const std::string tail = dec.flush();
   std::fwrite(tail.data(), 1, tail.size(), stdout);

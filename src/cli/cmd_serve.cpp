@@ -110,6 +110,7 @@ void run_serve(const ServeArgs& a) {
   bo.kv.block_size = a.block_size;
   bo.kv.dtype = a.kv_dtype;
   bo.max_batch_tokens = a.max_num_batched_tokens;
+  bo.max_slots = a.max_num_seqs;
   if (a.num_kv_blocks > 0) {
     bo.kv.num_blocks = a.num_kv_blocks;
   } else {
@@ -129,7 +130,6 @@ void run_serve(const ServeArgs& a) {
   if (a.max_model_len > 0) max_len = std::min(max_len, a.max_model_len);
 
   engine::EngineConfig ec;
-  ec.vocab_size = mc.vocab_size;
   ec.scheduler.max_num_seqs = a.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   ec.scheduler.long_prompt_threshold = a.long_prompt_threshold;

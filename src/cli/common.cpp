@@ -1,5 +1,8 @@
 #include "cli/common.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -56,6 +59,40 @@ uint64_t peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+Expected<OneRequestStats> run_one_request(backend::Backend& be, engine::Request req, int prefill_chunk,
+                                          const std::function<void(int32_t)>& on_token) {
+  engine::EngineConfig ec;
+  ec.scheduler.max_num_seqs = 1;
+  ec.scheduler.max_num_batched_tokens = std::max(1, prefill_chunk);
+  ec.scheduler.enable_prefix_caching = false;  // every run computes its prompt (benchmarks repeat it)
+  SS_ASSIGN(auto engine, engine::Engine::create(be, ec));
+  OneRequestStats st;
+  st.prompt_tokens = static_cast<int>(req.prompt.size());
+  using clock = std::chrono::steady_clock;
+  clock::time_point first{}, last{};
+  std::string error;
+  req.on_event = [&](const engine::TokenEvent& e) {
+    if (e.token >= 0) {
+      last = clock::now();
+      if (st.generated_tokens++ == 0) first = last;
+      if (on_token) on_token(e.token);
+    }
+    if (e.finish != engine::FinishReason::None) {
+      st.finish = e.finish;
+      error = e.error;
+    }
+  };
+  const auto t0 = clock::now();
+  SS_TRY(engine->add_request(std::move(req)));
+  while (engine->has_work()) SS_TRY(engine->step());
+  if (st.finish == engine::FinishReason::Error) return make_error(error);
+  if (st.generated_tokens > 0) {
+    st.prefill_seconds = std::chrono::duration<double>(first - t0).count();
+    st.decode_seconds = std::chrono::duration<double>(last - first).count();
+  }
+  return st;
 }
 
 }  // namespace ss::cli

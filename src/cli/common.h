@@ -4,8 +4,11 @@
 #include <memory>
 #include <string>
 
+#include <functional>
+
 #include "backend/backend.h"
 #include "common/status.h"
+#include "engine/engine.h"
 #include "model/model.h"
 
 namespace CLI {
@@ -33,6 +36,18 @@ class Progress {
 // --model PATH, or the default model (fetched when missing); loads and validates it.
 Expected<std::unique_ptr<model::Model>> open_model(const std::string& path_or_empty, model::LoadOptions opts,
                                                    bool quiet);
+
+// One request through the engine on this thread (generate, bench offline): prefill in chunks of
+// `prefill_chunk` tokens, then decode until a stop. on_token sees every sampled token.
+struct OneRequestStats {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  double prefill_seconds = 0;  // until the first token
+  double decode_seconds = 0;   // from the first sampled token to the last
+  engine::FinishReason finish = engine::FinishReason::None;
+};
+Expected<OneRequestStats> run_one_request(backend::Backend& be, engine::Request req, int prefill_chunk,
+                                          const std::function<void(int32_t)>& on_token);
 
 // Peak resident set size of this process in bytes.
 uint64_t peak_rss_bytes();

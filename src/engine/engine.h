@@ -1,7 +1,10 @@
-// The serving engine: continuous batching over a paged KV cache with prefix reuse.
-// step() = plan (Scheduler) -> backend.forward(StepBatch) -> sample rows that want it (each
-// request's own Sampler) -> update state -> deliver events. Either call step() yourself or let
-// start() run it on the engine's own thread; add_request / abort / stats are thread-safe.
+// The engine folder's public header. The serving engine owns requests: it gives them ids, queues
+// them from any thread, turns cancel tokens and stop requests into the executor's stop(), and
+// delivers the executor's events to each request's callback. What runs when is the executor's
+// (backend/executor.h): the host executor (host_executor.h: continuous batching over a paged KV
+// cache with prefix reuse, a Backend doing the steps) or a device executor. Either call step()
+// yourself or let start() run it on the engine's own thread; add_request / abort / stop_request /
+// stats are thread-safe.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -11,10 +14,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/executor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 
@@ -22,58 +28,28 @@ namespace ss::engine {
 
 struct EngineConfig {
   SchedulerConfig scheduler;
-  int vocab_size = 0;                       // logits per row the backend writes
   std::function<Clock::time_point()> clock;  // empty: steady_clock::now (tests inject one)
 };
 
-struct EngineStats {
-  int num_running = 0;
-  int num_waiting = 0;             // queued in the scheduler or not yet picked up
-  double kv_usage = 0;             // referenced blocks / all blocks
-  int kv_blocks_total = 0;
-  int kv_blocks_used = 0;
-  int kv_blocks_cached = 0;        // in the prefix index (referenced or not)
-  int64_t prefix_queried_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
-  double prefix_hit_rate = 0;      // hit / queried tokens
-  int64_t preemptions = 0;
-  int64_t prompt_tokens = 0;       // prompt tokens of admitted requests
-  int64_t generation_tokens = 0;   // sampled tokens
-  int64_t computed_tokens = 0;     // tokens through the backend (recomputation included)
-  int64_t finished_requests = 0;
-  int64_t steps = 0;
-  // Where a step's time goes (seconds, cumulative over steps that ran a batch): the backend's
-  // forward, and everything else the engine does (planning, sampling, emitting events).
-  double step_seconds = 0;
-  double forward_seconds = 0;
-  // Steps that only decoded (no prompt tokens in the batch): how many, their wall time and the
-  // tokens they sampled. tokens / seconds is the aggregate decode throughput under the load that
-  // ran, without prompt processing mixed in (that shows in step_seconds and TTFT).
-  int64_t decode_steps = 0;
-  double decode_step_seconds = 0;
-  int64_t decode_step_tokens = 0;
-  // Paging waste: slots of the blocks held by running sequences that hold no token (the tails of
-  // their last blocks), over all slots they hold. Sampled after each step.
-  int64_t kv_slots_held = 0;
-  int64_t kv_slots_filled = 0;
-  double kv_paging_waste = 0;        // 1 - filled / held (0 when nothing is held)
-  int64_t kv_slots_held_sum = 0;     // held and filled summed over steps: their ratio is the
-  int64_t kv_slots_filled_sum = 0;   // step-averaged waste under whatever load ran
-  std::string last_error;          // the last backend failure, if any
-};
+using EngineStats = backend::ExecutorStats;  // num_waiting includes requests not yet handed over
 
 class Engine {
  public:
-  // Block count and size come from be.kv_config(); be must outlive the engine.
+  // Over the host executor on `be` (block count and size from be.kv_config()); be must outlive the engine.
   static Expected<std::unique_ptr<Engine>> create(backend::Backend& be, const EngineConfig& cfg);
+  // Over any executor.
+  static Expected<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Executor> ex);
   ~Engine();  // stops the run loop; live requests are dropped without events
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues; picked up at the start of the next step. Returns the request's id.
+  // Validates and queues; handed to the executor at the start of the next step. Returns the id.
   Expected<RequestId> add_request(Request req);
   // Finishes the request with FinishReason::Abort at the start of the next step (no-op if unknown).
-  void abort(RequestId id);
+  void abort(RequestId id) { stop_request(id, FinishReason::Abort); }
+  // Finishes the request with `why` at the start of the next step, before it samples again (no-op
+  // if unknown or finished): how a stop string found by the caller ends it (FinishReason::Stop).
+  void stop_request(RequestId id, FinishReason why);
 
   // One iteration. Not while the run loop is on. An error means the backend failed; the requests in
   // that step have then finished with FinishReason::Error.
@@ -85,39 +61,30 @@ class Engine {
 
   EngineStats stats() const;  // a snapshot taken after the last step
   Status check_invariants();  // tests: only while the run loop is off
+  std::string executor_name() const { return executor_->name(); }
 
  private:
-  Engine(backend::Backend& be, const EngineConfig& cfg, int num_blocks, int block_size);
+  explicit Engine(std::unique_ptr<backend::Executor> ex);
   void loop();
   void refresh_stats();
 
-  backend::Backend& be_;
-  EngineConfig cfg_;
-  Scheduler sched_;  // engine thread only
-  StepPlan plan_;
-  std::vector<Emission> emissions_;
-  std::vector<float> logits_;
-  std::vector<int32_t> sampled_;
-  struct RowLogprobs {
-    float chosen = 0.0f;
-    std::vector<std::pair<int32_t, float>> top;
+  std::unique_ptr<backend::Executor> executor_;
+  struct Live {  // engine thread only
+    EventCallback on_event;
+    CancelToken cancel;
+    bool stop_sent = false;
   };
-  std::vector<RowLogprobs> logprobs_;  // per plan row, for requests that asked
-  struct PromptRow {
-    Sequence* seq;
-    int row;  // logits row
-    int pos;  // position whose logits score the prompt token at pos + 1
-  };
-  std::vector<PromptRow> prompt_rows_;  // this step's, for Request::prompt_logprobs
-  std::vector<RequestId> released_;
+  std::unordered_map<RequestId, Live> handed_;  // given to the executor, not finished
+  std::vector<backend::SeqEvent> events_;
+  std::vector<RequestId> finished_;
   std::vector<Request> taken_;
-  std::vector<RequestId> taken_aborts_;
+  std::vector<std::pair<RequestId, FinishReason>> taken_stops_;
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::vector<Request> inbox_;
-  std::vector<RequestId> aborts_;
-  std::unordered_set<RequestId> live_;
+  std::vector<std::pair<RequestId, FinishReason>> stops_;
+  std::unordered_set<RequestId> live_;  // queued or handed over, not yet finished
   RequestId next_id_ = 1;
   EngineStats stats_;
   bool stop_requested_ = false;

@@ -2,18 +2,6 @@
 
 namespace ss::engine {
 
-const char* to_string(FinishReason r) {
-  switch (r) {
-    case FinishReason::None: return "none";
-    case FinishReason::Length: return "length";
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Abort: return "abort";
-    case FinishReason::Timeout: return "timeout";
-    case FinishReason::Error: return "error";
-  }
-  return "?";
-}
-
 void EventQueue::push(TokenEvent e) {
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -25,7 +25,7 @@ Status SchedulerConfig::validate() const {
   return {};
 }
 
-Sequence::Sequence(Request r, int vocab_size) : req(std::move(r)), sampler(req.sampling, vocab_size) {
+Sequence::Sequence(SeqStart r) : req(std::move(r)) {
   tokens = std::move(req.prompt);
   req.prompt.clear();
   num_prompt = static_cast<int>(tokens.size());
@@ -35,28 +35,9 @@ Sequence::Sequence(Request r, int vocab_size) : req(std::move(r)), sampler(req.s
 }
 
 void StepPlan::clear() {
-  batch.tokens.clear();
-  batch.positions.clear();
-  batch.seq_index.clear();
-  batch.logits_rows.clear();
+  batch.clear();
   seqs.clear();
   num_decode_tokens = num_prefill_tokens = num_preempted = 0;
-}
-
-void StepPlan::resize_tables(size_t n) {
-  auto& t = batch.block_tables;
-  while (t.size() > n) {
-    spare_tables_.push_back(std::move(t.back()));
-    t.pop_back();
-  }
-  while (t.size() < n) {
-    if (spare_tables_.empty()) {
-      t.emplace_back();
-    } else {
-      t.push_back(std::move(spare_tables_.back()));
-      spare_tables_.pop_back();
-    }
-  }
 }
 
 Scheduler::Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size, int vocab_size)
@@ -67,9 +48,11 @@ Scheduler::Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size,
                                               : std::max(1, cfg.max_num_batched_tokens / 2);
   running_.reserve(cfg.max_num_seqs);
   decisions_.reserve(cfg.max_num_seqs);
+  // Slot i for the i-th concurrent sequence; the lowest free one is taken first.
+  for (int i = cfg.max_num_seqs - 1; i >= 0; --i) free_slots_.push_back(i);
 }
 
-Status Scheduler::check(const Request& r) const {
+Status Scheduler::check(const SeqStart& r) const {
   if (r.prompt.empty()) return make_error("the prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (r.prompt[i] < 0 || r.prompt[i] >= vocab_)
@@ -101,9 +84,9 @@ Status Scheduler::check(const Request& r) const {
   return {};
 }
 
-void Scheduler::add(Request r) {
-  const RequestId id = r.id;
-  auto seq = std::make_unique<Sequence>(std::move(r), vocab_);
+void Scheduler::add(SeqStart r) {
+  const SeqId id = r.id;
+  auto seq = std::make_unique<Sequence>(std::move(r));
   Sequence* s = seq.get();
   s->lane = s->num_prompt >= cfg_.long_prompt_threshold ? Lane::Long : Lane::Short;
   s->arrival_order = next_arrival_++;
@@ -113,7 +96,7 @@ void Scheduler::add(Request r) {
   seqs_.emplace(id, std::move(seq));
 }
 
-void Scheduler::abort(RequestId id, FinishReason why, std::vector<Emission>& out) {
+void Scheduler::abort(SeqId id, FinishReason why, std::vector<Emission>& out) {
   auto it = seqs_.find(id);
   if (it == seqs_.end() || it->second->state == Sequence::State::Finished) return;
   finish(it->second.get(), why, -1, out);
@@ -123,6 +106,8 @@ void Scheduler::remove_running(Sequence* s) {
   auto it = std::find(running_.begin(), running_.end(), s);
   assert(it != running_.end());
   running_.erase(it);
+  free_slots_.push_back(s->slot);
+  s->slot = -1;
 }
 
 void Scheduler::pop_waiting(Sequence* s) {
@@ -149,14 +134,18 @@ void Scheduler::finish(Sequence* s, FinishReason why, int32_t token, std::vector
   else if (s->state == Sequence::State::Waiting) pop_waiting(s);
   s->state = Sequence::State::Finished;
   s->finish = why;
-  out.push_back(Emission{s, TokenEvent{s->req.id, token, why, std::move(error)}});
+  SeqEvent ev;
+  ev.id = s->req.id;
+  ev.token = token;
+  ev.finish = why;
+  ev.error = std::move(error);
+  out.push_back(Emission{s, std::move(ev)});
   finished_.push_back(s);
   ++counters_.finished;
 }
 
 void Scheduler::reap(Clock::time_point now, std::vector<Emission>& out) {
   auto due = [&](const Sequence* s) -> FinishReason {
-    if (s->req.cancel && s->req.cancel->load(std::memory_order_relaxed)) return FinishReason::Abort;
     if (s->req.deadline && now >= *s->req.deadline) return FinishReason::Timeout;
     return FinishReason::None;
   };
@@ -324,6 +313,10 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     (void)ok;
     s->num_computed = cached;
     s->state = Sequence::State::Running;
+    assert(!free_slots_.empty());  // running_ < max_num_seqs slots
+    s->slot = free_slots_.back();
+    free_slots_.pop_back();
+    s->blocks_sent = 0;
     s->admit_order = ++next_admit_;
     if (!s->prefix_counted) {
       s->prefix_counted = true;
@@ -342,7 +335,6 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
 
 void Scheduler::build_batch(StepPlan& plan) {
   auto& b = plan.batch;
-  plan.resize_tables(decisions_.size());
   for (size_t i = 0; i < decisions_.size(); ++i) {
     Sequence* s = decisions_[i].seq;
     const int c = s->num_computed, n = decisions_[i].num_tokens;
@@ -351,17 +343,34 @@ void Scheduler::build_batch(StepPlan& plan) {
       b.positions.push_back(p);
       b.seq_index.push_back(static_cast<int32_t>(i));
     }
-    b.block_tables[i].assign(s->kv.table.begin(), s->kv.table.end());
+    // The backend keeps the table per slot: send what it lacks (all of it for a new occupant).
+    b.seq_slot.push_back(s->slot);
+    const int have = static_cast<int>(s->kv.table.size());
+    if (have > s->blocks_sent || s->blocks_sent == 0) {
+      b.edit_table(s->slot, s->blocks_sent, std::span<const int32_t>(s->kv.table).subspan(s->blocks_sent));
+      s->blocks_sent = have;
+    }
     ScheduledSeq ss{s, n, -1};
     if (decisions_[i].prompt_rows > 0) {
-      ss.prompt_row0 = static_cast<int>(b.logits_rows.size());
+      ss.prompt_row0 = static_cast<int>(b.score_rows.size());
       ss.num_prompt_rows = decisions_[i].prompt_rows;
       const size_t t0 = b.tokens.size() - static_cast<size_t>(n);
-      for (int r = 0; r < ss.num_prompt_rows; ++r) b.logits_rows.push_back(static_cast<int32_t>(t0 + r));
+      for (int r = 0; r < ss.num_prompt_rows; ++r)
+        b.score_rows.push_back({static_cast<int32_t>(t0 + r), s->tokens[static_cast<size_t>(c + r + 1)],
+                                s->req.prompt_logprobs});
     }
     if (c + n == s->num_tokens()) {
-      ss.logits_row = static_cast<int>(b.logits_rows.size());
-      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+      ss.sample_row = static_cast<int>(b.sample_rows.size());
+      backend::SampleRow row;
+      row.token = static_cast<int32_t>(b.tokens.size() - 1);
+      row.params = &s->req.sampling;
+      row.n = static_cast<uint64_t>(s->num_output());
+      row.prompt = s->prompt();
+      row.output = s->output();
+      if (s->num_output() < s->req.min_tokens) row.banned = s->req.stop_ids;  // too early to stop
+      row.mask = s->req.constraint.get();
+      row.logprobs = s->req.logprobs;
+      b.sample_rows.push_back(row);
     }
     if (n == 1 && c >= s->num_prompt) ++plan.num_decode_tokens;
     else plan.num_prefill_tokens += n;
@@ -370,33 +379,52 @@ void Scheduler::build_batch(StepPlan& plan) {
   plan.num_preempted = preempted_this_step_ ? 1 : 0;
 }
 
-void Scheduler::update(const StepPlan& plan, std::span<const int32_t> sampled, std::vector<Emission>& out) {
+void Scheduler::update(const StepPlan& plan, const backend::StepOutput& res, std::vector<Emission>& out) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& d = plan.seqs[i];
     Sequence* s = d.seq;
     s->num_computed += d.num_tokens;
     counters_.computed_tokens += d.num_tokens;
     kv_.publish(s->kv, s->tokens, s->num_computed);
-    if (d.logits_row < 0) continue;
-    const int32_t tok = sampled[i];
+    if (d.sample_row < 0) continue;
+    const int32_t tok = res.tokens[static_cast<size_t>(d.sample_row)];
     s->tokens.push_back(tok);
     ++counters_.generation_tokens;
     FinishReason why = FinishReason::None;
-    if (s->req.constraint)
+    if (s->req.constraint) {
+      s->req.constraint->accept(tok);
       if (std::string err = s->req.constraint->error(); !err.empty()) {
         finish(s, FinishReason::Error, -1, out, std::move(err));
         continue;
       }
+    }
     if (std::find(s->req.stop_ids.begin(), s->req.stop_ids.end(), tok) != s->req.stop_ids.end())
-      why = FinishReason::Stop;
-    else if (s->req.stop_hook && s->req.stop_hook(s->output()))
       why = FinishReason::Stop;
     else if (s->req.constraint && s->req.constraint->must_end())  // structured output complete
       why = FinishReason::Stop;
     else if (s->num_output() >= s->req.max_tokens || s->num_tokens() >= max_len_)
       why = FinishReason::Length;
-    if (why != FinishReason::None) finish(s, why, tok, out);
-    else out.push_back(Emission{s, TokenEvent{s->req.id, tok, FinishReason::None, {}}});
+    const int32_t filled = static_cast<int32_t>(s->num_computed / kv_.block_size());
+    if (why != FinishReason::None) {
+      finish(s, why, tok, out);
+    } else {
+      SeqEvent ev;
+      ev.id = s->req.id;
+      ev.token = tok;
+      out.push_back(Emission{s, std::move(ev)});
+    }
+    SeqEvent& ev = out.back().event;
+    ev.kv_blocks_filled = filled;
+    if (s->wants_prompt_lp()) {
+      ev.prompt_logprobs = std::move(s->prompt_lp);
+      s->prompt_lp_sent = true;
+    }
+    if (s->req.logprobs >= 0) {
+      const backend::RowLogprobs& lp = res.logprobs[static_cast<size_t>(d.sample_row)];
+      ev.has_logprob = true;
+      ev.logprob = lp.chosen;
+      ev.top_logprobs = lp.top;
+    }
   }
 }
 
@@ -405,7 +433,7 @@ void Scheduler::fail(const StepPlan& plan, const std::string& error, std::vector
     if (d.seq->state != Sequence::State::Finished) finish(d.seq, FinishReason::Error, -1, out, error);
 }
 
-void Scheduler::release_finished(std::vector<RequestId>& released) {
+void Scheduler::release_finished(std::vector<SeqId>& released) {
   for (Sequence* s : finished_) {
     released.push_back(s->req.id);
     seqs_.erase(s->req.id);

@@ -1,7 +1,7 @@
-// Plans each engine step (which sequences, how many tokens each) over the paged KV cache; the
-// plan's StepBatch is all the backend sees. Engine-thread only. See docs/engine.md.
+// Plans each step of the host executor (which sequences, how many tokens each) over the paged KV
+// cache; the plan's StepBatch is all the backend sees. Executor-thread only. See docs/engine.md.
 //
-// One step: (1) finish cancelled / timed-out requests; (2) one token for every running decode,
+// One step: (1) finish timed-out requests; (2) one token for every running decode,
 // oldest first; (3) a chunk for every running, unfinished prefill with the token budget left;
 // (4) admit waiting requests (preempted first, then any request waiting too long, then the short
 // lane, then the long lane) with what is left. When KV blocks run out, the newest running
@@ -19,10 +19,16 @@
 
 #include "backend/backend.h"
 #include "engine/kv_cache_manager.h"
-#include "engine/request.h"
-#include "engine/sampler.h"
+#include "backend/executor.h"
 
 namespace ss::engine {
+
+using backend::Clock;
+using backend::FinishReason;
+using backend::PromptLogprob;
+using backend::SeqEvent;
+using backend::SeqId;
+using backend::SeqStart;
 
 struct SchedulerConfig {
   int max_num_seqs = 64;              // sequences per step
@@ -47,12 +53,12 @@ struct SchedulerConfig {
 
 enum class Lane : uint8_t { Short, Long };
 
-// A request inside the engine. Owned by the Scheduler; the Engine reads it to sample.
+// A sequence inside the host executor, owned by the Scheduler.
 struct Sequence {
   enum class State : uint8_t { Waiting, Running, Finished };
   enum class Queue : uint8_t { None, Resumed, Short, Long };
 
-  Sequence(Request r, int vocab_size);
+  explicit Sequence(SeqStart r);
   int num_tokens() const { return static_cast<int>(tokens.size()); }
   int num_output() const { return num_tokens() - num_prompt; }
   std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(num_prompt)}; }
@@ -60,12 +66,13 @@ struct Sequence {
     return {tokens.data() + num_prompt, static_cast<size_t>(num_output())};
   }
 
-  Request req;                  // prompt moved out into tokens
+  SeqStart req;                 // prompt moved out into tokens
   std::vector<int32_t> tokens;  // prompt, then sampled ids
   int num_prompt = 0;
   int num_computed = 0;         // leading tokens whose K/V is in the cache
   SeqBlocks kv;
-  Sampler sampler;              // per request: its RNG never depends on the batch
+  int slot = -1;                // the backend's block table while running (-1: none)
+  int blocks_sent = 0;          // entries of kv.table the backend's table for `slot` holds
   Lane lane = Lane::Short;
   State state = State::Waiting;
   Queue queue = Queue::None;
@@ -74,7 +81,7 @@ struct Sequence {
   int64_t arrival_step = 0;
   int num_preemptions = 0;
   bool prefix_counted = false;  // hit-rate counters see each request once
-  // Request::prompt_logprobs: filled by the engine as prefill chunks run; moved into the first
+  // SeqStart::prompt_logprobs: filled by the executor as prefill chunks run; moved into the first
   // token's event, after which the sequence is an ordinary one (e.g. when resumed).
   std::vector<PromptLogprob> prompt_lp;
   bool prompt_lp_sent = false;
@@ -87,12 +94,12 @@ struct Sequence {
   FinishReason finish = FinishReason::None;
 };
 
-// One sequence's part in a step, in the same order as batch.block_tables.
+// One sequence's part in a step, in the same order as batch.seq_slot.
 struct ScheduledSeq {
   Sequence* seq = nullptr;
   int num_tokens = 0;   // fed this step, from seq->num_computed on
-  int logits_row = -1;  // >= 0: this step ends at the last known token, so a token is sampled
-  // Prompt logprobs: logits rows [prompt_row0, prompt_row0 + num_prompt_rows) are the positions
+  int sample_row = -1;  // >= 0: this step ends at the last known token, so a token is sampled
+  // Prompt logprobs: score rows [prompt_row0, prompt_row0 + num_prompt_rows) are the positions
   // from the chunk's start (seq->num_computed before the step) on.
   int prompt_row0 = -1;
   int num_prompt_rows = 0;
@@ -105,16 +112,12 @@ struct StepPlan {
   int num_prefill_tokens = 0;
   int num_preempted = 0;
   void clear();
-  void resize_tables(size_t n);  // keeps dropped tables' memory for later steps
-
- private:
-  std::vector<std::vector<int32_t>> spare_tables_;
 };
 
-// An event for the Engine to deliver after the step (outside any lock).
+// An event for the executor to hand out after the step.
 struct Emission {
   Sequence* seq;  // alive until Scheduler::release_finished
-  TokenEvent event;
+  SeqEvent event;
 };
 
 struct SchedulerCounters {
@@ -128,25 +131,26 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
-  // Logits rows per step for prompt logprobs, all sequences together (so the engine's logits
-  // buffer stays bounded: max_num_seqs + this many rows); longer prompts take several steps.
+  // Score rows per step for prompt logprobs, all sequences together (so the backend's logits
+  // rows stay bounded: max_num_seqs + this many); longer prompts take several steps.
   static constexpr int kMaxPromptLogprobRows = 128;
 
   Scheduler(const SchedulerConfig& cfg, int num_blocks, int block_size, int vocab_size);
 
   // Admission control: a clear error if the request is malformed or could never fit the cache.
-  Status check(const Request& r) const;
-  void add(Request r);  // r passed check(); its id is unique among live requests
-  // Finishes a live request now (no-op for an unknown id).
-  void abort(RequestId id, FinishReason why, std::vector<Emission>& out);
+  Status check(const SeqStart& r) const;
+  void add(SeqStart r);  // r passed check(); its id is unique among live sequences
+  // Finishes a live sequence now (no-op for an unknown id).
+  void abort(SeqId id, FinishReason why, std::vector<Emission>& out);
   // Plans the next step into plan (reusing its buffers).
   void schedule(Clock::time_point now, StepPlan& plan, std::vector<Emission>& out);
-  // Applies a completed forward: sampled[i] is the token for plan.seqs[i] if it has a logits row.
-  void update(const StepPlan& plan, std::span<const int32_t> sampled, std::vector<Emission>& out);
-  // The forward failed: every sequence in the plan finishes with FinishReason::Error.
+  // Applies a completed step: the token of plan.seqs[i] is out.tokens[sample_row] if it has one;
+  // prompt logprobs were stored by the caller; logprobs come from out.logprobs.
+  void update(const StepPlan& plan, const backend::StepOutput& out, std::vector<Emission>& out_events);
+  // The step failed: every sequence in the plan finishes with FinishReason::Error.
   void fail(const StepPlan& plan, const std::string& error, std::vector<Emission>& out);
   // Deletes sequences finished since the last call (call after delivering their events).
-  void release_finished(std::vector<RequestId>& released);
+  void release_finished(std::vector<SeqId>& released);
 
   bool has_work() const { return !seqs_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }
@@ -179,7 +183,7 @@ class Scheduler {
   void preempt(Sequence* victim);
   Sequence* peek_waiting(Clock::time_point now, bool allow_long) const;
   void pop_waiting(Sequence* s);
-  void remove_running(Sequence* s);
+  void remove_running(Sequence* s);  // also gives its slot back
   bool waited_too_long(const Sequence* s, Clock::time_point now) const;
   int64_t short_demand(int max_seqs) const;
   void build_batch(StepPlan& plan);
@@ -189,12 +193,13 @@ class Scheduler {
   int max_len_;
   int long_cap_;
   KvCacheManager kv_;
-  std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;  // every live request
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;      // every live sequence
   std::vector<Sequence*> running_;                                 // admission order
   std::deque<Sequence*> resumed_, short_, long_;                   // waiting lanes
   std::vector<Sequence*> finished_;
   std::vector<Decision> decisions_;
   std::vector<BlockId> hits_;
+  std::vector<int> free_slots_;  // block-table slots of the backend not held by a running sequence
   uint64_t next_arrival_ = 0, next_admit_ = 0;
   int budget_ = 0, long_left_ = 0, plp_left_ = 0;
   bool preempted_this_step_ = false;

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -130,13 +131,13 @@ struct Mailbox {
   }
 };
 
-// One choice's engine-side state, touched only on the engine thread (stop hook and event callback).
+// One choice's engine-side state, touched only on the engine thread (its event callback).
 struct ChoiceState {
   ChoiceState(const tok::Tokenizer& tk, const GenerationRequest& g)
       : text(tk, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output) {}
   TextOutput text;
-  int hook_tokens = 0;   // tokens fed to text by the stop hook
   int event_tokens = 0;  // token events seen
+  std::vector<int32_t> stop_ids;  // the request's
   Clock::time_point arrival, first_token, last_token;
 };
 
@@ -659,16 +660,17 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     const engine::CancelToken cancel = r.cancel;
     auto cs = std::make_shared<ChoiceState>(*mi.tokenizer, g);
     cs->arrival = arrival;
-    r.stop_hook = [cs](std::span<const int32_t> out) {
-      ++cs->hook_tokens;
-      return cs->text.push(out.back());
-    };
+    cs->stop_ids = r.stop_ids;
     Impl* self = this;
     r.on_event = [cs, mb, c, self](const engine::TokenEvent& e) {
+      // A stop string ends the choice: the engine is asked to stop it, and tokens an executor that
+      // ran ahead produced after the one completing the string are surplus, dropped (as vLLM does).
+      const bool surplus = e.token >= 0 && cs->text.stopped();
+      if (surplus && e.finish == engine::FinishReason::None) return;
       Delta d;
       d.choice = c;
       const auto now = Clock::now();
-      if (e.token >= 0) {
+      if (e.token >= 0 && !surplus) {
         d.has_token = true;
         if (++cs->event_tokens == 1) {
           cs->first_token = now;
@@ -684,16 +686,25 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
           d.lp = TokenLogprob{e.token, e.logprob, e.top_logprobs};
         }
         d.prompt_lps = e.prompt_logprobs;
+        // A stop id ends the text without being part of it.
+        const bool stop_id = e.finish == engine::FinishReason::Stop &&
+                             std::find(cs->stop_ids.begin(), cs->stop_ids.end(), e.token) != cs->stop_ids.end();
+        if (!stop_id && cs->text.push(e.token) && e.finish == engine::FinishReason::None)
+          self->engine->stop_request(e.id, engine::FinishReason::Stop);
       }
       d.text = cs->text.take();
       if (e.finish != engine::FinishReason::None) {
+        // A matched stop string is the reason, whatever else ended the sequence at that token.
+        engine::FinishReason fin = e.finish;
+        if (cs->text.stopped() && fin != engine::FinishReason::Error && fin != engine::FinishReason::Abort)
+          fin = engine::FinishReason::Stop;
         d.text += cs->text.finish();
-        d.finish = e.finish;
+        d.finish = fin;
         d.error = e.error;
         if (cs->text.stopped()) d.stop_reason = cs->text.matched_stop();
         self->m.e2e->Observe(seconds(now - cs->arrival));
         self->m.v_e2e->Observe(seconds(now - cs->arrival));
-        switch (e.finish) {  // vLLM's reasons; a deadline ends a request as "length" (as the API says)
+        switch (fin) {  // vLLM's reasons; a deadline ends a request as "length" (as the API says)
           case engine::FinishReason::Stop: self->m.v_stop->Increment(); break;
           case engine::FinishReason::Length:
           case engine::FinishReason::Timeout: self->m.v_length->Increment(); break;
@@ -704,7 +715,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
           self->m.tpot->Observe(seconds(cs->last_token - cs->first_token) / (cs->event_tokens - 1));
         self->reg
             .counter("selfserve_requests_finished_total", "Finished requests (choices), by finish reason",
-                     {{"finish_reason", engine::to_string(e.finish)}})
+                     {{"finish_reason", engine::to_string(fin)}})
             .Increment();
         self->inflight_choices.fetch_sub(1);
       }

@@ -1,6 +1,6 @@
 // Incremental detokenization with stop strings: text is released as soon as it cannot be the start
 // of a stop string; when a stop string completes, the text is cut right before it and generation
-// should stop (the engine's Request::stop_hook).
+// should stop (the caller asks the engine to stop the request).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -124,7 +124,7 @@ class Stopwatch {
 
 
 CpuBackend::CpuBackend(const model::Model& model, const BackendOptions& opts, int threads)
-    : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads) {}
+    : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads), tables_(std::max(1, opts.max_slots)) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -257,6 +257,7 @@ Status CpuBackend::init() {
   attn_scratch_.assign(attn_scratch_stride_ * pool_.size(), 0.0f);
   ensure_rows(std::max(1, opts_.max_batch_tokens));
   ensure_rope(std::min(c.max_context > 0 ? c.max_context : 4096, 4096));
+  for (int t = 0; t < pool_.size(); ++t) samplers_.emplace_back(V_);
   return {};
 }
 
@@ -331,54 +332,22 @@ void CpuBackend::for_rows(int n, int64_t work_per_row, const Fn& fn) {
   });
 }
 
-Status CpuBackend::validate(const StepBatch& b, const float* logits) {
+Status CpuBackend::validate(const StepBatch& b) {
+  SS_TRY(validate_batch(b, tables_, kv_.num_blocks, kv_.block_size, V_));
   const size_t T = b.tokens.size();
-  if (b.positions.size() != T || b.seq_index.size() != T)
-    return make_error("StepBatch: " + std::to_string(T) + " tokens but " + std::to_string(b.positions.size()) +
-                      " positions and " + std::to_string(b.seq_index.size()) + " sequence indices");
-  const int S = static_cast<int>(b.block_tables.size());
   const int bs = kv_.block_size;
-  seq_max_pos_.assign(S, -1);
-  // Messages are built only on failure: the happy path allocates nothing.
-  auto row = [](size_t i) { return "StepBatch row " + std::to_string(i); };
-  for (size_t i = 0; i < T; ++i) {
-    if (b.tokens[i] < 0 || b.tokens[i] >= V_)
-      return make_error(row(i) + ": token id " + std::to_string(b.tokens[i]) + " is outside the vocabulary [0, " +
-                        std::to_string(V_) + ")");
-    const int s = b.seq_index[i];
-    if (s < 0 || s >= S)
-      return make_error(row(i) + ": sequence index " + std::to_string(s) + " but the batch has " + std::to_string(S) +
-                        " block tables");
-    const int p = b.positions[i];
-    if (p < 0) return make_error(row(i) + ": negative position " + std::to_string(p));
-    if (p >= max_position_)
-      return make_error(row(i) + ": position " + std::to_string(p) + " is past the model's context and the KV cache (" +
-                        std::to_string(max_position_) + " positions)");
-    if (p / bs >= static_cast<int>(b.block_tables[s].size()))
-      return make_error(row(i) + ": position " + std::to_string(p) + " needs block " + std::to_string(p / bs) +
-                        " of sequence " + std::to_string(s) + ", whose block table has " +
-                        std::to_string(b.block_tables[s].size()) + " entries");
-    seq_max_pos_[s] = std::max(seq_max_pos_[s], p);
-  }
-  for (int s = 0; s < S; ++s) {
-    if (seq_max_pos_[s] < 0) continue;
-    const auto& tab = b.block_tables[s];
-    for (int j = 0; j <= seq_max_pos_[s] / bs; ++j)
-      if (tab[j] < 0 || tab[j] >= kv_.num_blocks)
-        return make_error("StepBatch: block table of sequence " + std::to_string(s) + ", entry " + std::to_string(j) +
-                          ": block " + std::to_string(tab[j]) + " is outside the KV cache [0, " +
-                          std::to_string(kv_.num_blocks) + ")");
-  }
-  for (size_t r = 0; r < b.logits_rows.size(); ++r)
-    if (b.logits_rows[r] < 0 || static_cast<size_t>(b.logits_rows[r]) >= T)
-      return make_error("StepBatch: logits_rows[" + std::to_string(r) + "] = " + std::to_string(b.logits_rows[r]) +
-                        " is not a row of the " + std::to_string(T) + "-token batch");
-  if (!b.logits_rows.empty() && logits == nullptr) return make_error("forward: logits rows requested but no buffer");
+  for (size_t i = 0; i < T; ++i)
+    if (b.positions[i] >= max_position_)
+      return make_error("StepBatch row " + std::to_string(i) + ": position " + std::to_string(b.positions[i]) +
+                        " is past the model's context and the KV cache (" + std::to_string(max_position_) +
+                        " positions)");
+  seq_tables_.resize(b.seq_slot.size());
+  for (size_t s = 0; s < b.seq_slot.size(); ++s) seq_tables_[s] = tables_.of(b.seq_slot[s]).data();
   // Two rows writing the same KV slot would race and leave the cache ambiguous.
   if (slot_keys_.size() < T) slot_keys_.resize(T);
   for (size_t i = 0; i < T; ++i) {
     const int p = b.positions[i];
-    const int64_t blk = b.block_tables[b.seq_index[i]][p / bs];
+    const int64_t blk = seq_tables_[b.seq_index[i]][p / bs];
     slot_keys_[i] = (blk * bs + p % bs) * static_cast<int64_t>(T) + static_cast<int64_t>(i);
   }
   std::sort(slot_keys_.begin(), slot_keys_.begin() + T);
@@ -395,7 +364,7 @@ Status CpuBackend::validate(const StepBatch& b, const float* logits) {
 
 void CpuBackend::plan_attention(const StepBatch& b) {
   const int T = static_cast<int>(b.tokens.size());
-  const int S = static_cast<int>(b.block_tables.size());
+  const int S = static_cast<int>(b.seq_slot.size());
   seq_count_.assign(S, 0);
   seq_start_.assign(S + 1, 0);
   for (int i = 0; i < T; ++i) ++seq_count_[b.seq_index[i]];
@@ -437,12 +406,37 @@ void CpuBackend::plan_attention(const StepBatch& b) {
   }
 }
 
-Status CpuBackend::forward(const StepBatch& b, float* logits) {
+Status CpuBackend::step(const StepBatch& b, StepOutput& out) {
+  SS_TRY(tables_.apply(b, kv_.num_blocks));
+  SS_TRY(validate(b));
+  // Logits rows: the sampled ones, the scored ones, then the raw ones.
+  rows_.clear();
+  for (const SampleRow& r : b.sample_rows) rows_.push_back(r.token);
+  for (const ScoreRow& r : b.score_rows) rows_.push_back(r.token);
+  rows_.insert(rows_.end(), b.logits_rows.begin(), b.logits_rows.end());
+  const size_t need = rows_.size() * static_cast<size_t>(V_);
+  if (logits_.size() < need) logits_.resize(need);
+  SS_TRY(forward(b));
+  Stopwatch sw(profiling_, profile_cpu_time_);
+  const size_t ns = b.sample_rows.size() + b.score_rows.size();
+  if (ns == 0) {  // raw rows only (benchmarks, tests): hand the buffer over instead of copying it
+    std::swap(out.logits, logits_);
+    out.logits.resize(need);
+  } else {
+    out.logits.assign(logits_.begin() + static_cast<std::ptrdiff_t>(ns * V_),
+                      logits_.begin() + static_cast<std::ptrdiff_t>(need));
+  }
+  sample_on_host(b, logits_.data(), V_, samplers_, &pool_, out);
+  sw.lap(profile_.other_s);
+  return {};
+}
+
+Status CpuBackend::forward(const StepBatch& b) {
   Stopwatch sw(profiling_, profile_cpu_time_);
   CpuProfile& pf = profile_;
-  SS_TRY(validate(b, logits));
+  float* logits = logits_.data();
   const int T = static_cast<int>(b.tokens.size());
-  const int R = static_cast<int>(b.logits_rows.size());
+  const int R = static_cast<int>(rows_.size());
   if (T == 0) return {};
   int max_pos = 0;
   for (int p : b.positions) max_pos = std::max(max_pos, p);
@@ -531,7 +525,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
         const float* cs = rope_cs_.data() + static_cast<size_t>(p) * rope_dim_;
         ops.rope(qt, nh_, hd_, rope_dim_, cs, interleaved, q_scale);
         ops.rope(kt, nkv_, hd_, rope_dim_, cs, interleaved, 1.0f);
-        const int64_t blk = b.block_tables[b.seq_index[t]][p / bs];
+        const int64_t blk = seq_tables_[b.seq_index[t]][p / bs];
         ops.store_kv(kt, vt, kc + blk * block_bytes, vc + blk * block_bytes, nkv_, hd_, bsp, p % bs, kv_elem_,
                      kv_scale_offset_);
       }
@@ -562,13 +556,13 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
           const int item = s.items_[it];
           const Tile& tile = s.tiles_[item / s.nh_];
           if (tile.whole)
-            c->ops->attention_token(*c->A, s.order_[tile.begin], c->b->block_tables[tile.seq].data(), scratch);
+            c->ops->attention_token(*c->A, s.order_[tile.begin], s.seq_tables_[tile.seq], scratch);
           else if (tile.n == 1)
             c->ops->attention_group(*c->A, s.order_[tile.begin], item % s.nh_, s.nh_ / s.nkv_,
-                                    c->b->block_tables[tile.seq].data(), scratch);
+                                    s.seq_tables_[tile.seq], scratch);
           else
             c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
-                              c->b->block_tables[tile.seq].data(), scratch);
+                              s.seq_tables_[tile.seq], scratch);
         }
       };
       int64_t work_total = 0;
@@ -586,7 +580,7 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     int n = T;
     if (last) {
       for (int i = 0; i < R; ++i) {
-        const int r = b.logits_rows[i];
+        const int r = rows_[i];
         std::memcpy(xg_.data() + static_cast<size_t>(i) * H_, x_.data() + static_cast<size_t>(r) * H_,
                     sizeof(float) * H_);
         std::memcpy(q_.data() + static_cast<size_t>(i) * qd, att_.data() + static_cast<size_t>(r) * qd,
@@ -643,18 +637,6 @@ Status CpuBackend::forward(const StepBatch& b, float* logits) {
     sw.lap(pf.lm_head_s);
   }
   return {};
-}
-
-void CpuBackend::parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) {
-  if (n <= 1 || pool_.size() == 1) {
-    for (int i = 0; i < n; ++i) fn(ctx, i);
-    return;
-  }
-  // Items pulled from a shared counter: sampling costs differ per request (top-p sorts, logprobs).
-  std::atomic<int> next{0};
-  pool_.run([&](int) {
-    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(ctx, i);
-  });
 }
 
 const char* kv_dtype_name(KvCacheConfig::DType t) {

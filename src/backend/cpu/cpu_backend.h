@@ -1,6 +1,6 @@
-// The CPU implementation of backend::Backend: Llama / Qwen2 / Qwen3 forward pass over a paged fp32
-// KV cache it owns. make_cpu_backend() (backend.h) is the way in; this header is for callers that
-// want the CPU-only extras (the per-stage profile used by benchmarks).
+// The CPU implementation of backend::Backend: Llama / Qwen2 / Qwen3 forward pass over a paged KV
+// cache it owns, then the host sampler over the rows that want a token. Private to cpu/:
+// make_cpu_backend() (backend.h) is the way in.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,18 +16,7 @@
 
 namespace ss::backend {
 
-// Time per stage, summed over forward() calls while profiling is on: wall time, or the calling
-// thread's CPU time (meaningful with 1 thread on a busy machine).
-struct CpuProfile {
-  double matmul_s = 0;     // every projection except lm_head (includes activation quantization)
-  double lm_head_s = 0;    // final norm + output projection
-  double attention_s = 0;  // the attention stage (scores, softmax, weighted V)
-  double rope_kv_s = 0;    // bias, q/k norm, RoPE, K/V cache writes
-  double other_s = 0;      // embedding, RMSNorm + residual, SwiGLU, gathers, validation
-  int64_t forwards = 0;
-  int64_t tokens = 0;
-  double total() const { return matmul_s + lm_head_s + attention_s + rope_kv_s + other_s; }
-};
+using CpuProfile = StepProfile;
 
 class CpuBackend final : public Backend {
  public:
@@ -35,15 +24,16 @@ class CpuBackend final : public Backend {
 
   std::string name() const override;
   const KvCacheConfig& kv_config() const override { return kv_; }
-  Status forward(const StepBatch& batch, float* logits) override;
-  void parallel_for(int n, void (*fn)(void* ctx, int i), void* ctx) override;
+  int vocab_size() const override { return V_; }
+  int max_slots() const override { return tables_.size(); }
+  Status step(const StepBatch& batch, StepOutput& out) override;
 
-  void set_profiling(bool on, bool thread_cpu_time = false) {
+  void set_profiling(bool on, bool thread_cpu_time = false) override {
     profiling_ = on;
     profile_cpu_time_ = thread_cpu_time;
   }
-  const CpuProfile& profile() const { return profile_; }
-  void reset_profile() { profile_ = CpuProfile{}; }
+  StepProfile profile() const override { return profile_; }
+  void reset_profile() override { profile_ = CpuProfile{}; }
   int threads() const { return pool_.size(); }
 
   ~CpuBackend() override;
@@ -51,7 +41,9 @@ class CpuBackend final : public Backend {
  private:
   CpuBackend(const model::Model& model, const BackendOptions& opts, int threads);
   Status init();
-  Status validate(const StepBatch& batch, const float* logits);
+  Status validate(const StepBatch& batch);
+  // The forward pass; logits of tokens rows_[0 .. R) go to logits_ (R x vocab).
+  Status forward(const StepBatch& batch);
   void ensure_rows(int rows);
   void ensure_rope(int max_pos);
   void plan_attention(const StepBatch& batch);
@@ -124,6 +116,12 @@ class CpuBackend final : public Backend {
   std::vector<Tile> tiles_;
   std::vector<int32_t> items_;       // tile * n_heads + head, most expensive first
   std::vector<int64_t> slot_keys_;   // validation: written (block, slot) pairs
+
+  BlockTables tables_;               // per slot, edited by each batch
+  std::vector<const int32_t*> seq_tables_;  // this batch's sequences' tables
+  std::vector<int32_t> rows_;        // tokens whose logits are wanted: sample, score, then raw rows
+  std::vector<float> logits_;        // rows_.size() x vocab, grown on demand
+  std::vector<RowSampler> samplers_; // one per pool thread
 };
 
 }  // namespace ss::backend

@@ -44,6 +44,7 @@ namespace {
 using ss::backend::Backend;
 using ss::backend::BackendOptions;
 using ss::backend::StepBatch;
+using ss::backend::StepOutput;
 using json = nlohmann::json;
 
 constexpr double kSynthRelTol = 2e-5;
@@ -88,6 +89,26 @@ std::unique_ptr<Backend> make_backend(const ss::model::Model& m, int num_blocks,
   return be.ok() ? std::move(be).value() : nullptr;
 }
 
+// The tests speak in whole block tables per batch sequence; forward() hands them to the backend as
+// table edits of slots 0..n-1 and copies the raw logits rows out.
+struct Batch : StepBatch {
+  std::vector<std::vector<int32_t>> block_tables;
+};
+ss::Status forward(Backend& be, const Batch& b, float* logits) {
+  StepBatch s = b;
+  s.seq_slot.clear();
+  s.table_edits.clear();
+  s.edit_blocks.clear();
+  for (size_t i = 0; i < b.block_tables.size(); ++i) {
+    s.seq_slot.push_back(static_cast<int32_t>(i));
+    s.edit_table(static_cast<int32_t>(i), 0, b.block_tables[i]);
+  }
+  StepOutput out;
+  SS_TRY(be.step(s, out));
+  if (!out.logits.empty()) std::memcpy(logits, out.logits.data(), out.logits.size() * sizeof(float));
+  return {};
+}
+
 std::vector<int32_t> blocks(int first, int n) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = first + i;
@@ -97,7 +118,7 @@ std::vector<int32_t> blocks(int first, int n) {
 // Tokens [begin, end) of one sequence as one step; logits for every row, [end-begin][V].
 std::vector<float> step(Backend& be, int V, const std::vector<int32_t>& ids, int begin, int end,
                         const std::vector<int32_t>& table) {
-  StepBatch b;
+  Batch b;
   b.block_tables = {table};
   for (int i = begin; i < end; ++i) {
     b.tokens.push_back(ids[i]);
@@ -106,7 +127,7 @@ std::vector<float> step(Backend& be, int V, const std::vector<int32_t>& ids, int
     b.logits_rows.push_back(i - begin);
   }
   std::vector<float> out(static_cast<size_t>(end - begin) * V);
-  auto st = be.forward(b, out.data());
+  auto st = forward(be, b, out.data());
   EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.message());
   return out;
 }
@@ -125,7 +146,7 @@ std::vector<float> run_chunked(Backend& be, int V, const std::vector<int32_t>& i
 // Several sequences in one batch, tokens interleaved round-robin; logits of every position, per sequence.
 std::vector<std::vector<float>> run_interleaved(Backend& be, int V, const std::vector<std::vector<int32_t>>& seqs,
                                                 const std::vector<std::vector<int32_t>>& tables) {
-  StepBatch b;
+  Batch b;
   b.block_tables = tables;
   std::vector<std::pair<int, int>> where;  // (seq, pos) per row
   size_t longest = 0;
@@ -140,7 +161,7 @@ std::vector<std::vector<float>> run_interleaved(Backend& be, int V, const std::v
         where.emplace_back(static_cast<int>(s), static_cast<int>(p));
       }
   std::vector<float> out(where.size() * V);
-  auto st = be.forward(b, out.data());
+  auto st = forward(be, b, out.data());
   EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.message());
   std::vector<std::vector<float>> res(seqs.size());
   for (size_t s = 0; s < seqs.size(); ++s) res[s].resize(seqs[s].size() * V);
@@ -284,7 +305,7 @@ TEST_P(SynthForward, MixedPrefillAndDecodeStep) {
 
   auto be2 = make_backend(*model_, 40);
   step(*be2, V_, a, 0, a.size() - 1, ta);  // cache the prefix of a
-  StepBatch b;
+  Batch b;
   b.block_tables = {ta, tc};
   b.tokens.push_back(a.back());
   b.positions.push_back(static_cast<int32_t>(a.size() - 1));
@@ -296,7 +317,7 @@ TEST_P(SynthForward, MixedPrefillAndDecodeStep) {
   }
   b.logits_rows = {static_cast<int32_t>(c.size()), 0};  // last of c, then the decode row
   std::vector<float> out(2 * V_);
-  ASSERT_TRUE(be2->forward(b, out.data()).ok());
+  ASSERT_TRUE(forward(*be2, b, out.data()).ok());
   EXPECT_EQ(0, std::memcmp(out.data(), c_alone.data() + (c.size() - 1) * V_, sizeof(float) * V_));
   EXPECT_EQ(0, std::memcmp(out.data() + V_, a_alone.data() + (a.size() - 1) * V_, sizeof(float) * V_));
 }
@@ -398,15 +419,15 @@ class BadBatch : public ::testing::Test {
     good_.block_tables = {{0}};
     good_.logits_rows = {2};
     logits_.resize(4 * model_->config.vocab_size);
-    ASSERT_TRUE(be_->forward(good_, logits_.data()).ok());
+    ASSERT_TRUE(forward(*be_, good_, logits_.data()).ok());
   }
-  std::string error_of(const StepBatch& b, float* logits) {
-    auto st = be_->forward(b, logits);
+  std::string error_of(const Batch& b, float* logits) {
+    auto st = forward(*be_, b, logits);
     return st.ok() ? std::string("<ok>") : st.message();
   }
   std::unique_ptr<ss::model::Model> model_;
   std::unique_ptr<Backend> be_;
-  StepBatch good_;
+  Batch good_;
   std::vector<float> logits_;
 };
 
@@ -448,11 +469,10 @@ TEST_F(BadBatch, ReturnsErrors) {
   b.seq_index = {0, 0, 1};
   b.positions = {0, 1, 1};  // two sequences sharing block 0 and both writing slot 1
   EXPECT_NE(error_of(b, out).find("same KV slot"), std::string::npos);
-  EXPECT_NE(error_of(good_, nullptr).find("no buffer"), std::string::npos);
   // The backend still works after rejected batches.
-  EXPECT_TRUE(be_->forward(good_, out).ok());
+  EXPECT_TRUE(forward(*be_, good_, out).ok());
   // An empty batch is a no-op.
-  EXPECT_TRUE(be_->forward(StepBatch{}, nullptr).ok());
+  EXPECT_TRUE(forward(*be_, Batch{}, nullptr).ok());
 }
 
 TEST(CpuBackendOptions, RejectsBadKvConfig) {
@@ -701,7 +721,7 @@ TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
     std::vector<std::vector<int32_t>> tables(n);
     for (int s = 0; s < n; ++s)
       for (int j = 0; j < 8; ++j) tables[s].push_back(j * n + s);  // interleaved across prompts
-    StepBatch b;
+    Batch b;
     b.block_tables = tables;
     std::vector<std::vector<float>> alone(n);
     for (int s = 0; s < n; ++s) {
@@ -716,7 +736,7 @@ TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
       b.logits_rows.push_back(s);
     }
     std::vector<float> out(static_cast<size_t>(n) * V_);
-    const auto st = be->forward(b, out.data());  // rewrites each last slot with the same K/V
+    const auto st = forward(*be, b, out.data());  // rewrites each last slot with the same K/V
     ASSERT_TRUE(st.ok()) << st.message();
     for (int s = 0; s < n; ++s)
       EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(s) * V_, alone[s].data(), sizeof(float) * V_), 0)
@@ -758,7 +778,7 @@ TEST_F(DefaultModel, DISABLED_TimingBreakdown) {
     for (int rep = 0; rep < 2; ++rep) {
       be.set_profiling(true, cpu_time);
       be.reset_profile();
-      StepBatch b;
+      Batch b;
       b.block_tables = {table};
       for (int i = 0; i < n_prompt; ++i) {
         b.tokens.push_back(ids[i]);
@@ -768,7 +788,7 @@ TEST_F(DefaultModel, DISABLED_TimingBreakdown) {
       b.logits_rows = {n_prompt - 1};
       std::vector<float> logits(V_);
       auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(be.forward(b, logits.data()).ok());
+      ASSERT_TRUE(forward(be, b, logits.data()).ok());
       report("prefill", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_prompt);
       be.reset_profile();
       t0 = std::chrono::steady_clock::now();
@@ -777,7 +797,7 @@ TEST_F(DefaultModel, DISABLED_TimingBreakdown) {
       for (int i = n_prompt; i < n_prompt + n_gen; ++i) {
         b.tokens = {ids[i]};
         b.positions = {i};
-        ASSERT_TRUE(be.forward(b, logits.data()).ok());
+        ASSERT_TRUE(forward(be, b, logits.data()).ok());
       }
       report("decode", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), n_gen);
     }

@@ -115,7 +115,6 @@ TEST(EngineStress, RandomWorkloadMatchesRunningAlone) {
     Clock::time_point now = Clock::now();
     EngineConfig cfg;
     cfg.scheduler = sc;
-    cfg.vocab_size = kVocab;
     cfg.clock = [&] { return now; };
     auto e = std::move(Engine::create(be, cfg)).value();
     std::vector<std::vector<int32_t>> systems;

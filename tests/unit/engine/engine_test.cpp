@@ -8,7 +8,6 @@
 #include <atomic>
 #include <thread>
 
-#include "engine/generator.h"
 #include "fake_backend.h"
 
 using namespace ss;
@@ -33,19 +32,22 @@ SchedulerConfig lanes_config(int max_seqs, int max_tokens, int long_threshold, i
 }
 }  // namespace
 
-TEST(Engine, SingleRequestMatchesGenerator) {
+// The engine's tokens are the model's, drawn by the reference sampler one position after another:
+// the toy model's logits recomputed from the tokens alone, no engine, no cache, no batching.
+TEST(Engine, SingleRequestMatchesTheModelSampledAlone) {
   std::mt19937 g(1);
   Spec s{random_tokens(g, 37, kVocab), 20, 0.7f, 42, {}};
-  FakeBackend be(64, 16, kVocab);
   SamplingParams sp;
   sp.temperature = s.temperature;
   sp.seed = s.seed;
-  GenerateOptions go;
-  go.max_tokens = s.max_tokens;
-  go.prefill_chunk = 8;
-  std::vector<int32_t> ref;
-  auto st = generate(be, kVocab, s.prompt, sp, go, [&](int32_t t) { ref.push_back(t); return true; });
-  ASSERT_TRUE(st.ok()) << st.message();
+  backend::Sampler sampler(sp, kVocab);
+  std::vector<int32_t> tokens = s.prompt, ref;
+  for (int i = 0; i < s.max_tokens; ++i) {
+    std::vector<float> l = reference_logits(tokens, static_cast<int>(tokens.size()) - 1, kVocab);
+    const int32_t t = sampler.sample(l.data(), s.prompt, ref);
+    ref.push_back(t);
+    tokens.push_back(t);
+  }
   Outcome o = run_alone(s, kVocab);
   EXPECT_EQ(o.tokens, ref);
   EXPECT_EQ(o.finish, FinishReason::Length);
@@ -106,7 +108,6 @@ TEST(Engine, AdmissionErrorsAreClear) {
   EXPECT_TRUE(e->add_request(make_request(spec({1}, 1), nullptr, 77)).ok()) << "id free again once finished";
 
   EngineConfig cfg;
-  cfg.vocab_size = kVocab;
   cfg.scheduler = small_config(8, 4);
   EXPECT_FALSE(Engine::create(be, cfg).ok()) << "budget below max_num_seqs";
 }
@@ -363,7 +364,6 @@ TEST(Engine, DeadlineFinishesWithTimeout) {
   Clock::time_point now = Clock::now();
   EngineConfig cfg;
   cfg.scheduler = small_config(1, 8);  // one seat: the second request waits
-  cfg.vocab_size = kVocab;
   cfg.clock = [&] { return now; };
   auto e = std::move(Engine::create(be, cfg)).value();
   Collector c;
@@ -388,7 +388,9 @@ TEST(Engine, DeadlineFinishesWithTimeout) {
   EXPECT_FALSE(e->has_work());
 }
 
-TEST(Engine, StopIdsAndStopHook) {
+// Stop ids end a request at once; a caller that finds a stop (the server's stop strings) asks the
+// engine to stop it, which it does before the request samples again.
+TEST(Engine, StopIdsAndStopRequests) {
   std::mt19937 g(7);
   Spec s{random_tokens(g, 12, kVocab), 10, 0.0f, 0, {}};
   const auto ref = run_alone(s, kVocab).tokens;
@@ -400,9 +402,15 @@ TEST(Engine, StopIdsAndStopHook) {
   stop.stop_ids = {ref[3]};
   const size_t first = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
   const RequestId a = *e->add_request(make_request(stop, &c));
-  Request hooked = make_request(s, &c);
-  hooked.stop_hook = [](std::span<const int32_t> out) { return out.size() == 2; };
-  const RequestId b = *e->add_request(std::move(hooked));
+  Request stopped = make_request(s, &c);
+  Engine* engine = e.get();
+  auto cb = stopped.on_event;
+  int seen = 0;
+  stopped.on_event = [&, engine, cb](const TokenEvent& ev) {
+    cb(ev);
+    if (ev.token >= 0 && ++seen == 2) engine->stop_request(ev.id, FinishReason::Stop);
+  };
+  const RequestId b = *e->add_request(std::move(stopped));
   run_all(*e);
   EXPECT_EQ(c.out[a].finish, FinishReason::Stop);
   EXPECT_EQ(c.out[a].tokens, std::vector<int32_t>(ref.begin(), ref.begin() + first + 1));

@@ -69,13 +69,16 @@ inline void expect_prompt_logprobs(const std::vector<int32_t>& prompt, const std
 
 class FakeBackend : public backend::Backend {
  public:
-  FakeBackend(int num_blocks, int block_size, int vocab) : vocab_(vocab) {
+  FakeBackend(int num_blocks, int block_size, int vocab, int slots = 256) : vocab_(vocab), tables_(slots) {
     kv_.num_blocks = num_blocks;
     kv_.block_size = block_size;
     cache_.assign(static_cast<size_t>(num_blocks) * block_size, Cell{});
+    samplers_.emplace_back(vocab);
   }
   std::string name() const override { return "fake"; }
   const backend::KvCacheConfig& kv_config() const override { return kv_; }
+  int vocab_size() const override { return vocab_; }
+  int max_slots() const override { return tables_.size(); }
 
   // Limits every batch must respect (0: unchecked).
   int max_tokens = 0, max_seqs = 0;
@@ -83,23 +86,32 @@ class FakeBackend : public backend::Backend {
   std::function<void(const backend::StepBatch&)> on_batch;
   int forwards = 0;
 
-  Status forward(const backend::StepBatch& b, float* logits) override {
+  // The step: K/V written, then the logits of the sampled, scored and raw rows computed from what
+  // the cache holds, then sampled by the host reference sampler.
+  Status step(const backend::StepBatch& b, backend::StepOutput& out) override {
     ++forwards;
     if (fail_next) {
       fail_next = false;
       return make_error("injected failure");
     }
+    SS_TRY(tables_.apply(b, kv_.num_blocks));
     SS_TRY(validate(b));
     if (on_batch) on_batch(b);
     const int bs = kv_.block_size;
     for (size_t i = 0; i < b.tokens.size(); ++i) {
-      const auto& table = b.block_tables[b.seq_index[i]];
+      const auto table = table_of(b, b.seq_index[i]);
       const int p = b.positions[i];
       cache_[static_cast<size_t>(table[p / bs]) * bs + p % bs] = Cell{b.tokens[i], p};
     }
-    for (size_t r = 0; r < b.logits_rows.size(); ++r) {
-      const int i = b.logits_rows[r];
-      const auto& table = b.block_tables[b.seq_index[i]];
+    rows_.clear();
+    for (const auto& r : b.sample_rows) rows_.push_back(r.token);
+    for (const auto& r : b.score_rows) rows_.push_back(r.token);
+    rows_.insert(rows_.end(), b.logits_rows.begin(), b.logits_rows.end());
+    logits_.resize(rows_.size() * static_cast<size_t>(vocab_));
+    float* logits = logits_.data();
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      const int i = rows_[r];
+      const auto table = table_of(b, b.seq_index[i]);
       uint64_t h = 12345;
       for (int q = 0; q <= b.positions[i]; ++q) {
         const Cell& c = cache_[static_cast<size_t>(table[q / bs]) * bs + q % bs];
@@ -110,6 +122,9 @@ class FakeBackend : public backend::Backend {
       }
       logits_from_hash(h, vocab_, logits + r * static_cast<size_t>(vocab_));
     }
+    const size_t ns = b.sample_rows.size() + b.score_rows.size();
+    out.logits.assign(logits_.begin() + static_cast<std::ptrdiff_t>(ns * vocab_), logits_.end());
+    backend::sample_on_host(b, logits, vocab_, samplers_, nullptr, out);
     return {};
   }
 
@@ -117,48 +132,60 @@ class FakeBackend : public backend::Backend {
   struct Cell {
     int32_t token = -1, pos = -1;
   };
+  std::span<const int32_t> table_of(const backend::StepBatch& b, int s) const { return tables_.of(b.seq_slot[s]); }
   Status validate(const backend::StepBatch& b) const {
     const size_t n = b.tokens.size();
     if (n == 0 || b.positions.size() != n || b.seq_index.size() != n) return make_error("ragged batch");
     if (max_tokens && static_cast<int>(n) > max_tokens)
       return make_error("batch has " + std::to_string(n) + " tokens, budget " + std::to_string(max_tokens));
-    if (max_seqs && static_cast<int>(b.block_tables.size()) > max_seqs)
-      return make_error("batch has " + std::to_string(b.block_tables.size()) + " seqs, limit " + std::to_string(max_seqs));
+    const size_t S = b.seq_slot.size();
+    if (max_seqs && static_cast<int>(S) > max_seqs)
+      return make_error("batch has " + std::to_string(S) + " seqs, limit " + std::to_string(max_seqs));
+    if (std::set<int32_t>(b.seq_slot.begin(), b.seq_slot.end()).size() != S) return make_error("a slot twice");
+    for (int32_t slot : b.seq_slot)
+      if (slot < 0 || slot >= tables_.size()) return make_error("slot out of range");
     // One sampling row per sequence at most, plus prompt-logprob rows: never a token twice.
-    if (std::set<int32_t>(b.logits_rows.begin(), b.logits_rows.end()).size() != b.logits_rows.size())
-      return make_error("a logits row twice");
-    std::vector<int> last(b.block_tables.size(), -1);
+    std::vector<int32_t> rows;
+    for (const auto& r : b.sample_rows) rows.push_back(r.token);
+    for (const auto& r : b.score_rows) rows.push_back(r.token);
+    rows.insert(rows.end(), b.logits_rows.begin(), b.logits_rows.end());
+    if (std::set<int32_t>(rows.begin(), rows.end()).size() != rows.size()) return make_error("a logits row twice");
+    std::vector<int> last(S, -1);
     std::map<int32_t, std::set<size_t>> written;  // block -> writing sequences
     for (size_t i = 0; i < n; ++i) {
       const int s = b.seq_index[i];
-      if (s < 0 || s >= static_cast<int>(b.block_tables.size())) return make_error("bad seq_index");
+      if (s < 0 || s >= static_cast<int>(S)) return make_error("bad seq_index");
       if (last[s] >= 0 && b.positions[i] != last[s] + 1) return make_error("positions not contiguous");
       last[s] = b.positions[i];
-      const auto& t = b.block_tables[s];
+      const auto t = table_of(b, s);
       const int blk = b.positions[i] / kv_.block_size;
       if (blk >= static_cast<int>(t.size())) return make_error("position beyond the block table");
       if (t[blk] < 0 || t[blk] >= kv_.num_blocks) return make_error("block id out of range");
       written[t[blk]].insert(s);
     }
-    for (size_t s = 0; s < b.block_tables.size(); ++s) {
+    for (size_t s = 0; s < S; ++s) {
       if (last[s] < 0) return make_error("a sequence without tokens");
-      if (std::set<int32_t>(b.block_tables[s].begin(), b.block_tables[s].end()).size() != b.block_tables[s].size())
-        return make_error("a block twice in one table");
+      const auto t = table_of(b, static_cast<int>(s));
+      if (std::set<int32_t>(t.begin(), t.end()).size() != t.size()) return make_error("a block twice in one table");
     }
     // A block written this step must belong to exactly one sequence of the batch.
     for (const auto& [blk, writers] : written)
-      for (size_t s = 0; s < b.block_tables.size(); ++s)
+      for (size_t s = 0; s < S; ++s)
         if (!writers.count(s))
-          for (int32_t x : b.block_tables[s])
+          for (int32_t x : table_of(b, static_cast<int>(s)))
             if (x == blk) return make_error("block " + std::to_string(blk) + " is written while shared");
-    for (int32_t r : b.logits_rows)
+    for (int32_t r : rows)
       if (r < 0 || r >= static_cast<int>(n)) return make_error("logits row out of range");
     return {};
   }
 
   backend::KvCacheConfig kv_;
   int vocab_;
+  backend::BlockTables tables_;
   std::vector<Cell> cache_;
+  std::vector<int32_t> rows_;
+  std::vector<float> logits_;
+  std::vector<backend::RowSampler> samplers_;
 };
 
 // What a test asks for; turned into a Request with a collecting callback.
@@ -236,9 +263,9 @@ inline void run_all(Engine& e, int max_steps = 10000) {
 }
 
 inline std::unique_ptr<Engine> make_engine(backend::Backend& be, const SchedulerConfig& sc, int vocab) {
+  EXPECT_EQ(be.vocab_size(), vocab);
   EngineConfig cfg;
   cfg.scheduler = sc;
-  cfg.vocab_size = vocab;
   auto e = Engine::create(be, cfg);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.message());
   return e.ok() ? std::move(e).value() : nullptr;

@@ -44,7 +44,6 @@ struct Harness {
     };
     engine::EngineConfig ec;
     ec.scheduler = sc;
-    ec.vocab_size = vocab;
     engine = std::move(engine::Engine::create(*be, ec)).value();
     EXPECT_TRUE(engine->start().ok());
     auto s = Server::create(so);
@@ -332,7 +331,6 @@ TEST(EngineLogprobs, LogSoftmaxOfThePenalizedLogits) {
   const int vocab = 97;
   engine::testing::FakeBackend be(64, 16, vocab);
   engine::EngineConfig ec;
-  ec.vocab_size = vocab;
   auto e = std::move(engine::Engine::create(be, ec)).value();
   std::vector<engine::TokenEvent> evs;
   engine::Request r;

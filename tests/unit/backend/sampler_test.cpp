@@ -1,6 +1,6 @@
 // Sampler properties: greedy is argmax, seeds reproduce, truncations never pick excluded tokens,
 // the empirical distribution matches softmax, penalties follow their published formulas.
-#include "engine/sampler.h"
+#include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <set>
 #include <vector>
 
-using ss::engine::Sampler;
-using ss::engine::SamplingParams;
+using ss::backend::Sampler;
+using ss::backend::SamplingParams;
 
 namespace {
 std::vector<float> random_logits(int n, uint32_t seed, float scale = 3.0f) {
@@ -139,7 +139,7 @@ TEST(Sampler, MaskedBlocksAndTinyTemperature) {
     for (float top_p : {1.0f, 0.5f}) {
       g.top_p = top_p;
       Sampler tiny(g, n);
-      for (int i = 0; i < 50; ++i) ASSERT_EQ(draw(tiny, l), ss::engine::argmax(l.data(), n)) << "T=" << t;
+      for (int i = 0; i < 50; ++i) ASSERT_EQ(draw(tiny, l), ss::backend::argmax(l.data(), n)) << "T=" << t;
     }
   }
   std::vector<float> all_masked(n, ninf);  // nothing to prefer: the lowest id, like argmax
@@ -328,7 +328,7 @@ TEST(Sampler, ValidateRejectsOutOfRange) {
 
 // Structured outputs' sampling: a constraint that allows a fixed set of tokens.
 namespace {
-class SetConstraint final : public ss::engine::TokenConstraint {
+class SetConstraint final : public ss::backend::TokenMask {
  public:
   explicit SetConstraint(std::set<int32_t> ok) : ok_(std::move(ok)) {}
   bool allows(int32_t t) override {
