@@ -478,6 +478,19 @@ Status Scheduler::check_invariants() const {
   }
   if (running != running_.size() || waiting != static_cast<size_t>(num_waiting()))
     return make_error("queue sizes do not match sequence states");
+  // Each running sequence holds its own block-table slot; the rest are free.
+  std::vector<int> slot_users(static_cast<size_t>(cfg_.max_num_seqs), 0);
+  for (const Sequence* s : running_) {
+    if (s->slot < 0 || s->slot >= cfg_.max_num_seqs) return make_error("a running sequence without a slot");
+    if (s->blocks_sent > static_cast<int>(s->kv.table.size())) return make_error("more blocks sent than held");
+    ++slot_users[static_cast<size_t>(s->slot)];
+  }
+  for (int f : free_slots_) {
+    if (f < 0 || f >= cfg_.max_num_seqs) return make_error("a free slot out of range");
+    ++slot_users[static_cast<size_t>(f)];
+  }
+  for (int n : slot_users)
+    if (n != 1) return make_error("a block-table slot is held twice or lost");
   for (size_t i = 1; i < running_.size(); ++i)
     if (running_[i - 1]->admit_order >= running_[i]->admit_order) return make_error("running list out of admission order");
   for (int b = 0; b < kv_.num_blocks(); ++b)

@@ -553,3 +553,86 @@ TEST(Engine, ShortStreamDoesNotStarveLongPrompt) {
   EXPECT_GE(s, 0);
   EXPECT_LE(s, 6 + 5 + 1);  // promoted after 6 steps, then 40 tokens in chunks of 8 (shorts waiting)
 }
+
+// The engine drives any executor through the same five calls: it hands requests over, turns cancel
+// tokens and stop requests into stop(), and delivers what poll() reports to each request's
+// callback, nothing after a request's finish.
+namespace {
+class ScriptedExecutor final : public backend::Executor {
+ public:
+  std::string name() const override { return "scripted"; }
+  Status check(const backend::SeqStart& s) const override {
+    return s.prompt.empty() ? Status(make_error("the prompt is empty")) : Status();
+  }
+  void start(backend::SeqStart s) override { started.push_back(s.id); }
+  void stop(backend::SeqId id, FinishReason why) override {
+    stops.emplace_back(id, why);
+    backend::SeqEvent e;
+    e.id = id;
+    e.finish = why;
+    pending.push_back(e);
+  }
+  Status poll(std::vector<backend::SeqEvent>& out) override {
+    ++polls;
+    for (backend::SeqId id : started) {  // one token per live sequence per poll
+      bool done = false;
+      for (const auto& s : stops) done |= s.first == id;
+      if (done) continue;
+      backend::SeqEvent e;
+      e.id = id;
+      e.token = 7;
+      out.push_back(e);
+    }
+    for (auto& e : pending) out.push_back(e);
+    pending.clear();
+    for (const auto& s : stops) {  // an executor that ran ahead: an event after the finish
+      backend::SeqEvent late;
+      late.id = s.first;
+      late.token = 9;
+      out.push_back(late);
+    }
+    return {};
+  }
+  bool has_work() const override { return true; }
+  backend::ExecutorStats stats() const override {
+    backend::ExecutorStats s;
+    s.num_running = static_cast<int>(started.size() - stops.size());
+    return s;
+  }
+  std::vector<backend::SeqId> started;
+  std::vector<std::pair<backend::SeqId, FinishReason>> stops;
+  std::vector<backend::SeqEvent> pending;
+  int polls = 0;
+};
+}  // namespace
+
+TEST(Engine, DrivesAnyExecutor) {
+  auto owned = std::make_unique<ScriptedExecutor>();
+  ScriptedExecutor& ex = *owned;
+  auto made = Engine::create(std::move(owned));
+  ASSERT_TRUE(made.ok());
+  Engine& e = **made;
+  EXPECT_FALSE(e.add_request(Request{}).ok());  // the executor's own check
+  Collector c;
+  Request a = make_request(spec({1, 2}, 5), &c), b = make_request(spec({3}, 5), &c);
+  a.cancel = make_cancel_token();
+  const CancelToken cancel_a = a.cancel;
+  const RequestId ia = *e.add_request(std::move(a)), ib = *e.add_request(std::move(b));
+  EXPECT_EQ(e.stats().num_waiting, 0);  // stats are a snapshot after the last step
+  ASSERT_TRUE(e.step().ok());
+  EXPECT_EQ(ex.started, (std::vector<backend::SeqId>{ia, ib}));
+  EXPECT_EQ(c.out[ia].tokens.size(), 1u);
+  cancel_a->store(true);
+  e.stop_request(ia, FinishReason::Stop);  // the cancel token wins: Abort, and stop() only once
+  e.stop_request(ib, FinishReason::Stop);
+  ASSERT_TRUE(e.step().ok());
+  EXPECT_EQ(ex.stops, (std::vector<std::pair<backend::SeqId, FinishReason>>{{ia, FinishReason::Abort},
+                                                                             {ib, FinishReason::Stop}}));
+  EXPECT_EQ(c.out[ia].finish, FinishReason::Abort);
+  EXPECT_EQ(c.out[ib].finish, FinishReason::Stop);
+  EXPECT_EQ(c.out[ia].events_after_finish + c.out[ib].events_after_finish, 0);
+  EXPECT_FALSE(e.has_work());
+  ASSERT_TRUE(e.step().ok());  // late events for finished requests go nowhere
+  EXPECT_EQ(c.out[ia].events_after_finish + c.out[ib].events_after_finish, 0);
+  EXPECT_EQ(c.out[ib].tokens, (std::vector<int32_t>{7}));
+}
