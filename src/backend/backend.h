@@ -2,6 +2,7 @@
 // An executor plans each step and hands the backend one flat batch; the backend runs the forward
 // pass over a paged KV cache it owns, samples the rows that want a token (sampling.h) and returns
 // token ids, plus only the log-probability rows asked for. Executors (executor.h) sit on top.
+// Others include this header only; it brings executor.h and sampling.h along.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/executor.h"
 #include "backend/sampling.h"
 #include "common/status.h"
 #include "common/thread_pool.h"

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/executor.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 

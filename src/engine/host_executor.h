@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/executor.h"
 #include "engine/scheduler.h"
 
 namespace ss::engine {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <mutex>
 
-#include "backend/executor.h"
+#include "backend/backend.h"
 #include "engine/token_constraint.h"
 
 namespace ss::engine {

@@ -19,7 +19,6 @@
 
 #include "backend/backend.h"
 #include "engine/kv_cache_manager.h"
-#include "backend/executor.h"
 
 namespace ss::engine {
 

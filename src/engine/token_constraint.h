@@ -1,6 +1,6 @@
 // Structured outputs reach the engine as the backend's token mask (backend/sampling.h).
 #pragma once
-#include "backend/sampling.h"
+#include "backend/backend.h"
 
 namespace ss::engine {
 using TokenConstraint = backend::TokenMask;

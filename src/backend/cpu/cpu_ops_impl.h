@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_ops.h"
-#include "model/quant.h"
+#include "model/model.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 // GCC 12 flags the deliberately undefined vectors inside AVX-512 intrinsics (_mm512_undefined_ps).
