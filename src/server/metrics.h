@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
+
 namespace ss::server {
 
 using Labels = prometheus::Labels;  // std::map<std::string, std::string>
@@ -46,5 +48,27 @@ prometheus::MetricFamily gauge_family(const std::string& name, const std::string
                                       const Labels& labels = {});
 prometheus::MetricFamily counter_family(const std::string& name, const std::string& help, double value,
                                         const Labels& labels = {});
+
+// Every per-request latency series in one place: selfserve's own (created with the registry) and
+// vLLM's names (its Grafana dashboard and autoscalers read them; they carry the model's name, so
+// they appear once set_model is called): time to first token, the gaps between output tokens (both
+// names vLLM has used), end-to-end latency, the mean time per output token of a finished request,
+// finished requests by reason. Observed from the engine thread; the library's series are
+// thread-safe.
+class RequestMetrics {
+ public:
+  explicit RequestMetrics(MetricsRegistry& reg);
+  void set_model(const std::string& model_id);
+  void first_token(double since_arrival);
+  void token_gap(double seconds);
+  // tokens: output tokens; first_to_last: seconds between the first and the last of them.
+  void finished(engine::FinishReason why, double since_arrival, int tokens, double first_to_last);
+
+ private:
+  MetricsRegistry& reg_;
+  prometheus::Histogram *ttft_, *tpot_, *e2e_;
+  prometheus::Histogram *v_ttft_ = nullptr, *v_itl_ = nullptr, *v_tpot_ = nullptr, *v_e2e_ = nullptr;
+  prometheus::Counter *v_stop_ = nullptr, *v_length_ = nullptr, *v_abort_ = nullptr;
+};
 
 }  // namespace ss::server

@@ -14,7 +14,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "server/text_output.h"
+#include "server/choice_stream.h"
 
 namespace ss::server {
 
@@ -42,51 +42,9 @@ bool same_secret(const std::string& a, const std::string& b) {  // constant time
   return diff == 0;
 }
 
-// A request the engine gave up on: the backend failed (500), or the client's structured-output
-// schema could not be followed (400, the message says why).
-ApiError generation_error(const std::string& why) {
-  ApiError e;
-  if (why.rfind(engine::kConstraintErrorPrefix, 0) == 0) {
-    e.status = 400;
-    e.type = "invalid_request_error";
-    e.param = "response_format";
-    e.message = why;
-  } else {
-    e.status = 500;
-    e.type = "server_error";
-    e.message = "generation failed: " + why;
-  }
-  return e;
-}
-
-const char* finish_name(engine::FinishReason r) {
-  switch (r) {
-    case engine::FinishReason::Stop: return "stop";
-    case engine::FinishReason::Length: return "length";
-    case engine::FinishReason::Timeout: return "length";  // a time budget, reported like max_tokens
-    case engine::FinishReason::Abort: return "abort";
-    case engine::FinishReason::Error: return "error";
-    case engine::FinishReason::None: break;
-  }
-  return "none";
-}
-
 }  // namespace
 
 namespace detail {
-
-// What the engine thread hands one request's coroutine.
-struct Delta {
-  int choice = 0;
-  std::string text;
-  bool has_token = false;
-  bool has_logprob = false;
-  TokenLogprob lp;
-  std::vector<engine::PromptLogprob> prompt_lps;  // echo + logprobs: with the first token
-  engine::FinishReason finish = engine::FinishReason::None;
-  std::optional<std::string> stop_reason;
-  std::string error;
-};
 
 // Lives on the io thread; the engine side reaches it only through a posted wake-up.
 struct Waiter {
@@ -129,16 +87,6 @@ struct Mailbox {
     q.clear();
     wake_pending = false;
   }
-};
-
-// One choice's engine-side state, touched only on the engine thread (its event callback).
-struct ChoiceState {
-  ChoiceState(const tok::Tokenizer& tk, const GenerationRequest& g)
-      : text(tk, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output) {}
-  TextOutput text;
-  int event_tokens = 0;  // token events seen
-  std::vector<int32_t> stop_ids;  // the request's
-  Clock::time_point arrival, first_token, last_token;
 };
 
 }  // namespace detail
@@ -202,13 +150,8 @@ struct Server::Impl {
   // at scrape time (engine_metrics).
   struct {
     prometheus::Gauge *degrade, *connections, *healthy;
-    prometheus::Histogram *ttft, *tpot, *e2e;
-    // vLLM's latency series (its Grafana dashboard and autoscalers read these names): TTFT, every
-    // gap between two output tokens (both names vLLM has used), end-to-end latency, finished
-    // requests by reason.
-    prometheus::Histogram *v_ttft = nullptr, *v_itl = nullptr, *v_tpot = nullptr, *v_e2e = nullptr;
-    prometheus::Counter *v_stop = nullptr, *v_length = nullptr, *v_abort = nullptr;
   } m{};
+  std::unique_ptr<RequestMetrics> request_metrics;  // the per-request latency series
   std::shared_ptr<prometheus::Collectable> engine_metrics;
 
   void init_metrics();
@@ -223,6 +166,8 @@ struct Server::Impl {
   awaitable<void> session(tcp::socket sock);
   awaitable<bool> dispatch(beast::tcp_stream& stream, HttpRequest& req);
   awaitable<bool> handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep);
+  std::optional<ApiError> overload(int num_choices);
+  std::optional<ApiError> submit(const GenerationRequest& g, Job& job, const std::shared_ptr<Mailbox>& mb);
   awaitable<bool> handle_simple(beast::tcp_stream& stream, HttpRequest& req, bool tokenize);
   awaitable<void> tick_loop();
   awaitable<void> drain();
@@ -270,14 +215,7 @@ class EngineMetrics final : public prometheus::Collectable {
 };
 
 void Server::Impl::init_metrics() {
-  m.ttft = &reg.histogram("selfserve_time_to_first_token_seconds", "Time from arrival to the first token",
-                          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20,
-                           40, 80, 160});
-  m.tpot = &reg.histogram("selfserve_time_per_output_token_seconds",
-                          "Mean time between output tokens of a finished request",
-                          {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5});
-  m.e2e = &reg.histogram("selfserve_e2e_request_latency_seconds", "Time from arrival to the last event",
-                         {0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960});
+  request_metrics = std::make_unique<RequestMetrics>(reg);
   m.degrade = &reg.gauge("selfserve_degrade_level", "Load-shedding level (0: full service)");
   m.connections = &reg.gauge("selfserve_http_connections", "Open HTTP connections");
   m.healthy = &reg.gauge("selfserve_healthy", "1 when /health answers 200");
@@ -603,6 +541,10 @@ awaitable<bool> Server::Impl::handle_simple(beast::tcp_stream& stream, HttpReque
   co_return co_await write(stream, make(req, http::status::ok, dump_json(r.value())));
 }
 
+// A generation request, in order: parse (on the pool) → refuse past the waiting bound → one engine
+// request per choice (submit) → stream headers and each choice's head → pump Deltas from the mailbox
+// into the choices' streams until every choice finished (or the client left) → the closing chunks,
+// or the whole response.
 awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep) {
   const ModelInfo& mi = model;
   auto parsed = co_await on_pool([&] { return parse_generation_request(ep, req.body(), mi); });
@@ -613,26 +555,13 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   }
   const GenerationRequest& g = parsed.value();
   const int nc = g.num_choices();
-
-  // Overload: choices beyond the running seats queue, and the queue is bounded.
-  {
-    const int inflight = inflight_choices.load();
-    const int waiting_now = std::max(engine->stats().num_waiting, inflight - opts.max_num_seqs);
-    const int queued_new = std::max(0, nc - std::max(0, opts.max_num_seqs - inflight));
-    if (queued_new > 0 && waiting_now + queued_new > opts.max_waiting) {
-      reject("overload");
-      ApiError e;
-      e.status = 429;
-      e.type = "rate_limit_error";
-      e.message = "the server is overloaded (" + std::to_string(waiting_now) + " requests waiting); retry shortly";
-      e.code = "overloaded";
-      HttpResponse res = make_error(req, e);
-      res.set(http::field::retry_after, "1");
-      co_return co_await write(stream, std::move(res));
-    }
+  if (auto busy = overload(nc)) {
+    reject("overload");
+    HttpResponse res = make_error(req, *busy);
+    res.set(http::field::retry_after, "1");
+    co_return co_await write(stream, std::move(res));
   }
 
-  // Register the job and queue its choices.
   auto job = std::make_shared<Job>();
   job->id = next_job++;
   job->waiter = std::make_shared<Waiter>(io->get_executor());
@@ -645,98 +574,9 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     uint64_t id;
     ~Unregister() { self->jobs.erase(id); }
   } unregister{this, job->id};
-
-  const auto arrival = Clock::now();
-  std::optional<Clock::time_point> deadline;
-  const double timeout = g.timeout_s ? *g.timeout_s : opts.request_timeout_s;
-  if (timeout > 0)
-    deadline = arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(timeout, 1e9)));
-  const uint64_t base_seed = seed_rng();
-  for (int c = 0; c < nc; ++c) {
-    engine::Request r = to_engine_request(g, c, mi, base_seed);
-    r.arrival = arrival;
-    r.deadline = deadline;
-    r.cancel = engine::make_cancel_token();
-    const engine::CancelToken cancel = r.cancel;
-    auto cs = std::make_shared<ChoiceState>(*mi.tokenizer, g);
-    cs->arrival = arrival;
-    cs->stop_ids = r.stop_ids;
-    Impl* self = this;
-    r.on_event = [cs, mb, c, self](const engine::TokenEvent& e) {
-      // A stop string ends the choice: the engine is asked to stop it, and tokens an executor that
-      // ran ahead produced after the one completing the string are surplus, dropped (as vLLM does).
-      const bool surplus = e.token >= 0 && cs->text.stopped();
-      if (surplus && e.finish == engine::FinishReason::None) return;
-      Delta d;
-      d.choice = c;
-      const auto now = Clock::now();
-      if (e.token >= 0 && !surplus) {
-        d.has_token = true;
-        if (++cs->event_tokens == 1) {
-          cs->first_token = now;
-          self->m.ttft->Observe(seconds(now - cs->arrival));
-          self->m.v_ttft->Observe(seconds(now - cs->arrival));
-        } else {
-          self->m.v_itl->Observe(seconds(now - cs->last_token));
-          self->m.v_tpot->Observe(seconds(now - cs->last_token));
-        }
-        cs->last_token = now;
-        if (e.has_logprob) {
-          d.has_logprob = true;
-          d.lp = TokenLogprob{e.token, e.logprob, e.top_logprobs};
-        }
-        d.prompt_lps = e.prompt_logprobs;
-        // A stop id ends the text without being part of it.
-        const bool stop_id = e.finish == engine::FinishReason::Stop &&
-                             std::find(cs->stop_ids.begin(), cs->stop_ids.end(), e.token) != cs->stop_ids.end();
-        if (!stop_id && cs->text.push(e.token) && e.finish == engine::FinishReason::None)
-          self->engine->stop_request(e.id, engine::FinishReason::Stop);
-      }
-      d.text = cs->text.take();
-      if (e.finish != engine::FinishReason::None) {
-        // A matched stop string is the reason, whatever else ended the sequence at that token.
-        engine::FinishReason fin = e.finish;
-        if (cs->text.stopped() && fin != engine::FinishReason::Error && fin != engine::FinishReason::Abort)
-          fin = engine::FinishReason::Stop;
-        d.text += cs->text.finish();
-        d.finish = fin;
-        d.error = e.error;
-        if (cs->text.stopped()) d.stop_reason = cs->text.matched_stop();
-        self->m.e2e->Observe(seconds(now - cs->arrival));
-        self->m.v_e2e->Observe(seconds(now - cs->arrival));
-        switch (fin) {  // vLLM's reasons; a deadline ends a request as "length" (as the API says)
-          case engine::FinishReason::Stop: self->m.v_stop->Increment(); break;
-          case engine::FinishReason::Length:
-          case engine::FinishReason::Timeout: self->m.v_length->Increment(); break;
-          case engine::FinishReason::Abort: self->m.v_abort->Increment(); break;
-          default: break;
-        }
-        if (cs->event_tokens >= 2)
-          self->m.tpot->Observe(seconds(cs->last_token - cs->first_token) / (cs->event_tokens - 1));
-        self->reg
-            .counter("selfserve_requests_finished_total", "Finished requests (choices), by finish reason",
-                     {{"finish_reason", engine::to_string(fin)}})
-            .Increment();
-        self->inflight_choices.fetch_sub(1);
-      }
-      mb->push(std::move(d));
-    };
-    inflight_choices.fetch_add(1);
-    auto id = engine->add_request(std::move(r));
-    if (!id.ok()) {
-      inflight_choices.fetch_sub(1);
-      for (size_t k = 0; k < job->engine_ids.size(); ++k) {
-        job->cancels[k]->store(true);
-        engine->abort(job->engine_ids[k]);
-      }
-      reject("invalid_request");
-      ApiError e;
-      e.message = id.message();
-      co_return co_await write(stream, make_error(req, e));
-    }
-    job->engine_ids.push_back(*id);
-    job->cancels.push_back(cancel);
-    job->finished.push_back(false);
+  if (auto err = submit(g, *job, mb)) {
+    reject("invalid_request");
+    co_return co_await write(stream, make_error(req, *err));
   }
 
   // Watch for the client going away (EOF or reset) while we generate; pipelined data is left alone.
@@ -769,11 +609,9 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     return std::string(b);
   }();
   const int64_t created = unix_now();
-  std::vector<ChoiceOutput> outs(nc);
-  for (int c = 0; c < nc; ++c) outs[c].index = c;
-  std::vector<size_t> streamed_len(nc, 0);  // completions text_offset
-  std::vector<char> echo_sent(nc, 0);       // completions echo + logprobs, streamed
-  int remaining = nc;
+  std::vector<ChoiceStream> choices;
+  choices.reserve(static_cast<size_t>(nc));
+  for (int c = 0; c < nc; ++c) choices.emplace_back(g, mi, id, created, c);
   bool keep = req.keep_alive();
 
   // Streaming: headers now, then chunks as tokens come.
@@ -789,13 +627,6 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     stream.expires_never();
     if (ec) write_failed = true;
   };
-  // vLLM's continuous_usage_stats: every chunk carries its choice's usage so far.
-  auto chunk = [&](nlohmann::ordered_json j, int choice) {
-    if (g.include_usage && g.continuous_usage_stats)
-      j["usage"] = usage_json(Usage{static_cast<int>(g.prompts[g.prompt_index(choice)].ids.size()),
-                                    outs[choice].completion_tokens});
-    return sse_event(dump_json(j));
-  };
   if (g.stream) {
     http::response<http::empty_body> res{http::status::ok, req.version()};
     res.set(http::field::server, "selfserve");
@@ -809,87 +640,23 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     stream.expires_never();
     if (ec) write_failed = true;
     std::string first;
-    for (int c = 0; c < nc; ++c) {
-      if (chat) {
-        const std::string empty;
-        first += chunk(chat_chunk(g, mi, id, created, c, "assistant", &empty, nullptr, nullptr), c);
-      } else if (g.echo && g.logprobs < 0) {  // with logprobs the echo waits for the prompt's (below)
-        first += chunk(completion_echo_chunk(g, mi, id, created, c, nullptr), c);
-        streamed_len[c] = g.prompts[g.prompt_index(c)].text.size();
-      }
-    }
+    for (ChoiceStream& cs : choices) first += cs.head();
     co_await send(first);
   }
 
   std::vector<Delta> batch;
   std::optional<std::string> engine_error;
+  int remaining = nc;
   while (remaining > 0) {
     mb->take(batch);
     std::string payload;
     for (Delta& d : batch) {
-      ChoiceOutput& o = outs[d.choice];
-      if (d.has_token) ++o.completion_tokens;
-      if (!d.prompt_lps.empty())
-        o.prompt_logprobs = prompt_token_logprobs(g.prompts[g.prompt_index(d.choice)].ids, d.prompt_lps);
-      if (g.stream && !chat && g.echo && g.logprobs >= 0 && !echo_sent[d.choice]) {
-        // The echoed prompt with its logprobs, which came with the choice's first event.
-        echo_sent[d.choice] = true;
-        payload += chunk(completion_echo_chunk(g, mi, id, created, d.choice, &o.prompt_logprobs), d.choice);
-        streamed_len[d.choice] = g.prompts[g.prompt_index(d.choice)].text.size();
-      }
-      std::vector<TokenLogprob> lps;
-      if (d.has_logprob) lps.push_back(d.lp);
-      const bool done = d.finish != engine::FinishReason::None;
-      if (done) {
-        job->finished[d.choice] = true;
+      ChoiceStream& cs = choices[static_cast<size_t>(d.choice)];
+      payload += cs.apply(std::move(d));
+      if (cs.done() && !job->finished[cs.output().index]) {
+        job->finished[cs.output().index] = true;
         --remaining;
-        o.finish_reason = finish_name(d.finish);
-        o.stop_reason = d.stop_reason;
-        if (d.finish == engine::FinishReason::Error) engine_error = d.error;
-      }
-      if (g.stream) {
-        if (done && d.finish == engine::FinishReason::Error) {
-          payload += sse_event(error_body(generation_error(d.error)));
-        } else if (chat && g.tool_choice == GenerationRequest::ToolChoice::Auto) {
-          // "auto": text streams as it comes until a call may begin; from there on it is held, and the
-          // calls (or, when they are not whole, the held text) go out in the choice's last chunk.
-          o.text += d.text;
-          if (d.has_logprob) o.logprobs.push_back(std::move(d.lp));  // not yet sent
-          const std::vector<TokenLogprob>* pending = g.logprobs >= 0 ? &o.logprobs : nullptr;
-          if (done) {
-            payload += chunk(chat_tool_chunk(g, mi, id, created, d.choice, o.text, pending, finish_name(d.finish),
-                                             streamed_len[d.choice]),
-                             d.choice);
-          } else if (const size_t safe = tok::tool_content_prefix(g.tool_format, o.text, streamed_len[d.choice]);
-                     safe > streamed_len[d.choice]) {
-            const std::string piece = o.text.substr(streamed_len[d.choice], safe - streamed_len[d.choice]);
-            payload += chunk(chat_chunk(g, mi, id, created, d.choice, nullptr, &piece, pending, nullptr), d.choice);
-            o.logprobs.clear();
-            streamed_len[d.choice] = safe;
-          }
-        } else if (chat && g.tool_choice != GenerationRequest::ToolChoice::None) {
-          // Tool calls go out whole, in the choice's last chunk (arguments may come in any pieces).
-          o.text += d.text;
-          if (d.has_logprob) o.logprobs.push_back(std::move(d.lp));
-          if (done)
-            payload += chunk(chat_tool_chunk(g, mi, id, created, d.choice, o.text, g.logprobs >= 0 ? &o.logprobs : nullptr,
-                                             finish_name(d.finish)),
-                             d.choice);
-        } else if (!d.text.empty() || d.has_logprob || done) {
-          const char* fin = done ? finish_name(d.finish) : nullptr;
-          if (chat)
-            payload += chunk(chat_chunk(g, mi, id, created, d.choice, nullptr, d.text.empty() && done ? nullptr : &d.text,
-                                        g.logprobs >= 0 ? &lps : nullptr, fin),
-                             d.choice);
-          else
-            payload += chunk(completion_chunk(g, mi, id, created, d.choice, d.text, g.logprobs >= 0 ? &lps : nullptr,
-                                              streamed_len[d.choice], fin),
-                             d.choice);
-          streamed_len[d.choice] += d.text.size();
-        }
-      } else {
-        o.text += d.text;
-        if (d.has_logprob) o.logprobs.push_back(std::move(d.lp));
+        if (cs.error()) engine_error = cs.error();
       }
     }
     batch.clear();
@@ -909,6 +676,9 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     co_await job->waiter->timer.async_wait(nothrow);
   }
 
+  std::vector<ChoiceOutput> outs;
+  outs.reserve(choices.size());
+  for (const ChoiceStream& cs : choices) outs.push_back(cs.output());
   if (g.stream) {
     std::string tail;
     if (g.include_usage) tail += sse_event(dump_json(usage_chunk(g, mi, id, created, usage_of(g, outs))));
@@ -925,6 +695,66 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   if (engine_error) co_return co_await write(stream, make_error(req, generation_error(*engine_error)));
   const nlohmann::ordered_json body = chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs);
   co_return co_await write(stream, make(req, http::status::ok, dump_json(body)));
+}
+
+// Choices beyond the running seats queue, and the queue is bounded: past it, a 429.
+std::optional<ApiError> Server::Impl::overload(int nc) {
+  const int inflight = inflight_choices.load();
+  const int waiting_now = std::max(engine->stats().num_waiting, inflight - opts.max_num_seqs);
+  const int queued_new = std::max(0, nc - std::max(0, opts.max_num_seqs - inflight));
+  if (queued_new <= 0 || waiting_now + queued_new <= opts.max_waiting) return std::nullopt;
+  ApiError e;
+  e.status = 429;
+  e.type = "rate_limit_error";
+  e.message = "the server is overloaded (" + std::to_string(waiting_now) + " requests waiting); retry shortly";
+  e.code = "overloaded";
+  return e;
+}
+
+// One engine request per choice, each with its ChoiceFeed on the engine thread pushing Deltas into
+// `mb`. On a refusal, the choices already queued are cancelled and the error returned.
+std::optional<ApiError> Server::Impl::submit(const GenerationRequest& g, Job& job, const std::shared_ptr<Mailbox>& mb) {
+  const ModelInfo& mi = model;
+  const auto arrival = Clock::now();
+  std::optional<Clock::time_point> deadline;
+  const double timeout = g.timeout_s ? *g.timeout_s : opts.request_timeout_s;
+  if (timeout > 0)
+    deadline = arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(timeout, 1e9)));
+  const uint64_t base_seed = seed_rng();
+  for (int c = 0; c < g.num_choices(); ++c) {
+    engine::Request r = to_engine_request(g, c, mi, base_seed);
+    r.arrival = arrival;
+    r.deadline = deadline;
+    r.cancel = engine::make_cancel_token();
+    const engine::CancelToken cancel = r.cancel;
+    auto feed = std::make_shared<ChoiceFeed>(*mi.tokenizer, g, r.stop_ids, arrival, *request_metrics);
+    Impl* self = this;
+    r.on_event = [feed, mb, c, self](const engine::TokenEvent& e) {
+      bool stop = false;
+      std::optional<Delta> d = feed->on_event(e, &stop);
+      if (stop) self->engine->stop_request(e.id, engine::FinishReason::Stop);
+      if (!d) return;
+      d->choice = c;
+      if (d->finish != engine::FinishReason::None) self->inflight_choices.fetch_sub(1);
+      mb->push(std::move(*d));
+    };
+    inflight_choices.fetch_add(1);
+    auto id = engine->add_request(std::move(r));
+    if (!id.ok()) {
+      inflight_choices.fetch_sub(1);
+      for (size_t k = 0; k < job.engine_ids.size(); ++k) {
+        job.cancels[k]->store(true);
+        engine->abort(job.engine_ids[k]);
+      }
+      ApiError e;
+      e.message = id.message();
+      return e;
+    }
+    job.engine_ids.push_back(*id);
+    job.cancels.push_back(cancel);
+    job.finished.push_back(false);
+  }
+  return std::nullopt;
 }
 
 // --- Server ------------------------------------------------------------------------------------
@@ -974,23 +804,7 @@ void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   if (s.ready.load()) return;
   s.engine = &engine;
   s.model = model;
-  const Labels l = {{"model_name", model.id}};
-  const std::vector<double> ttft_b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                                      1,     2.5,   5,    7.5,  10,   20,   40,   80,  160, 640, 2560};
-  const std::vector<double> itl_b = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                                     1,    2.5,   5,    7.5,   10,  20,   40,  80};
-  const std::vector<double> e2e_b = {0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680};
-  s.m.v_ttft = &s.reg.histogram("vllm:time_to_first_token_seconds", "Time to first token (vLLM-compatible name)", ttft_b, l);
-  s.m.v_itl = &s.reg.histogram("vllm:inter_token_latency_seconds", "Time between output tokens (vLLM-compatible name)",
-                               itl_b, l);
-  s.m.v_tpot = &s.reg.histogram("vllm:time_per_output_token_seconds",
-                                "Time between output tokens (older vLLM name)", itl_b, l);
-  s.m.v_e2e = &s.reg.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (vLLM-compatible name)",
-                               e2e_b, l);
-  const char* fin_help = "Finished requests by reason (vLLM-compatible name)";
-  s.m.v_stop = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "stop"}, *l.begin()});
-  s.m.v_length = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "length"}, *l.begin()});
-  s.m.v_abort = &s.reg.counter("vllm:request_success_total", fin_help, {{"finished_reason", "abort"}, *l.begin()});
+  s.request_metrics->set_model(model.id);
   s.ready.store(true, std::memory_order_release);
 }
 
