@@ -128,6 +128,10 @@ struct BackendOptions {
   // Scratch is sized for this many tokens per step at start-up; a bigger batch grows it (allocates).
   int max_batch_tokens = 512;
   int max_slots = 256;  // block tables kept (sequences that can be live in the KV cache at once)
+  // CUDA: the share of the GPU's memory to take (weights, KV cache, scratch) when kv.num_blocks is
+  // 0, and the size of each pinned staging buffer weights are uploaded through.
+  double gpu_memory_utilization = 0.9;
+  int weight_chunk_mb = 64;
 };
 
 class Backend {
@@ -148,6 +152,10 @@ class Backend {
 };
 
 Expected<std::unique_ptr<Backend>> make_cpu_backend(const model::Model& model, const BackendOptions& opts);
+// The GPU backend (device 0); an error when selfserve was built without CUDA or no device is usable.
+Expected<std::unique_ptr<Backend>> make_cuda_backend(const model::Model& model, const BackendOptions& opts);
+// "NVIDIA H200, 143771 MiB, 132 SMs, compute 9.0" for device 0; empty when there is none (or no CUDA build).
+std::string cuda_device_summary();
 
 // Checks what every backend needs of a batch before it touches memory: tokens, positions and
 // sequences consistent, slots and blocks in range, every position's block present in its table,
