@@ -146,4 +146,5 @@ Status validate_batch(const StepBatch& b, const BlockTables& tables, int num_blo
   return {};
 }
 
+
 }  // namespace ss::backend

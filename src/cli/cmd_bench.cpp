@@ -31,6 +31,7 @@ struct BenchArgs {
   int gen_tokens = 128;
   int reps = 3;
   std::string json_path;
+  DeviceArgs device;
 };
 
 double median(std::vector<double> v) {
@@ -56,8 +57,10 @@ void run_offline(const BenchArgs& a) {
     bo.threads = t;
     bo.kv.block_size = 16;
     bo.kv.num_blocks = (a.prompt_tokens + a.gen_tokens + 16) / 16 + 1;
-    auto be = backend::make_cpu_backend(model, bo);
+    std::string device;
+    auto be = make_backend(model, bo, a.device, &device);
     if (!be.ok()) return fail(be.message());
+    if (t == a.threads.front()) std::printf("device: %s\n", device.c_str());
     // Greedy, no stop ids: exactly gen_tokens tokens each run.
     auto request = [&](size_t prompt_len, int max_tokens) {
       engine::Request r;
@@ -99,6 +102,7 @@ struct DecodeArgs {
   int reps = 3;
   std::string json_path;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
+  DeviceArgs device;
 };
 
 void run_decode(const DecodeArgs& a) {
@@ -117,7 +121,7 @@ void run_decode(const DecodeArgs& a) {
   bo.kv.num_blocks = per_seq * max_batch;
   bo.max_batch_tokens = std::max(max_batch, a.context);
   bo.max_slots = max_batch;
-  auto be = backend::make_cpu_backend(model, bo);
+  auto be = make_backend(model, bo, a.device, nullptr);
   if (!be.ok()) return fail(be.message());
   backend::Backend& cpu = **be;
   std::mt19937 rng(1234);
@@ -202,16 +206,17 @@ void register_bench(CLI::App& app) {
   auto* b = app.add_subcommand("bench", "Benchmarks");
   b->require_subcommand(1);
   auto a = std::make_shared<BenchArgs>();
-  auto* o = b->add_subcommand("offline", "Prefill and decode speed of one sequence on the CPU backend");
+  auto* o = b->add_subcommand("offline", "Prefill and decode speed of one sequence (--device: cpu or cuda)");
   o->add_option("--model,-m", a->model, "GGUF file or Hugging Face folder (default: the embedded model)");
   o->add_option("--threads", a->threads, "Thread counts to measure")->delimiter(',');
   o->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length")->check(CLI::Range(1, 1 << 16));
   o->add_option("--gen-tokens", a->gen_tokens, "Tokens to decode")->check(CLI::Range(2, 1 << 16));
   o->add_option("--reps", a->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   o->add_option("--json", a->json_path, "Also write results as JSON to this file");
+  add_device_options(o, &a->device);
   o->callback([a] { run_offline(*a); });
   auto d = std::make_shared<DecodeArgs>();
-  auto* dc = b->add_subcommand("decode", "Batched decode steps on the CPU backend: step time and profile per batch size");
+  auto* dc = b->add_subcommand("decode", "Batched decode steps on the backend: step time and profile per batch size");
   dc->add_option("--model,-m", d->model, "GGUF file or Hugging Face folder (default: the embedded model)");
   dc->add_option("--batch", d->batch, "Sequences per step to measure (the first one is the baseline)")->delimiter(',');
   dc->add_option("--threads", d->threads, "Backend threads (0: all cores)")->check(CLI::Range(0, 1024));
@@ -220,6 +225,7 @@ void register_bench(CLI::App& app) {
   dc->add_option("--reps", d->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   dc->add_option("--json", d->json_path, "Also write results as JSON to this file");
   add_kv_dtype_option(dc, &d->kv_dtype);
+  add_device_options(dc, &d->device);
   dc->callback([d] { run_decode(*d); });
   register_bench_serve(*b);
 }

@@ -38,6 +38,7 @@ struct GenerateArgs {
   bool quiet = false;
   std::string json_schema, json_schema_file, grammar, grammar_file, regex;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
+  DeviceArgs device;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -71,8 +72,10 @@ void run_generate(const GenerateArgs& a) {
   bo.kv.block_size = 16;
   bo.kv.num_blocks = (ctx + bo.kv.block_size - 1) / bo.kv.block_size;
   bo.kv.dtype = a.kv_dtype;
-  auto be = backend::make_cpu_backend(model, bo);
+  std::string device;
+  auto be = make_backend(model, bo, a.device, &device);
   if (!be.ok()) return fail(be.message());
+  if (!a.quiet) std::fprintf(stderr, "selfserve: device %s\n", device.c_str());
 
   engine::SamplingParams sp;
   sp.temperature = a.temperature;
@@ -163,6 +166,7 @@ void register_generate(CLI::App& app) {
   c->add_option("--threads", a->threads, "CPU threads (default: all cores)");
   c->add_option("--ctx", a->ctx, "Context size in tokens (default: prompt + max-tokens)");
   add_kv_dtype_option(c, &a->kv_dtype);
+  add_device_options(c, &a->device);
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
   c->add_option("--json-schema,-j", a->json_schema,
                 "Keep the output inside this JSON Schema (e.g. '{}' for any JSON value, '{\"type\": \"object\"}')");

@@ -50,6 +50,7 @@ struct ServeArgs {
   bool no_prefix_caching = false;
   bool log_requests = false;
   bool quiet = false;
+  DeviceArgs device;
 };
 
 constexpr double kDefaultKvMib = 512;
@@ -111,14 +112,18 @@ void run_serve(const ServeArgs& a) {
   bo.kv.dtype = a.kv_dtype;
   bo.max_batch_tokens = a.max_num_batched_tokens;
   bo.max_slots = a.max_num_seqs;
+  const bool cuda = wants_cuda(a.device);
   if (a.num_kv_blocks > 0) {
     bo.kv.num_blocks = a.num_kv_blocks;
+  } else if (cuda && a.kv_cache_mib <= 0) {
+    bo.kv.num_blocks = 0;  // the GPU backend sizes its cache from --gpu-memory-utilization
   } else {
     const int64_t block_bytes = backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
     const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
     bo.kv.num_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
   }
-  auto be = backend::make_cpu_backend(*model, bo);
+  std::string device;
+  auto be = make_backend(*model, bo, a.device, &device);
   if (!be.ok()) {
     join.failed = true;
     return fail(be.message());
@@ -200,9 +205,9 @@ void run_serve(const ServeArgs& a) {
   server->set_ready(*engine, mi);
   std::fprintf(stderr,
                "selfserve: serving '%s' on http://%s:%d — %d KV blocks of %d tokens (%s), max_model_len %d, "
-               "max_num_seqs %d, %s\n",
+               "max_num_seqs %d, %s; device %s\n",
                mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
-               backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str());
+               backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str(), device.c_str());
 
   io.join();  // until SIGTERM/SIGINT and the drain
   std::fprintf(stderr, "selfserve: stopped\n");
@@ -249,6 +254,7 @@ void register_serve(CLI::App& app) {
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
   c->add_flag("--log-requests", a->log_requests, "Log each request on stderr");
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
+  add_device_options(c, &a->device);
   c->callback([a] {
     if (a->max_num_batched_tokens < a->max_num_seqs)
       return fail("--max-num-batched-tokens must be >= --max-num-seqs");

@@ -95,4 +95,34 @@ Expected<OneRequestStats> run_one_request(backend::Backend& be, engine::Request 
   return st;
 }
 
+void add_device_options(CLI::App* cmd, DeviceArgs* d) {
+  cmd->add_option("--device", d->device, "auto (cuda when a usable GPU is present, else cpu), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", d->gpu_memory_utilization,
+                  "CUDA: share of the GPU's memory to take for weights, KV cache and scratch")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--weight-chunk-mb", d->weight_chunk_mb, "CUDA: size of each pinned buffer weights are uploaded through")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+}
+
+bool wants_cuda(const DeviceArgs& d) {
+  return d.device == "cuda" || (d.device == "auto" && !backend::cuda_device_summary().empty());
+}
+
+Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, backend::BackendOptions bo,
+                                                         const DeviceArgs& d, std::string* chosen) {
+  bo.gpu_memory_utilization = d.gpu_memory_utilization;
+  bo.weight_chunk_mb = d.weight_chunk_mb;
+  const std::string gpu = backend::cuda_device_summary();
+  if (d.device == "cuda" || (d.device == "auto" && !gpu.empty())) {
+    if (chosen) *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")";
+    return backend::make_cuda_backend(m, bo);
+  }
+  if (chosen) *chosen = d.device == "cpu" ? "cpu (--device cpu)" : "cpu (no usable GPU)";
+  return backend::make_cpu_backend(m, bo);
+}
+
 }  // namespace ss::cli

@@ -20,6 +20,18 @@ namespace ss::cli {
 // --kv-cache-dtype f16|f32|q8_0 on a subcommand (default f16).
 void add_kv_dtype_option(CLI::App* cmd, backend::KvCacheConfig::DType* dtype);
 
+// --device auto|cuda|cpu, --gpu-memory-utilization, --weight-chunk-mb on a subcommand.
+struct DeviceArgs {
+  std::string device = "auto";  // auto: cuda when a usable GPU is present, else cpu
+  double gpu_memory_utilization = 0.9;
+  int weight_chunk_mb = 64;
+};
+void add_device_options(CLI::App* cmd, DeviceArgs* d);
+// The backend the flags ask for; `chosen` says which and why (for the startup line).
+Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, backend::BackendOptions bo,
+                                                         const DeviceArgs& d, std::string* chosen);
+bool wants_cuda(const DeviceArgs& d);  // cuda asked for, or auto with a usable GPU
+
 // Progress line on stderr ("loading  42% ...") when stderr is a terminal or always when forced.
 class Progress {
  public:

@@ -11,6 +11,7 @@
 // (norms, RoPE, SwiGLU are per row; attention is per (row, head) with a fixed 16-key online-softmax
 // step; the matmuls guarantee it per (t, o)), so logits are bit-identical alone or batched.
 #include "backend/cpu/cpu_backend.h"
+#include "backend/rope.h"
 
 #include <algorithm>
 #include <atomic>
@@ -65,34 +66,6 @@ Expected<std::vector<float>> to_f32(const model::Tensor& t, int64_t n, const std
   std::vector<float> v(static_cast<size_t>(n));
   model::dequantize_row(t.type, t.data, v.data(), n);
   return v;
-}
-
-// Inverse RoPE frequencies as Hugging Face computes them (float32 arithmetic), with scaling.
-std::vector<float> rope_inv_freq(const model::ModelConfig& c, int rope_dim) {
-  std::vector<float> inv(rope_dim / 2);
-  const float base = c.rope_theta;
-  for (int i = 0; i < rope_dim / 2; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(rope_dim);
-    inv[i] = 1.0f / std::pow(base, e);
-  }
-  const auto& rs = c.rope_scaling;
-  if (rs.kind == model::RopeScaling::Kind::Linear && rs.factor > 0) {
-    for (float& f : inv) f /= rs.factor;
-  } else if (rs.kind == model::RopeScaling::Kind::Llama3) {
-    const float old_ctx = static_cast<float>(rs.original_max_position);
-    const float low_wavelen = old_ctx / rs.low_freq_factor;
-    const float high_wavelen = old_ctx / rs.high_freq_factor;
-    for (float& f : inv) {
-      const float wavelen = 2.0f * std::numbers::pi_v<float> / f;
-      if (wavelen > low_wavelen) {
-        f = f / rs.factor;
-      } else if (!(wavelen < high_wavelen)) {
-        const float smooth = (old_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        f = (1.0f - smooth) * f / rs.factor + smooth * f;
-      }
-    }
-  }
-  return inv;
 }
 
 class Stopwatch {
@@ -294,16 +267,8 @@ void CpuBackend::ensure_rows(int rows) {
 void CpuBackend::ensure_rope(int len) {
   if (len <= rope_len_) return;
   len = std::max(len, 2 * rope_len_);
-  const int half = rope_dim_ / 2;
   rope_cs_.resize(static_cast<size_t>(len) * rope_dim_);
-  for (int p = rope_len_; p < len; ++p) {
-    float* cs = rope_cs_.data() + static_cast<size_t>(p) * rope_dim_;
-    for (int i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(p) * inv_freq_[i];  // fp32 product, as HF does
-      cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      cs[half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-  }
+  rope_table(inv_freq_, rope_len_, len, rope_cs_.data() + static_cast<size_t>(rope_len_) * rope_dim_);
   rope_len_ = len;
 }
 

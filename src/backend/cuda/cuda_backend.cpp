@@ -1,0 +1,507 @@
+// The CUDA backend: Llama / Qwen2 / Qwen3 on one GPU. Weights are validated on the host by the
+// loader, converted to bf16 (quantized GGUF types dequantized on the way) and uploaded in chunks
+// through two pinned staging buffers, so reading/converting one chunk overlaps copying the other.
+// Device memory is taken once at start-up, by class: weights, the KV cache (bf16, sized by
+// --gpu-memory-utilization unless a block count is given), scratch for max_batch_tokens; a step
+// allocates nothing. The matmuls are cuBLAS (bf16 in, fp32 accumulate and out); the rest are the
+// kernels of basic_ops.cu. Greedy rows are sampled on the device (only their ids come back); rows
+// that need the full sampler (temperature, penalties, a grammar, logprobs) are sampled on the host
+// with the reference sampler for now.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/basic_ops.h"
+#include "backend/rope.h"
+#include "model/model.h"
+
+namespace ss::backend {
+
+namespace {
+using cuda::bf16_bits;
+
+Status cuda_status(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return {};
+  return make_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e) + " (" + file + ":" +
+                    std::to_string(line) + ")");
+}
+Status cublas_status(cublasStatus_t e, const char* what, const char* file, int line) {
+  if (e == CUBLAS_STATUS_SUCCESS) return {};
+  return make_error(std::string("cuBLAS: ") + what + ": status " + std::to_string(static_cast<int>(e)) + " (" + file +
+                    ":" + std::to_string(line) + ")");
+}
+#define SS_CUDA(call) SS_TRY(cuda_status((call), #call, __FILE__, __LINE__))
+#define SS_CUBLAS(call) SS_TRY(cublas_status((call), #call, __FILE__, __LINE__))
+
+// One device allocation per memory class, handed out in aligned pieces.
+class Arena {
+ public:
+  ~Arena() {
+    if (base_) cudaFree(base_);
+  }
+  Status reserve(size_t bytes, const char* what) {
+    what_ = what;
+    if (bytes == 0) return {};
+    SS_TRY(cuda_status(cudaMalloc(&base_, bytes), what, __FILE__, __LINE__));
+    cap_ = bytes;
+    return {};
+  }
+  template <class T>
+  T* take(size_t count) {
+    const size_t bytes = (count * sizeof(T) + 255) / 256 * 256;
+    if (used_ + bytes > cap_) return nullptr;
+    T* p = reinterpret_cast<T*>(static_cast<char*>(base_) + used_);
+    used_ += bytes;
+    return p;
+  }
+  size_t capacity() const { return cap_; }
+  size_t used() const { return used_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t cap_ = 0, used_ = 0;
+  const char* what_ = "";
+};
+
+size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+bool simple_greedy(const SampleRow& r);
+
+}  // namespace
+
+class CudaBackend final : public Backend {
+ public:
+  static Expected<std::unique_ptr<CudaBackend>> create(const model::Model& m, const BackendOptions& o) {
+    std::unique_ptr<CudaBackend> be(new CudaBackend(m, o));
+    SS_TRY(be->init());
+    return be;
+  }
+  ~CudaBackend() override {
+    if (blas_) cublasDestroy(blas_);
+    for (void* p : pinned_)
+      if (p) cudaFreeHost(p);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda (" + device_name_ + ")"; }
+  const KvCacheConfig& kv_config() const override { return kv_; }
+  int vocab_size() const override { return V_; }
+  int max_slots() const override { return tables_.size(); }
+  Status step(const StepBatch& b, StepOutput& out) override;
+
+ private:
+  CudaBackend(const model::Model& m, const BackendOptions& o)
+      : model_(m), c_(m.config), opts_(o), kv_(o.kv), tables_(std::max(1, o.max_slots)) {}
+  Status init();
+  Status upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out);
+  Status upload_vector(const model::Tensor& t, float** out);
+  Status gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16_bits* x, int n, float* y);
+  Status forward(const StepBatch& b, int n_rows);
+
+  const model::Model& model_;
+  const model::ModelConfig& c_;
+  BackendOptions opts_;
+  KvCacheConfig kv_;
+  BlockTables tables_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+
+  int H_ = 0, nh_ = 0, nkv_ = 0, hd_ = 0, I_ = 0, V_ = 0, L_ = 0, rope_dim_ = 0, qd_ = 0, kvd_ = 0;
+  int max_blocks_ = 0, max_position_ = 0, cap_tokens_ = 0, cap_rows_ = 0;
+
+  Arena weights_, kv_mem_, scratch_;
+  struct Layer {
+    bf16_bits *wqkv, *wo, *wgu, *wdown;
+    float *attn_norm, *ffn_norm, *bqkv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  };
+  std::vector<Layer> layers_;
+  bf16_bits *embd_ = nullptr, *out_w_ = nullptr;
+  float *out_norm_ = nullptr, *rope_cs_ = nullptr;
+  bf16_bits* cache_ = nullptr;  // [layer][block][2][n_kv][block_size][hd]
+  int64_t layer_cache_elems_ = 0;
+
+  // Scratch (device) and per-step inputs (pinned host mirror + device).
+  float *x_ = nullptr, *qkv_ = nullptr, *q_ = nullptr, *tmp_ = nullptr, *gu_ = nullptr, *logits_ = nullptr;
+  bf16_bits *xn_ = nullptr, *att_ = nullptr, *act_ = nullptr, *xr_ = nullptr;
+  int32_t *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_tok_table_ = nullptr, *d_rows_ = nullptr, *d_ids_ = nullptr,
+          *d_tables_ = nullptr;
+  int32_t *h_in_ = nullptr, *h_ids_ = nullptr, *h_tables_ = nullptr;
+  float* h_logits_ = nullptr;
+  std::vector<void*> pinned_;
+  std::vector<int32_t> rows_;
+  std::vector<RowSampler> samplers_;
+  std::vector<float> host_logits_;
+};
+
+Status CudaBackend::init() {
+  int dev = 0;
+  SS_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  SS_CUDA(cudaGetDeviceProperties(&prop, dev));
+  device_name_ = prop.name;
+  SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  SS_CUBLAS(cublasCreate(&blas_));
+  SS_CUBLAS(cublasSetStream(blas_, stream_));
+
+  H_ = c_.hidden_size;
+  nh_ = c_.n_heads;
+  nkv_ = c_.n_kv_heads;
+  hd_ = c_.head_dim > 0 ? c_.head_dim : H_ / std::max(1, nh_);
+  I_ = c_.intermediate_size;
+  V_ = c_.vocab_size;
+  L_ = c_.n_layers;
+  rope_dim_ = c_.rope_dim > 0 ? c_.rope_dim : hd_;
+  qd_ = nh_ * hd_;
+  kvd_ = nkv_ * hd_;
+  if (L_ <= 0 || H_ <= 0 || nh_ <= 0 || nkv_ <= 0 || V_ <= 0 || I_ <= 0 || nh_ % nkv_ != 0)
+    return make_error("cuda backend: model config incomplete or heads not a multiple of KV heads");
+  if (hd_ > 512) return make_error("cuda backend: head_dim " + std::to_string(hd_) + " > 512 is not supported");
+  if (rope_dim_ % 2 != 0 || rope_dim_ > hd_)
+    return make_error("cuda backend: rope_dim " + std::to_string(rope_dim_) + " must be even and <= head_dim");
+  if (kv_.block_size < 1) return make_error("cuda backend: block_size must be >= 1");
+  if (kv_.dtype == KvCacheConfig::DType::Q8)
+    return make_error("cuda backend: --kv-cache-dtype q8_0 is not supported on the GPU yet (bf16 cache)");
+
+  // Weights: every matrix as bf16 (Q, K, V fused; gate and up fused), vectors as fp32.
+  const auto& w = model_.weights;
+  size_t wbytes = padded(sizeof(bf16_bits) * static_cast<size_t>(V_) * H_) * (c_.tie_embeddings ? 1 : 2) +
+                  padded(sizeof(float) * H_);
+  const size_t per_layer = padded(sizeof(bf16_bits) * static_cast<size_t>(qd_ + 2 * kvd_) * H_) +
+                           padded(sizeof(bf16_bits) * static_cast<size_t>(H_) * qd_) +
+                           padded(sizeof(bf16_bits) * static_cast<size_t>(2 * I_) * H_) +
+                           padded(sizeof(bf16_bits) * static_cast<size_t>(H_) * I_) + 2 * padded(sizeof(float) * H_) +
+                           padded(sizeof(float) * (qd_ + 2 * kvd_)) + 2 * padded(sizeof(float) * hd_);
+  wbytes += per_layer * static_cast<size_t>(L_);
+  SS_TRY(weights_.reserve(wbytes, "weights"));
+  const size_t chunk = static_cast<size_t>(std::max(1, opts_.weight_chunk_mb)) << 20;
+  for (int i = 0; i < 2; ++i) {
+    void* p = nullptr;
+    SS_CUDA(cudaMallocHost(&p, chunk));
+    pinned_.push_back(p);
+  }
+  SS_TRY(upload_matrix({&w.token_embd}, &embd_));
+  if (c_.tie_embeddings) out_w_ = embd_;
+  else SS_TRY(upload_matrix({&w.output}, &out_w_));
+  SS_TRY(upload_vector(w.output_norm, &out_norm_));
+  layers_.resize(static_cast<size_t>(L_));
+  for (int l = 0; l < L_; ++l) {
+    const model::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    Layer& d = layers_[static_cast<size_t>(l)];
+    SS_TRY(upload_matrix({&lw.wq, &lw.wk, &lw.wv}, &d.wqkv));
+    SS_TRY(upload_matrix({&lw.wo}, &d.wo));
+    SS_TRY(upload_matrix({&lw.w_gate, &lw.w_up}, &d.wgu));
+    SS_TRY(upload_matrix({&lw.w_down}, &d.wdown));
+    SS_TRY(upload_vector(lw.attn_norm, &d.attn_norm));
+    SS_TRY(upload_vector(lw.ffn_norm, &d.ffn_norm));
+    if (c_.qkv_bias) {
+      // One bias vector over the fused projection's rows.
+      std::vector<float> bias;
+      for (const model::Tensor* t : {&lw.bq, &lw.bk, &lw.bv}) {
+        std::vector<float> v(static_cast<size_t>(t->numel()));
+        model::dequantize_row(t->type, t->data, v.data(), t->numel());
+        bias.insert(bias.end(), v.begin(), v.end());
+      }
+      d.bqkv = weights_.take<float>(bias.size());
+      SS_CUDA(cudaMemcpyAsync(d.bqkv, bias.data(), sizeof(float) * bias.size(), cudaMemcpyHostToDevice, stream_));
+      SS_CUDA(cudaStreamSynchronize(stream_));
+    }
+    if (c_.qk_norm) {
+      SS_TRY(upload_vector(lw.q_norm, &d.q_norm));
+      SS_TRY(upload_vector(lw.k_norm, &d.k_norm));
+    }
+  }
+
+  // Scratch for max_batch_tokens tokens and as many logits rows as a step can want.
+  cap_tokens_ = std::max(1, opts_.max_batch_tokens);
+  cap_rows_ = std::max(1, std::min(cap_tokens_, std::max(1, opts_.max_slots) + 128));
+  const size_t T = static_cast<size_t>(cap_tokens_), R = static_cast<size_t>(cap_rows_);
+  const size_t sbytes = padded(4 * T * H_) * 2 + padded(4 * T * (qd_ + 2 * kvd_)) + padded(4 * T * qd_) +
+                        padded(4 * T * 2 * I_) + padded(4 * R * V_) + padded(2 * T * H_) + padded(2 * T * qd_) +
+                        padded(2 * T * I_) + padded(2 * R * H_) + 5 * padded(4 * T) +
+                        padded(4 * static_cast<size_t>(tables_.size()) * 1);  // tables sized below
+  (void)sbytes;
+
+  // KV cache: the blocks asked for, or what the memory budget leaves after weights and scratch.
+  const int64_t block_elems = 2LL * nkv_ * kv_.block_size * hd_;  // one layer's K and V of a block
+  const int64_t block_bytes = block_elems * 2 * L_;
+  size_t free_b = 0, total_b = 0;
+  SS_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const double util = opts_.gpu_memory_utilization > 0 ? opts_.gpu_memory_utilization : 0.9;
+  const int max_ctx = c_.max_context > 0 ? c_.max_context : 4096;
+  // Scratch estimate (tables sized for the whole context of every slot).
+  const int est_blocks = (max_ctx + kv_.block_size - 1) / kv_.block_size + 1;
+  const size_t scratch_bytes = padded(4 * T * H_) * 2 + padded(4 * T * (qd_ + 2 * kvd_)) + padded(4 * T * qd_) +
+                               padded(4 * T * 2 * I_) + padded(4 * R * V_) + padded(2 * T * H_) +
+                               padded(2 * T * qd_) + padded(2 * T * I_) + padded(2 * R * H_) + 6 * padded(4 * T) +
+                               padded(4 * R) + padded(4 * static_cast<size_t>(tables_.size()) * est_blocks) +
+                               padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
+  if (kv_.num_blocks <= 0) {
+    const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
+                          static_cast<double>(scratch_bytes);
+    if (budget < static_cast<double>(block_bytes))
+      return make_error("cuda backend: no room for the KV cache (" + std::to_string(free_b >> 20) + " MiB free of " +
+                        std::to_string(total_b >> 20) + " MiB; --gpu-memory-utilization " + std::to_string(util) + ")");
+    kv_.num_blocks = static_cast<int>(std::min<double>(budget / static_cast<double>(block_bytes), 1 << 22));
+  }
+  kv_.dtype = KvCacheConfig::DType::F16;  // reported as 16-bit; the GPU cache holds bf16
+  SS_TRY(kv_mem_.reserve(static_cast<size_t>(block_bytes) * kv_.num_blocks, "KV cache"));
+  cache_ = kv_mem_.take<bf16_bits>(static_cast<size_t>(block_elems) * L_ * kv_.num_blocks);
+  layer_cache_elems_ = block_elems * kv_.num_blocks;
+  max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
+  max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
+
+  SS_TRY(scratch_.reserve(scratch_bytes, "scratch"));
+  x_ = scratch_.take<float>(T * H_);
+  tmp_ = scratch_.take<float>(T * H_);
+  qkv_ = scratch_.take<float>(T * (qd_ + 2 * kvd_));
+  q_ = scratch_.take<float>(T * qd_);
+  gu_ = scratch_.take<float>(T * 2 * I_);
+  logits_ = scratch_.take<float>(R * V_);
+  xn_ = scratch_.take<bf16_bits>(T * H_);
+  att_ = scratch_.take<bf16_bits>(T * qd_);
+  act_ = scratch_.take<bf16_bits>(T * I_);
+  xr_ = scratch_.take<bf16_bits>(R * H_);
+  d_tokens_ = scratch_.take<int32_t>(T);
+  d_pos_ = scratch_.take<int32_t>(T);
+  d_tok_table_ = scratch_.take<int32_t>(T);
+  d_rows_ = scratch_.take<int32_t>(R);
+  d_ids_ = scratch_.take<int32_t>(R);
+  d_tables_ = scratch_.take<int32_t>(static_cast<size_t>(tables_.size()) * max_blocks_);
+  rope_cs_ = scratch_.take<float>(static_cast<size_t>(max_position_) * rope_dim_);
+  if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
+  {
+    std::vector<float> cs(static_cast<size_t>(max_position_) * rope_dim_);
+    rope_table(rope_inv_freq(c_, rope_dim_), 0, max_position_, cs.data());
+    SS_CUDA(cudaMemcpyAsync(rope_cs_, cs.data(), sizeof(float) * cs.size(), cudaMemcpyHostToDevice, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));
+  }
+  // Pinned host mirrors of the per-step inputs and outputs.
+  auto pinned = [&](size_t bytes, void** p) -> Status {
+    SS_CUDA(cudaMallocHost(p, bytes));
+    pinned_.push_back(*p);
+    return {};
+  };
+  void* p = nullptr;
+  SS_TRY(pinned(4 * (4 * T), &p));
+  h_in_ = static_cast<int32_t*>(p);
+  SS_TRY(pinned(4 * R, &p));
+  h_ids_ = static_cast<int32_t*>(p);
+  SS_TRY(pinned(4 * static_cast<size_t>(tables_.size()) * max_blocks_, &p));
+  h_tables_ = static_cast<int32_t*>(p);
+  SS_TRY(pinned(4 * R * V_, &p));
+  h_logits_ = static_cast<float*>(p);
+  samplers_.emplace_back(V_);
+  return {};
+}
+
+// Rows of `parts` stacked into one bf16 matrix: each row dequantized to fp32 on the host, rounded to
+// bf16 into a pinned chunk, copied while the next chunk is prepared in the other buffer.
+Status CudaBackend::upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out) {
+  int64_t rows = 0, cols = -1;
+  for (const model::Tensor* t : parts) {
+    if (!t->valid()) return make_error("cuda backend: a weight is missing");
+    if (cols >= 0 && t->cols() != cols) return make_error("cuda backend: fused parts of unequal width: " + t->name);
+    cols = t->cols();
+    rows += t->rows();
+  }
+  bf16_bits* dst = weights_.take<bf16_bits>(static_cast<size_t>(rows * cols));
+  if (!dst) return make_error("cuda backend: weight arena too small (a bug)");
+  *out = dst;
+  const size_t chunk_elems = (static_cast<size_t>(std::max(1, opts_.weight_chunk_mb)) << 20) / sizeof(bf16_bits);
+  const int64_t rows_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk_elems) / cols);
+  std::vector<float> row(static_cast<size_t>(cols));
+  cudaEvent_t done[2];
+  SS_CUDA(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
+  SS_CUDA(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
+  int buf = 0;
+  int64_t written = 0;
+  Status st;
+  for (const model::Tensor* t : parts) {
+    for (int64_t r0 = 0; r0 < t->rows() && st.ok(); r0 += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, t->rows() - r0);
+      st = cuda_status(cudaEventSynchronize(done[buf]), "staging buffer", __FILE__, __LINE__);
+      if (!st.ok()) break;
+      auto* stage = static_cast<bf16_bits*>(pinned_[static_cast<size_t>(buf)]);
+      for (int64_t r = 0; r < n; ++r) {
+        model::dequantize_row(t->type, t->row(r0 + r), row.data(), cols);
+        for (int64_t i = 0; i < cols; ++i) stage[r * cols + i] = model::fp32_to_bf16(row[static_cast<size_t>(i)]);
+      }
+      st = cuda_status(cudaMemcpyAsync(dst + written * cols, stage, sizeof(bf16_bits) * n * cols, cudaMemcpyHostToDevice,
+                                       stream_),
+                       "weight upload", __FILE__, __LINE__);
+      if (st.ok()) st = cuda_status(cudaEventRecord(done[buf], stream_), "weight upload", __FILE__, __LINE__);
+      written += n;
+      buf ^= 1;
+    }
+  }
+  cudaStreamSynchronize(stream_);
+  cudaEventDestroy(done[0]);
+  cudaEventDestroy(done[1]);
+  return st;
+}
+
+Status CudaBackend::upload_vector(const model::Tensor& t, float** out) {
+  if (!t.valid()) return make_error("cuda backend: a norm weight is missing");
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  model::dequantize_row(t.type, t.data, v.data(), t.numel());
+  *out = weights_.take<float>(v.size());
+  if (!*out) return make_error("cuda backend: weight arena too small (a bug)");
+  SS_CUDA(cudaMemcpyAsync(*out, v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+// y[n][out] = W[out][in] . x[n][in]: bf16 in, fp32 accumulate and out.
+Status CudaBackend::gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16_bits* x, int n, float* y) {
+  const float one = 1.0f, zero = 0.0f;
+  SS_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out_dim, n, in_dim, &one, w, CUDA_R_16BF, in_dim, x,
+                         CUDA_R_16BF, in_dim, &zero, y, CUDA_R_32F, out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return {};
+}
+
+Status CudaBackend::forward(const StepBatch& b, int R) {
+  const int T = static_cast<int>(b.tokens.size());
+  const float eps = c_.rms_norm_eps;
+  cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
+  for (int l = 0; l < L_; ++l) {
+    const Layer& d = layers_[static_cast<size_t>(l)];
+    bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
+    // The previous layer's FFN output joins the residual here (none before the first layer).
+    cuda::add_rmsnorm(x_, l == 0 ? nullptr : tmp_, d.attn_norm, T, H_, eps, xn_, stream_);
+    SS_TRY(gemm(d.wqkv, qd_ + 2 * kvd_, H_, xn_, T, qkv_));
+    cuda::QkvEpilogue e{qkv_, d.bqkv, d.bqkv ? d.bqkv + qd_ : nullptr, d.bqkv ? d.bqkv + qd_ + kvd_ : nullptr,
+                        d.q_norm, d.k_norm, eps, rope_cs_, rope_dim_,
+                        c_.rope_style == model::RopeStyle::Interleaved, 1.0f / std::sqrt(static_cast<float>(hd_)),
+                        nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
+    cuda::qkv_epilogue(e, T, stream_);
+    cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
+    cuda::attention(a, T, stream_);
+    SS_TRY(gemm(d.wo, H_, qd_, att_, T, tmp_));
+    cuda::add_rmsnorm(x_, tmp_, d.ffn_norm, T, H_, eps, xn_, stream_);
+    SS_TRY(gemm(d.wgu, 2 * I_, H_, xn_, T, gu_));
+    cuda::silu_mul(gu_, T, I_, act_, stream_);
+    SS_TRY(gemm(d.wdown, H_, I_, act_, T, tmp_));
+  }
+  if (R == 0) return {};
+  cuda::add_rmsnorm(x_, tmp_, out_norm_, T, H_, eps, xn_, stream_);
+  cuda::gather_rows(xn_, d_rows_, R, H_, xr_, stream_);
+  return gemm(out_w_, V_, H_, xr_, R, logits_);
+}
+
+namespace {
+bool simple_greedy(const SampleRow& r) {
+  const SamplingParams& p = *r.params;
+  return p.greedy() && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && r.banned.empty() && !r.mask && r.logprobs < 0;
+}
+}  // namespace
+
+Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
+  SS_TRY(tables_.apply(b, kv_.num_blocks));
+  SS_TRY(validate_batch(b, tables_, kv_.num_blocks, kv_.block_size, V_));
+  const int T = static_cast<int>(b.tokens.size());
+  for (int i = 0; i < T; ++i)
+    if (b.positions[static_cast<size_t>(i)] >= max_position_)
+      return make_error("StepBatch row " + std::to_string(i) + ": position " + std::to_string(b.positions[i]) +
+                        " is past the model's context and the KV cache (" + std::to_string(max_position_) +
+                        " positions)");
+  if (T > cap_tokens_)
+    return make_error("cuda backend: a step of " + std::to_string(T) + " tokens is more than the " +
+                      std::to_string(cap_tokens_) + " its scratch was sized for (--max-num-batched-tokens)");
+  rows_.clear();
+  for (const SampleRow& r : b.sample_rows) rows_.push_back(r.token);
+  for (const ScoreRow& r : b.score_rows) rows_.push_back(r.token);
+  rows_.insert(rows_.end(), b.logits_rows.begin(), b.logits_rows.end());
+  const int R = static_cast<int>(rows_.size());
+  if (R > cap_rows_)
+    return make_error("cuda backend: " + std::to_string(R) + " logits rows in one step, more than " +
+                      std::to_string(cap_rows_));
+  if (T == 0) {
+    sample_on_host(b, nullptr, V_, samplers_, nullptr, out);
+    out.logits.clear();
+    return {};
+  }
+  // Inputs: tokens, positions, each token's slot, the logits rows; edited tables.
+  int32_t* in = h_in_;
+  for (int i = 0; i < T; ++i) {
+    in[i] = b.tokens[static_cast<size_t>(i)];
+    in[T + i] = b.positions[static_cast<size_t>(i)];
+    in[2 * T + i] = b.seq_slot[static_cast<size_t>(b.seq_index[static_cast<size_t>(i)])];
+  }
+  std::copy(rows_.begin(), rows_.end(), in + 3 * T);
+  SS_CUDA(cudaMemcpyAsync(d_tokens_, in, 4 * T, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaMemcpyAsync(d_pos_, in + T, 4 * T, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaMemcpyAsync(d_tok_table_, in + 2 * T, 4 * T, cudaMemcpyHostToDevice, stream_));
+  if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 3 * T, 4 * R, cudaMemcpyHostToDevice, stream_));
+  for (const TableEdit& e : b.table_edits) {
+    const auto t = tables_.of(e.slot);
+    if (static_cast<int>(t.size()) > max_blocks_)
+      return make_error("cuda backend: slot " + std::to_string(e.slot) + " holds " + std::to_string(t.size()) +
+                        " blocks, more than a sequence of the context needs");
+    int32_t* row = h_tables_ + static_cast<size_t>(e.slot) * max_blocks_;
+    std::copy(t.begin(), t.end(), row);
+    SS_CUDA(cudaMemcpyAsync(d_tables_ + static_cast<size_t>(e.slot) * max_blocks_, row, 4 * t.size(),
+                            cudaMemcpyHostToDevice, stream_));
+  }
+  SS_TRY(forward(b, R));
+
+  const int ns = static_cast<int>(b.sample_rows.size());
+  const bool device_greedy =
+      b.score_rows.empty() && std::all_of(b.sample_rows.begin(), b.sample_rows.end(), simple_greedy);
+  const int host_rows = device_greedy ? R - ns : R;  // rows whose logits come back
+  if (device_greedy && ns > 0) {
+    cuda::argmax_rows(logits_, ns, V_, d_ids_, stream_);
+    SS_CUDA(cudaMemcpyAsync(h_ids_, d_ids_, 4 * ns, cudaMemcpyDeviceToHost, stream_));
+  }
+  const int first = R - host_rows;
+  if (host_rows > 0)
+    SS_CUDA(cudaMemcpyAsync(h_logits_, logits_ + static_cast<size_t>(first) * V_,
+                            sizeof(float) * static_cast<size_t>(host_rows) * V_, cudaMemcpyDeviceToHost, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  SS_CUDA(cudaGetLastError());
+  const size_t raw0 = static_cast<size_t>(ns + static_cast<int>(b.score_rows.size()) - first) * V_;
+  out.logits.assign(h_logits_ + raw0, h_logits_ + static_cast<size_t>(host_rows) * V_);
+  if (device_greedy) {
+    out.tokens.assign(h_ids_, h_ids_ + ns);
+    out.logprobs.resize(static_cast<size_t>(ns));
+    for (auto& lp : out.logprobs) lp.top.clear();
+    out.scores.clear();
+  } else {
+    sample_on_host(b, h_logits_, V_, samplers_, nullptr, out);
+  }
+  return {};
+}
+
+
+}  // namespace ss::backend
+
+// The plugin's entry points (backend/cuda_loader.cpp resolves them with dlsym).
+extern "C" __attribute__((visibility("default"))) void ss_cuda_device_summary(std::string* out) {
+  out->clear();
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return;
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return;
+  *out = std::string(p.name) + ", " + std::to_string(p.totalGlobalMem >> 20) + " MiB, " +
+         std::to_string(p.multiProcessorCount) + " SMs, compute " + std::to_string(p.major) + "." +
+         std::to_string(p.minor);
+}
+
+extern "C" __attribute__((visibility("default"))) ss::backend::Backend* ss_cuda_make_backend(
+    const ss::model::Model* model, const ss::backend::BackendOptions* opts, std::string* error) {
+  auto be = ss::backend::CudaBackend::create(*model, *opts);
+  if (!be.ok()) {
+    *error = be.message();
+    return nullptr;
+  }
+  return std::move(be).value().release();
+}

@@ -1,0 +1,220 @@
+// The CUDA backend against independent references, on the GPU (CTest label `gpu`; without a usable
+// GPU every test reports itself skipped): the tiny models' logits at every position against Hugging
+// Face transformers' float32 forward (tests/data/reference, tools/reference/make_synth_model.py),
+// through a one-step prefill, token-by-token decode through the paged cache, and two sequences in one
+// batch; the device's greedy pick against the argmax of the logits it returned; a host-sampled row
+// against the reference sampler.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace {
+
+using ss::backend::Backend;
+using ss::backend::BackendOptions;
+using ss::backend::StepBatch;
+using ss::backend::StepOutput;
+using json = nlohmann::json;
+
+const std::string kData = std::string(SS_SOURCE_DIR) + "/tests/data";
+
+// bf16 keeps 8 significant bits: weights and every matmul input are rounded (relative 2^-9 each),
+// about ten roundings stand between the embedding and a logit of these 2-layer models, and they add
+// up like a random walk (~1.3%). Allowed: 4% of the row's largest |logit|; top-1 must agree wherever
+// the reference's top-2 margin is more than twice that.
+constexpr double kBf16RelTol = 0.04;
+
+#define SKIP_WITHOUT_GPU()                                  \
+  do {                                                      \
+    if (ss::backend::cuda_device_summary().empty()) {       \
+      GTEST_SKIP() << "no CUDA device";                     \
+    }                                                       \
+  } while (0)
+
+struct Ref {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> logits;  // per sequence [n][V]
+  int V = 0;
+};
+
+Ref load_ref(const std::string& name) {
+  Ref r;
+  std::ifstream jf(kData + "/reference/" + name + ".json");
+  const json j = json::parse(jf);
+  std::ifstream bf(kData + "/reference/" + j["logits_file"].get<std::string>(), std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(bf)), {});
+  r.V = j["vocab_size"];
+  size_t off = 0;
+  for (const auto& s : j["sequences"]) {
+    r.ids.push_back(s["ids"].get<std::vector<int32_t>>());
+    std::vector<float> l(r.ids.back().size() * static_cast<size_t>(r.V));
+    if (off + l.size() * 4 <= bytes.size()) std::memcpy(l.data(), bytes.data() + off, l.size() * 4);
+    off += l.size() * 4;
+    r.logits.push_back(std::move(l));
+  }
+  return r;
+}
+
+std::unique_ptr<ss::model::Model> load(const std::string& path) {
+  ss::model::LoadOptions lo;
+  lo.load_tokenizer = false;
+  auto m = ss::model::load_model(path, lo);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.message());
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+std::unique_ptr<Backend> cuda_backend(const ss::model::Model& m) {
+  BackendOptions o;
+  o.kv.num_blocks = 64;
+  o.kv.block_size = 16;
+  o.max_batch_tokens = 256;
+  o.max_slots = 8;
+  auto be = ss::backend::make_cuda_backend(m, o);
+  EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.message());
+  return be.ok() ? std::move(be).value() : nullptr;
+}
+
+// Compares one position's logits with the reference row.
+void expect_close(const float* got, const float* ref, int V, const std::string& what) {
+  float mx = 0;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, std::fabs(ref[v]));
+  const double tol = kBf16RelTol * std::max(1.0f, mx);
+  double worst = 0;
+  for (int v = 0; v < V; ++v) worst = std::max(worst, static_cast<double>(std::fabs(got[v] - ref[v])));
+  EXPECT_LE(worst, tol) << what;
+  const int rg = static_cast<int>(std::max_element(ref, ref + V) - ref);
+  const int gg = static_cast<int>(std::max_element(got, got + V) - got);
+  std::vector<float> s(ref, ref + V);
+  std::nth_element(s.begin(), s.begin() + 1, s.end(), std::greater<float>());
+  if (s[0] - s[1] > 2 * tol) {
+    EXPECT_EQ(gg, rg) << what << ": top-1 differs where the reference margin is " << s[0] - s[1];
+  }
+}
+
+class CudaForward : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaForward, PrefillDecodeAndBatchedMatchTransformers) {
+  SKIP_WITHOUT_GPU();
+  const Ref ref = load_ref(GetParam());
+  auto model = load(kData + "/models/" + GetParam());
+  ASSERT_NE(model, nullptr);
+  auto be = cuda_backend(*model);
+  ASSERT_NE(be, nullptr);
+  ASSERT_EQ(be->vocab_size(), ref.V);
+  const int V = ref.V;
+  StepOutput out;
+  for (size_t s = 0; s < ref.ids.size(); ++s) {
+    const auto& ids = ref.ids[s];
+    const int n = static_cast<int>(ids.size());
+    const std::vector<int32_t> table = {static_cast<int32_t>(4 * s), static_cast<int32_t>(4 * s + 1),
+                                        static_cast<int32_t>(4 * s + 2), static_cast<int32_t>(4 * s + 3)};
+    ASSERT_LE(n, 64);
+    // Prefill: every position in one step.
+    StepBatch b;
+    b.seq_slot = {0};
+    b.edit_table(0, 0, table);
+    for (int i = 0; i < n; ++i) {
+      b.tokens.push_back(ids[static_cast<size_t>(i)]);
+      b.positions.push_back(i);
+      b.seq_index.push_back(0);
+      b.logits_rows.push_back(i);
+    }
+    ASSERT_TRUE(be->step(b, out).ok());
+    ASSERT_EQ(out.logits.size(), static_cast<size_t>(n) * V);
+    for (int i = 0; i < n; ++i)
+      expect_close(out.logits.data() + static_cast<size_t>(i) * V, ref.logits[s].data() + static_cast<size_t>(i) * V,
+                   V, std::string(GetParam()) + " prefill seq " + std::to_string(s) + " pos " + std::to_string(i));
+    // Decode: the first token again, then one token per step through the cache (slot 1).
+    for (int i = 0; i < n; ++i) {
+      StepBatch d;
+      d.seq_slot = {1};
+      if (i == 0) d.edit_table(1, 0, std::vector<int32_t>{40, 41, 42, 43});
+      d.tokens = {ids[static_cast<size_t>(i)]};
+      d.positions = {i};
+      d.seq_index = {0};
+      d.logits_rows = {0};
+      ASSERT_TRUE(be->step(d, out).ok());
+      expect_close(out.logits.data(), ref.logits[s].data() + static_cast<size_t>(i) * V, V,
+                   std::string(GetParam()) + " decode seq " + std::to_string(s) + " pos " + std::to_string(i));
+    }
+  }
+  // Two sequences interleaved in one batch (slots 2 and 3).
+  if (ref.ids.size() >= 2) {
+    StepBatch b;
+    b.seq_slot = {2, 3};
+    b.edit_table(2, 0, std::vector<int32_t>{50, 51, 52, 53});
+    b.edit_table(3, 0, std::vector<int32_t>{54, 55, 56, 57});
+    std::vector<std::pair<int, int>> where;
+    const size_t longest = std::max(ref.ids[0].size(), ref.ids[1].size());
+    for (size_t p = 0; p < longest; ++p)
+      for (int s = 0; s < 2; ++s)
+        if (p < ref.ids[static_cast<size_t>(s)].size()) {
+          b.tokens.push_back(ref.ids[static_cast<size_t>(s)][p]);
+          b.positions.push_back(static_cast<int32_t>(p));
+          b.seq_index.push_back(s);
+          b.logits_rows.push_back(static_cast<int32_t>(where.size()));
+          where.emplace_back(s, static_cast<int>(p));
+        }
+    ASSERT_TRUE(be->step(b, out).ok());
+    for (size_t r = 0; r < where.size(); ++r)
+      expect_close(out.logits.data() + r * V,
+                   ref.logits[static_cast<size_t>(where[r].first)].data() + static_cast<size_t>(where[r].second) * V, V,
+                   std::string(GetParam()) + " batched row " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, CudaForward, ::testing::Values("qwen2-tiny", "qwen3-tiny", "llama3-tiny"));
+
+// The device's greedy pick is the argmax of the very logits it computed (ties: the lowest id); a row
+// that needs the full sampler gets the reference sampler's draw on those logits.
+TEST(CudaSampling, DeviceGreedyAndHostSampledRows) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/qwen2-tiny");
+  ASSERT_NE(model, nullptr);
+  auto be = cuda_backend(*model);
+  ASSERT_NE(be, nullptr);
+  const int V = be->vocab_size();
+  const Ref ref = load_ref("qwen2-tiny");
+  const auto& ids = ref.ids[0];
+  ss::backend::SamplingParams greedy, warm;
+  greedy.temperature = 0.0f;
+  warm.temperature = 0.8f;
+  warm.seed = 1234;
+  for (const auto* params : {&greedy, &warm}) {
+    StepBatch b;
+    b.seq_slot = {0};
+    b.edit_table(0, 0, std::vector<int32_t>{0, 1, 2, 3});
+    for (size_t i = 0; i < ids.size(); ++i) {
+      b.tokens.push_back(ids[i]);
+      b.positions.push_back(static_cast<int32_t>(i));
+      b.seq_index.push_back(0);
+    }
+    const int last = static_cast<int>(ids.size()) - 1;
+    ss::backend::SampleRow row;
+    row.token = last;
+    row.params = params;
+    row.n = 5;
+    b.sample_rows = {row};
+    b.logits_rows = {last};  // the same row's raw logits, to check the pick against
+    StepOutput out;
+    ASSERT_TRUE(be->step(b, out).ok());
+    ASSERT_EQ(out.tokens.size(), 1u);
+    ASSERT_EQ(out.logits.size(), static_cast<size_t>(V));
+    std::vector<float> l = out.logits;
+    ss::backend::RowSampler rs(V);
+    const int32_t want = rs.sample(l.data(), *params, 5, {}, {});
+    EXPECT_EQ(out.tokens[0], want) << "temperature " << params->temperature;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On the GPU machine (Ubuntu 24.04 image with nvcc, CMake, ninja and most -dev headers, but no ICU
+# or prometheus-cpp development files): unpacks the Debian packages carried in .gpu-deps/
+# (tools/gpu/fetch_device_deps.sh fetches them here), configures build-gpu/ against them with CUDA
+# for sm_90 and builds the given targets (default: everything).
+# usage: tools/gpu/build_on_device.sh [target ...]; afterwards `source build-gpu/env.sh` sets
+# LD_LIBRARY_PATH for the carried libraries.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEPS=${DEPS:-/tmp/ssdeps}
+mkdir -p "$DEPS"
+for f in .gpu-deps/*.deb; do dpkg -x "$f" "$DEPS"; done
+LIBDIR="$DEPS/usr/lib/x86_64-linux-gnu"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ ! -f build-gpu/build.ninja ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr;$LIBDIR/cmake" -DICU_ROOT="$DEPS/usr" \
+    -DCMAKE_BUILD_RPATH="$LIBDIR" >/dev/null
+fi
+echo "export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > build-gpu/env.sh
+if [ $# -gt 0 ]; then
+  cmake --build build-gpu -j "$(nproc)" --target "$@"
+else
+  cmake --build build-gpu -j "$(nproc)"
+fi
