@@ -64,7 +64,8 @@ void run_offline(const BenchArgs& a) {
     // Greedy, no stop ids: exactly gen_tokens tokens each run.
     auto request = [&](size_t prompt_len, int max_tokens) {
       engine::Request r;
-      r.prompt.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prompt_len));
+      r.prompt = prompt;
+      r.prompt.resize(prompt_len);  // (an iterator-range assign trips GCC 13's -Warray-bounds)
       r.sampling.temperature = 0.0f;
       r.max_tokens = max_tokens;
       return r;

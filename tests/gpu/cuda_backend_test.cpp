@@ -75,13 +75,21 @@ std::unique_ptr<ss::model::Model> load(const std::string& path) {
 
 std::unique_ptr<Backend> cuda_backend(const ss::model::Model& m) {
   BackendOptions o;
-  o.kv.num_blocks = 64;
+  o.kv.num_blocks = 128;
   o.kv.block_size = 16;
-  o.max_batch_tokens = 256;
-  o.max_slots = 8;
+  o.max_batch_tokens = 1024;  // two of the longest reference sequences (300 tokens) in one step
+  o.max_slots = 512;          // logits rows for every token of such a step
   auto be = ss::backend::make_cuda_backend(m, o);
   EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.message());
   return be.ok() ? std::move(be).value() : nullptr;
+}
+
+// Blocks first, first + 1, ... enough for n tokens (16 per block; at most 32 blocks per table here).
+std::vector<int32_t> blocks(int first, int n) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < (n + 15) / 16; ++i) t.push_back(first + i);
+  EXPECT_LE(t.size(), 32u);
+  return t;
 }
 
 // Compares one position's logits with the reference row.
@@ -116,9 +124,7 @@ TEST_P(CudaForward, PrefillDecodeAndBatchedMatchTransformers) {
   for (size_t s = 0; s < ref.ids.size(); ++s) {
     const auto& ids = ref.ids[s];
     const int n = static_cast<int>(ids.size());
-    const std::vector<int32_t> table = {static_cast<int32_t>(4 * s), static_cast<int32_t>(4 * s + 1),
-                                        static_cast<int32_t>(4 * s + 2), static_cast<int32_t>(4 * s + 3)};
-    ASSERT_LE(n, 64);
+    const auto table = blocks(0, n), decode_table = blocks(32, n);
     // Prefill: every position in one step.
     StepBatch b;
     b.seq_slot = {0};
@@ -138,7 +144,7 @@ TEST_P(CudaForward, PrefillDecodeAndBatchedMatchTransformers) {
     for (int i = 0; i < n; ++i) {
       StepBatch d;
       d.seq_slot = {1};
-      if (i == 0) d.edit_table(1, 0, std::vector<int32_t>{40, 41, 42, 43});
+      if (i == 0) d.edit_table(1, 0, decode_table);
       d.tokens = {ids[static_cast<size_t>(i)]};
       d.positions = {i};
       d.seq_index = {0};
@@ -152,8 +158,8 @@ TEST_P(CudaForward, PrefillDecodeAndBatchedMatchTransformers) {
   if (ref.ids.size() >= 2) {
     StepBatch b;
     b.seq_slot = {2, 3};
-    b.edit_table(2, 0, std::vector<int32_t>{50, 51, 52, 53});
-    b.edit_table(3, 0, std::vector<int32_t>{54, 55, 56, 57});
+    b.edit_table(2, 0, blocks(64, static_cast<int>(ref.ids[0].size())));
+    b.edit_table(3, 0, blocks(96, static_cast<int>(ref.ids[1].size())));
     std::vector<std::pair<int, int>> where;
     const size_t longest = std::max(ref.ids[0].size(), ref.ids[1].size());
     for (size_t p = 0; p < longest; ++p)

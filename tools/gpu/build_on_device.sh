@@ -11,10 +11,20 @@ DEPS=${DEPS:-/tmp/ssdeps}
 mkdir -p "$DEPS"
 for f in .gpu-deps/*.deb; do dpkg -x "$f" "$DEPS"; done
 LIBDIR="$DEPS/usr/lib/x86_64-linux-gnu"
+# prometheus-cpp's package config asks for civetweb, ZLIB and CURL (for its pull and push parts, which
+# selfserve does not link): stand-ins that define their targets, empty.
+SHIM="$DEPS/shim"
+mkdir -p "$SHIM"
+for pkg in civetweb:civetweb::civetweb-cpp ZLIB:ZLIB::ZLIB CURL:CURL::libcurl; do
+  name=${pkg%%:*}; target=${pkg#*:}
+  printf 'if(NOT TARGET %s)\n  add_library(%s INTERFACE IMPORTED)\nendif()\nset(%s_FOUND TRUE)\n' \
+    "$target" "$target" "$name" > "$SHIM/${name}Config.cmake"
+done
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ ! -f build-gpu/build.ninja ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON \
-    -DCMAKE_PREFIX_PATH="$DEPS/usr;$LIBDIR/cmake" -DICU_ROOT="$DEPS/usr" \
+    -DCMAKE_PREFIX_PATH="$DEPS/usr;$LIBDIR/cmake" -DICU_ROOT="$DEPS/usr" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
+    -Dcivetweb_DIR="$SHIM" -DZLIB_DIR="$SHIM" -DCURL_DIR="$SHIM" \
     -DCMAKE_BUILD_RPATH="$LIBDIR" >/dev/null
 fi
 echo "export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > build-gpu/env.sh
