@@ -132,6 +132,7 @@ struct BackendOptions {
   // 0, and the size of each pinned staging buffer weights are uploaded through.
   double gpu_memory_utilization = 0.9;
   int weight_chunk_mb = 64;
+  bool enforce_eager = false;  // CUDA: no graphs (every step kernel by kernel)
 };
 
 class Backend {

@@ -106,6 +106,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
   cmd->add_option("--weight-chunk-mb", d->weight_chunk_mb, "CUDA: size of each pinned buffer weights are uploaded through")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_flag("--enforce-eager", d->enforce_eager, "CUDA: no CUDA graphs (every step launched kernel by kernel)");
 }
 
 bool wants_cuda(const DeviceArgs& d) {
@@ -116,6 +117,7 @@ Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, 
                                                          const DeviceArgs& d, std::string* chosen) {
   bo.gpu_memory_utilization = d.gpu_memory_utilization;
   bo.weight_chunk_mb = d.weight_chunk_mb;
+  bo.enforce_eager = d.enforce_eager;
   const std::string gpu = backend::cuda_device_summary();
   if (d.device == "cuda" || (d.device == "auto" && !gpu.empty())) {
     if (chosen) *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")";

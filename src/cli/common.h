@@ -25,6 +25,7 @@ struct DeviceArgs {
   std::string device = "auto";  // auto: cuda when a usable GPU is present, else cpu
   double gpu_memory_utilization = 0.9;
   int weight_chunk_mb = 64;
+  bool enforce_eager = false;
 };
 void add_device_options(CLI::App* cmd, DeviceArgs* d);
 // The backend the flags ask for; `chosen` says which and why (for the startup line).

@@ -7,6 +7,12 @@
 // kernels of basic_ops.cu. Greedy rows are sampled on the device (only their ids come back); rows
 // that need the full sampler (temperature, penalties, a grammar, logprobs) are sampled on the host
 // with the reference sampler for now.
+//
+// CUDA graphs: a decode step (one token per sequence, greedy rows) is captured once per batch-size
+// bucket (1, 2, 4, ..., up to the slots) — input copies from fixed pinned buffers, the whole forward,
+// the argmax and the ids' copy back — and replayed with the inputs rewritten in place; the rows a
+// bucket has beyond the batch are padding: token 0 at position 0 of a spare slot whose table points at
+// a spare KV block. --enforce-eager runs every step kernel by kernel.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -81,12 +87,6 @@ class CudaBackend final : public Backend {
     SS_TRY(be->init());
     return be;
   }
-  ~CudaBackend() override {
-    if (blas_) cublasDestroy(blas_);
-    for (void* p : pinned_)
-      if (p) cudaFreeHost(p);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
 
   std::string name() const override { return "cuda (" + device_name_ + ")"; }
   const KvCacheConfig& kv_config() const override { return kv_; }
@@ -101,7 +101,10 @@ class CudaBackend final : public Backend {
   Status upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out);
   Status upload_vector(const model::Tensor& t, float** out);
   Status gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16_bits* x, int n, float* y);
-  Status forward(const StepBatch& b, int n_rows);
+  Status forward(int n_tok, int n_rows);
+  // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
+  Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
+  Status upload_table_edits(const StepBatch& b);
 
   const model::Model& model_;
   const model::ModelConfig& c_;
@@ -137,7 +140,24 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> rows_;
   std::vector<RowSampler> samplers_;
   std::vector<float> host_logits_;
+  // Graphs per bucket (index: log2 of the bucket size); the spare slot and block padding rows use.
+  std::vector<cudaGraphExec_t> graphs_;
+  int spare_slot_ = 0, spare_block_ = 0;
+  void* blas_ws_ = nullptr;
+
+ public:
+  ~CudaBackend() override;
 };
+
+CudaBackend::~CudaBackend() {
+  for (cudaGraphExec_t g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
+  if (blas_) cublasDestroy(blas_);
+  for (void* p : pinned_)
+    if (p) cudaFreeHost(p);
+  if (blas_ws_) cudaFree(blas_ws_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
 
 Status CudaBackend::init() {
   int dev = 0;
@@ -148,6 +168,10 @@ Status CudaBackend::init() {
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
   SS_CUBLAS(cublasSetStream(blas_, stream_));
+  // A workspace of its own, so cuBLAS allocates nothing while a graph is captured.
+  constexpr size_t kBlasWorkspace = 32u << 20;
+  SS_CUDA(cudaMalloc(&blas_ws_, kBlasWorkspace));
+  SS_CUBLAS(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace));
 
   H_ = c_.hidden_size;
   nh_ = c_.n_heads;
@@ -239,7 +263,7 @@ Status CudaBackend::init() {
   const size_t scratch_bytes = padded(4 * T * H_) * 2 + padded(4 * T * (qd_ + 2 * kvd_)) + padded(4 * T * qd_) +
                                padded(4 * T * 2 * I_) + padded(4 * R * V_) + padded(2 * T * H_) +
                                padded(2 * T * qd_) + padded(2 * T * I_) + padded(2 * R * H_) + 6 * padded(4 * T) +
-                               padded(4 * R) + padded(4 * static_cast<size_t>(tables_.size()) * est_blocks) +
+                               padded(4 * R) + padded(4 * static_cast<size_t>(tables_.size() + 1) * est_blocks) +
                                padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
@@ -250,9 +274,11 @@ Status CudaBackend::init() {
     kv_.num_blocks = static_cast<int>(std::min<double>(budget / static_cast<double>(block_bytes), 1 << 22));
   }
   kv_.dtype = KvCacheConfig::DType::F16;  // reported as 16-bit; the GPU cache holds bf16
-  SS_TRY(kv_mem_.reserve(static_cast<size_t>(block_bytes) * kv_.num_blocks, "KV cache"));
-  cache_ = kv_mem_.take<bf16_bits>(static_cast<size_t>(block_elems) * L_ * kv_.num_blocks);
-  layer_cache_elems_ = block_elems * kv_.num_blocks;
+  // One spare block beyond the engine's, written by graph padding rows only.
+  spare_block_ = kv_.num_blocks;
+  SS_TRY(kv_mem_.reserve(static_cast<size_t>(block_bytes) * (kv_.num_blocks + 1), "KV cache"));
+  cache_ = kv_mem_.take<bf16_bits>(static_cast<size_t>(block_elems) * L_ * (kv_.num_blocks + 1));
+  layer_cache_elems_ = block_elems * (kv_.num_blocks + 1);
   max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
   max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
 
@@ -272,7 +298,8 @@ Status CudaBackend::init() {
   d_tok_table_ = scratch_.take<int32_t>(T);
   d_rows_ = scratch_.take<int32_t>(R);
   d_ids_ = scratch_.take<int32_t>(R);
-  d_tables_ = scratch_.take<int32_t>(static_cast<size_t>(tables_.size()) * max_blocks_);
+  spare_slot_ = tables_.size();  // its table: the spare block
+  d_tables_ = scratch_.take<int32_t>(static_cast<size_t>(tables_.size() + 1) * max_blocks_);
   rope_cs_ = scratch_.take<float>(static_cast<size_t>(max_position_) * rope_dim_);
   if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
@@ -288,12 +315,17 @@ Status CudaBackend::init() {
     return {};
   };
   void* p = nullptr;
-  SS_TRY(pinned(4 * (4 * T), &p));
+  SS_TRY(pinned(4 * (3 * T + R), &p));  // tokens | positions | token slots (cap_tokens_ each) | rows
   h_in_ = static_cast<int32_t*>(p);
   SS_TRY(pinned(4 * R, &p));
   h_ids_ = static_cast<int32_t*>(p);
-  SS_TRY(pinned(4 * static_cast<size_t>(tables_.size()) * max_blocks_, &p));
+  SS_TRY(pinned(4 * static_cast<size_t>(tables_.size() + 1) * max_blocks_, &p));
   h_tables_ = static_cast<int32_t*>(p);
+  h_tables_[static_cast<size_t>(spare_slot_) * max_blocks_] = spare_block_;
+  SS_CUDA(cudaMemcpyAsync(d_tables_ + static_cast<size_t>(spare_slot_) * max_blocks_,
+                          h_tables_ + static_cast<size_t>(spare_slot_) * max_blocks_, 4, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  graphs_.assign(32, nullptr);
   SS_TRY(pinned(4 * R * V_, &p));
   h_logits_ = static_cast<float*>(p);
   samplers_.emplace_back(V_);
@@ -365,8 +397,7 @@ Status CudaBackend::gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16
   return {};
 }
 
-Status CudaBackend::forward(const StepBatch& b, int R) {
-  const int T = static_cast<int>(b.tokens.size());
+Status CudaBackend::forward(int T, int R) {
   const float eps = c_.rms_norm_eps;
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   for (int l = 0; l < L_; ++l) {
@@ -402,6 +433,82 @@ bool simple_greedy(const SampleRow& r) {
 }
 }  // namespace
 
+Status CudaBackend::upload_table_edits(const StepBatch& b) {
+  for (const TableEdit& e : b.table_edits) {
+    const auto t = tables_.of(e.slot);
+    if (static_cast<int>(t.size()) > max_blocks_)
+      return make_error("cuda backend: slot " + std::to_string(e.slot) + " holds " + std::to_string(t.size()) +
+                        " blocks, more than a sequence of the context needs");
+    int32_t* row = h_tables_ + static_cast<size_t>(e.slot) * max_blocks_;
+    std::copy(t.begin(), t.end(), row);
+    if (!t.empty())
+      SS_CUDA(cudaMemcpyAsync(d_tables_ + static_cast<size_t>(e.slot) * max_blocks_, row, 4 * t.size(),
+                              cudaMemcpyHostToDevice, stream_));
+  }
+  return {};
+}
+
+Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done) {
+  *done = false;
+  const int T = static_cast<int>(b.tokens.size());
+  if (opts_.enforce_eager || T == 0 || b.seq_slot.size() != static_cast<size_t>(T) || !b.score_rows.empty() ||
+      !b.logits_rows.empty() || b.sample_rows.size() != static_cast<size_t>(T))
+    return {};
+  for (int i = 0; i < T; ++i)
+    if (b.seq_index[static_cast<size_t>(i)] != i || b.sample_rows[static_cast<size_t>(i)].token != i ||
+        !simple_greedy(b.sample_rows[static_cast<size_t>(i)]))
+      return {};
+  int B = 1, lg = 0;
+  while (B < T) B *= 2, ++lg;
+  if (B > cap_tokens_ || B > cap_rows_) return {};
+  const int C = cap_tokens_;
+  int32_t* in = h_in_;
+  // The pinned inputs are rewritten only once the previous replay (which reads them) has ended: every
+  // step synchronises before it returns.
+  for (int i = 0; i < B; ++i) {
+    const bool real = i < T;
+    in[i] = real ? b.tokens[static_cast<size_t>(i)] : 0;
+    in[C + i] = real ? b.positions[static_cast<size_t>(i)] : 0;
+    in[2 * C + i] = real ? b.seq_slot[static_cast<size_t>(i)] : spare_slot_;
+    in[3 * C + i] = i;
+  }
+  cudaGraphExec_t& g = graphs_[static_cast<size_t>(lg)];
+  if (!g) {
+    SS_CUDA(cudaStreamSynchronize(stream_));  // the table edits are not part of the graph
+    SS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    Status st;
+    auto rec = [&](cudaError_t e, const char* what) {
+      if (st.ok()) st = cuda_status(e, what, __FILE__, __LINE__);
+    };
+    rec(cudaMemcpyAsync(d_tokens_, in, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    rec(cudaMemcpyAsync(d_pos_, in + C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    rec(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    rec(cudaMemcpyAsync(d_rows_, in + 3 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    if (st.ok()) st = forward(B, B);
+    if (st.ok()) cuda::argmax_rows(logits_, B, V_, d_ids_, stream_);
+    rec(cudaMemcpyAsync(h_ids_, d_ids_, 4 * B, cudaMemcpyDeviceToHost, stream_), "graph outputs");
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    rec(end, "graph capture");
+    if (st.ok()) rec(cudaGraphInstantiate(&g, graph, 0), "graph instantiate");
+    if (graph) cudaGraphDestroy(graph);
+    if (!st.ok()) {
+      g = nullptr;
+      cudaGetLastError();
+      return st;
+    }
+  }
+  SS_CUDA(cudaGraphLaunch(g, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  out.tokens.assign(h_ids_, h_ids_ + T);
+  out.logprobs.resize(static_cast<size_t>(T));
+  for (auto& lp : out.logprobs) lp.top.clear();
+  out.scores.clear();
+  out.logits.clear();
+  *done = true;
+  return {};
+}
+
 Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   SS_TRY(tables_.apply(b, kv_.num_blocks));
   SS_TRY(validate_batch(b, tables_, kv_.num_blocks, kv_.block_size, V_));
@@ -427,29 +534,24 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
     out.logits.clear();
     return {};
   }
-  // Inputs: tokens, positions, each token's slot, the logits rows; edited tables.
+  SS_TRY(upload_table_edits(b));
+  bool done = false;
+  SS_TRY(decode_graph(b, out, &done));
+  if (done) return {};
+  // Inputs: tokens, positions, each token's slot, the logits rows.
+  const int C = cap_tokens_;
   int32_t* in = h_in_;
   for (int i = 0; i < T; ++i) {
     in[i] = b.tokens[static_cast<size_t>(i)];
-    in[T + i] = b.positions[static_cast<size_t>(i)];
-    in[2 * T + i] = b.seq_slot[static_cast<size_t>(b.seq_index[static_cast<size_t>(i)])];
+    in[C + i] = b.positions[static_cast<size_t>(i)];
+    in[2 * C + i] = b.seq_slot[static_cast<size_t>(b.seq_index[static_cast<size_t>(i)])];
   }
-  std::copy(rows_.begin(), rows_.end(), in + 3 * T);
+  std::copy(rows_.begin(), rows_.end(), in + 3 * C);
   SS_CUDA(cudaMemcpyAsync(d_tokens_, in, 4 * T, cudaMemcpyHostToDevice, stream_));
-  SS_CUDA(cudaMemcpyAsync(d_pos_, in + T, 4 * T, cudaMemcpyHostToDevice, stream_));
-  SS_CUDA(cudaMemcpyAsync(d_tok_table_, in + 2 * T, 4 * T, cudaMemcpyHostToDevice, stream_));
-  if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 3 * T, 4 * R, cudaMemcpyHostToDevice, stream_));
-  for (const TableEdit& e : b.table_edits) {
-    const auto t = tables_.of(e.slot);
-    if (static_cast<int>(t.size()) > max_blocks_)
-      return make_error("cuda backend: slot " + std::to_string(e.slot) + " holds " + std::to_string(t.size()) +
-                        " blocks, more than a sequence of the context needs");
-    int32_t* row = h_tables_ + static_cast<size_t>(e.slot) * max_blocks_;
-    std::copy(t.begin(), t.end(), row);
-    SS_CUDA(cudaMemcpyAsync(d_tables_ + static_cast<size_t>(e.slot) * max_blocks_, row, 4 * t.size(),
-                            cudaMemcpyHostToDevice, stream_));
-  }
-  SS_TRY(forward(b, R));
+  SS_CUDA(cudaMemcpyAsync(d_pos_, in + C, 4 * T, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
+  if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 3 * C, 4 * R, cudaMemcpyHostToDevice, stream_));
+  SS_TRY(forward(T, R));
 
   const int ns = static_cast<int>(b.sample_rows.size());
   const bool device_greedy =
