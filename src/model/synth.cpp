@@ -254,9 +254,18 @@ Status write_file(const std::string& path, const std::vector<uint8_t>& header, u
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_error(path + ": cannot open for writing: " + std::strerror(errno));
   struct Closer { int fd; ~Closer() { ::close(fd); } } closer{fd};
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0)  // padding between tensors reads as zeros
-    return make_error(path + ": cannot size the file to " + std::to_string(size) + " bytes: " + std::strerror(errno));
-  SS_TRY(pwrite_all(fd, header.data(), header.size(), 0, path));
+  struct stat st_buf;
+  if (::fstat(fd, &st_buf) != 0 || !S_ISREG(st_buf.st_mode))  // e.g. /dev/null: never unlink those below
+    return make_error(path + ": not a regular file");
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {  // padding between tensors reads as zeros
+    const std::string why = std::strerror(errno);
+    ::unlink(path.c_str());
+    return make_error(path + ": cannot size the file to " + std::to_string(size) + " bytes: " + why);
+  }
+  if (Status st = pwrite_all(fd, header.data(), header.size(), 0, path); !st.ok()) {
+    ::unlink(path.c_str());
+    return st;
+  }
 
   struct Chunk { const PlanTensor* t; int64_t row0, rows; };
   std::vector<Chunk> chunks;
@@ -308,7 +317,10 @@ Status write_file(const std::string& path, const std::vector<uint8_t>& header, u
   for (int i = 1; i < n_threads; ++i) pool.emplace_back(work, false);
   work(true);
   for (auto& th : pool) th.join();
-  if (failed) return make_error(err);
+  if (failed) {
+    ::unlink(path.c_str());  // a half-written model must not pass for a whole one
+    return make_error(err);
+  }
   if (o.progress) o.progress(total, total);
   return {};
 }

@@ -333,6 +333,10 @@ TEST(Synth, BadArgumentsAreClearErrors) {
   o.out = dir.file("no/such/dir/x.gguf");
   EXPECT_HAS(err(o), "cannot open for writing");
   EXPECT_FALSE(fs::exists(dir.file("x.gguf")));
+  o = base;
+  o.out = "/dev/null";  // opens fine but is no file to size: an error, and the device stays
+  EXPECT_HAS(err(o), "/dev/null: not a regular file");
+  EXPECT_TRUE(fs::exists("/dev/null"));
   EXPECT_HAS(synth_dtype("q3_k").message(), "unknown dtype 'q3_k'");
   EXPECT_EQ(*synth_dtype("Q4_K"), DType::Q4_K);
 }
