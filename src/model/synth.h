@@ -56,6 +56,7 @@ struct SynthShape {
   int hidden, layers, heads, kv_heads, head_dim, ffn, vocab, context;
   bool tied;
   float rope_theta, rms_eps;
+  float llama3_rope_factor = 0;  // > 0: Llama 3.1+ rope scaling (low 1, high 4, original context 8192)
 };
 // The named shapes, and the one called `name` (an error lists the names).
 const std::vector<SynthShape>& synth_shapes();

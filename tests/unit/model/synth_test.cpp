@@ -135,13 +135,14 @@ struct Real {
   int hidden, heads, kv_heads, head_dim, ffn, context;
   float theta, eps;
   bool tied;
+  float llama3_rope_factor;  // rope_scaling {"rope_type": "llama3", "factor": ...}, 0: none
 };
 const Real kReal[] = {
-    {"smollm2-135m", Arch::Llama, 576, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f, true},
-    {"llama32-1b", Arch::Llama, 2048, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true},
-    {"llama3-8b", Arch::Llama, 4096, 32, 8, 128, 14336, 8192, 500000.0f, 1e-5f, false},
-    {"qwen25-05b", Arch::Qwen2, 896, 14, 2, 64, 4864, 32768, 1000000.0f, 1e-6f, true},
-    {"qwen3-06b", Arch::Qwen3, 1024, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f, true},
+    {"smollm2-135m", Arch::Llama, 576, 9, 3, 64, 1536, 8192, 100000.0f, 1e-5f, true, 0},
+    {"llama32-1b", Arch::Llama, 2048, 32, 8, 64, 8192, 131072, 500000.0f, 1e-5f, true, 32.0f},
+    {"llama3-8b", Arch::Llama, 4096, 32, 8, 128, 14336, 8192, 500000.0f, 1e-5f, false, 0},
+    {"qwen25-05b", Arch::Qwen2, 896, 14, 2, 64, 4864, 32768, 1000000.0f, 1e-6f, true, 0},
+    {"qwen3-06b", Arch::Qwen3, 1024, 16, 8, 128, 3072, 40960, 1000000.0f, 1e-6f, true, 0},
 };
 
 void expect_config(const ModelConfig& c, const Real& r, int layers, int vocab, FileFormat fmt) {
@@ -157,6 +158,17 @@ void expect_config(const ModelConfig& c, const Real& r, int layers, int vocab, F
   EXPECT_FLOAT_EQ(c.rope_theta, r.theta) << r.shape;
   EXPECT_FLOAT_EQ(c.rms_norm_eps, r.eps) << r.shape;
   EXPECT_EQ(c.tie_embeddings, r.tied) << r.shape;
+  // GGUF carries Llama 3 scaling as rope_freqs.weight, config.json as rope_scaling: the loader
+  // recognises both as the same scaling.
+  if (r.llama3_rope_factor > 0) {
+    EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::Llama3) << r.shape;
+    EXPECT_FLOAT_EQ(c.rope_scaling.factor, r.llama3_rope_factor) << r.shape;
+    EXPECT_FLOAT_EQ(c.rope_scaling.low_freq_factor, 1.0f) << r.shape;
+    EXPECT_FLOAT_EQ(c.rope_scaling.high_freq_factor, 4.0f) << r.shape;
+    EXPECT_EQ(c.rope_scaling.original_max_position, 8192) << r.shape;
+  } else {
+    EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::None) << r.shape;
+  }
   EXPECT_EQ(c.rope_style, fmt == FileFormat::Gguf && r.arch == Arch::Llama ? RopeStyle::Interleaved
                                                                            : RopeStyle::HalfSplit)
       << r.shape;
