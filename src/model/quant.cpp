@@ -380,8 +380,9 @@ void q_q8_0(const float* x, void* dst, int64_t nb) {
   }
 }
 
+// Clamped in float first: a value past int's range must not reach the conversion.
 int clamp_round(float v, int lo, int hi) {
-  return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi);
+  return static_cast<int>(std::clamp(std::nearbyint(v), static_cast<float>(lo), static_cast<float>(hi)));
 }
 
 // Q4_K: eight sub-blocks of 32, each y = d*sc*q - dmin*m with 6-bit sc, m (packed as ggml does).
