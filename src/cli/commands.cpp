@@ -22,6 +22,7 @@ void register_commands(CLI::App& app) {
   register_fetch(app);
   register_bench(app);
   register_serve(app);
+  register_synth(app);
 }
 
 }  // namespace ss::cli

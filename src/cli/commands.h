@@ -11,6 +11,7 @@ void register_inspect(CLI::App& app);
 void register_fetch(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_synth(CLI::App& app);
 
 // Commands record their result here; main returns it.
 void set_exit_code(int code);

@@ -1,7 +1,10 @@
 // Type table, fp16/bf16 conversions and scalar reference dequantization.
 // Block layouts and arithmetic order follow ggml-quants.c dequantize_row_* so results match bit for bit.
 #include "model/quant.h"
+#include "model/quantize.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace ss::model {
@@ -267,6 +270,230 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q4_K: return deq_q4_k(src, dst, nb);
     case DType::Q6_K: return deq_q6_k(src, dst, nb);
     case DType::Q8_K: return deq_q8_k(src, dst, nb);
+  }
+}
+
+
+// --- quantization ----------------------------------------------------------------------------------
+
+namespace {
+
+template <class B>
+void store_block(void* dst, int64_t i, const B& b) {
+  std::memcpy(static_cast<uint8_t*>(dst) + i * sizeof(B), &b, sizeof(B));
+}
+
+// The element of largest magnitude, with its sign (ggml's q4_0/q5_0 scale is built from it).
+float signed_absmax(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < n; ++j) {
+    const float v = x[j] < 0 ? -x[j] : x[j];
+    if (amax < v) {
+      amax = v;
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+void q_q4_0(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK4_0) {
+    const float max = signed_absmax(x, QK4_0);
+    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
+    block_q4_0 b{};
+    b.d = fp32_to_fp16(d);
+    for (int j = 0; j < QK4_0 / 2; ++j) {
+      const int a = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
+      const int c = std::min(15, static_cast<int>(static_cast<int8_t>(x[QK4_0 / 2 + j] * id + 8.5f)));
+      b.qs[j] = static_cast<uint8_t>(a | (c << 4));
+    }
+    store_block(dst, i, b);
+  }
+}
+
+void q_q4_1(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK4_1) {
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QK4_1; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
+    const float d = (mx - mn) / 15, id = d ? 1.0f / d : 0.0f;
+    block_q4_1 b{};
+    b.d = fp32_to_fp16(d);
+    b.m = fp32_to_fp16(mn);
+    for (int j = 0; j < QK4_1 / 2; ++j) {
+      const int a = std::min(15, static_cast<int>(static_cast<int8_t>((x[j] - mn) * id + 0.5f)));
+      const int c = std::min(15, static_cast<int>(static_cast<int8_t>((x[QK4_1 / 2 + j] - mn) * id + 0.5f)));
+      b.qs[j] = static_cast<uint8_t>(a | (c << 4));
+    }
+    store_block(dst, i, b);
+  }
+}
+
+// q5 packing shared by Q5_0 and Q5_1: low nibbles in qs, the fifth bits in qh.
+template <class B>
+void pack_q5(B& b, const int* q) {
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    b.qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[16 + j] & 0xF) << 4));
+    qh |= static_cast<uint32_t>((q[j] & 0x10) >> 4) << j;
+    qh |= static_cast<uint32_t>((q[16 + j] & 0x10) >> 4) << (j + 16);
+  }
+  std::memcpy(b.qh, &qh, 4);
+}
+
+void q_q5_0(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK5_0) {
+    const float max = signed_absmax(x, QK5_0);
+    const float d = max / -16, id = d ? 1.0f / d : 0.0f;
+    block_q5_0 b{};
+    b.d = fp32_to_fp16(d);
+    int q[QK5_0];
+    for (int j = 0; j < QK5_0; ++j) q[j] = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
+    pack_q5(b, q);
+    store_block(dst, i, b);
+  }
+}
+
+void q_q5_1(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK5_1) {
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < QK5_1; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
+    const float d = (mx - mn) / 31, id = d ? 1.0f / d : 0.0f;
+    block_q5_1 b{};
+    b.d = fp32_to_fp16(d);
+    b.m = fp32_to_fp16(mn);
+    int q[QK5_1];
+    for (int j = 0; j < QK5_1; ++j) q[j] = std::min(31, static_cast<int>((x[j] - mn) * id + 0.5f));
+    pack_q5(b, q);
+    store_block(dst, i, b);
+  }
+}
+
+void q_q8_0(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK8_0) {
+    float amax = 0;
+    for (int j = 0; j < QK8_0; ++j) amax = std::max(amax, x[j] < 0 ? -x[j] : x[j]);
+    const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+    block_q8_0 b{};
+    b.d = fp32_to_fp16(d);
+    for (int j = 0; j < QK8_0; ++j) b.qs[j] = static_cast<int8_t>(std::round(x[j] * id));  // roundf, as ggml
+    store_block(dst, i, b);
+  }
+}
+
+// Clamped in float first: a value past int's range must not reach the conversion.
+int clamp_round(float v, int lo, int hi) {
+  return static_cast<int>(std::clamp(std::nearbyint(v), static_cast<float>(lo), static_cast<float>(hi)));
+}
+
+// Q4_K: eight sub-blocks of 32, each y = d*sc*q - dmin*m with 6-bit sc, m (packed as ggml does).
+void q_q4_k(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float scale[8], minv[8];
+    float max_scale = 0, max_min = 0;
+    for (int s = 0; s < 8; ++s) {
+      float mn = x[32 * s], mx = x[32 * s];
+      for (int j = 1; j < 32; ++j) mn = std::min(mn, x[32 * s + j]), mx = std::max(mx, x[32 * s + j]);
+      mn = std::min(mn, 0.0f);  // the offset is subtracted: only a non-positive minimum is stored
+      scale[s] = (mx - mn) / 15;
+      minv[s] = -mn;
+      max_scale = std::max(max_scale, scale[s]);
+      max_min = std::max(max_min, minv[s]);
+    }
+    const float d = max_scale / 63, dmin = max_min / 63;
+    const float id = d ? 1.0f / d : 0.0f, idmin = dmin ? 1.0f / dmin : 0.0f;
+    block_q4_K b{};
+    b.d = fp32_to_fp16(d);
+    b.dmin = fp32_to_fp16(dmin);
+    const float d16 = fp16_to_fp32(b.d), dmin16 = fp16_to_fp32(b.dmin);
+    uint8_t L[QK_K];
+    for (int s = 0; s < 8; ++s) {
+      // Round the scale up so the quantized range still covers the sub-block.
+      int ls = std::min(63, static_cast<int>(std::ceil(scale[s] * id)));
+      const int lm = clamp_round(minv[s] * idmin, 0, 63);
+      if (s < 4) {
+        b.scales[s] = static_cast<uint8_t>(ls);
+        b.scales[s + 4] = static_cast<uint8_t>(lm);
+      } else {
+        b.scales[s + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+        b.scales[s - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+        b.scales[s] |= static_cast<uint8_t>((lm >> 4) << 6);
+      }
+      const float sd = d16 * static_cast<float>(ls), sm = dmin16 * static_cast<float>(lm);
+      const float isd = sd ? 1.0f / sd : 0.0f;
+      for (int j = 0; j < 32; ++j) L[32 * s + j] = static_cast<uint8_t>(clamp_round((x[32 * s + j] + sm) * isd, 0, 15));
+    }
+    uint8_t* q = b.qs;
+    for (int j = 0; j < QK_K; j += 64, q += 32)
+      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+    store_block(dst, i, b);
+  }
+}
+
+// Q6_K: sixteen sub-blocks of 16, y = d*sc*(q-32) with int8 sc and 6-bit q.
+void q_q6_k(const float* x, void* dst, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float scale[16];
+    float max_scale = 0;
+    for (int s = 0; s < 16; ++s) {
+      float amax = 0;
+      for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(x[16 * s + j]));
+      scale[s] = amax / 31;
+      max_scale = std::max(max_scale, scale[s]);
+    }
+    const float d = max_scale / 127, id = d ? 1.0f / d : 0.0f;
+    block_q6_K b{};
+    b.d = fp32_to_fp16(d);
+    const float d16 = fp16_to_fp32(b.d);
+    uint8_t L[QK_K];
+    for (int s = 0; s < 16; ++s) {
+      const int ls = std::min(127, static_cast<int>(std::ceil(scale[s] * id)));
+      b.scales[s] = static_cast<int8_t>(ls);
+      const float sd = d16 * static_cast<float>(ls), isd = sd ? 1.0f / sd : 0.0f;
+      for (int j = 0; j < 16; ++j) L[16 * s + j] = static_cast<uint8_t>(clamp_round(x[16 * s + j] * isd, -32, 31) + 32);
+    }
+    uint8_t* ql = b.ql;
+    uint8_t* qh = b.qh;
+    for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t a = L[j + l], c = L[j + l + 32], e = L[j + l + 64], f = L[j + l + 96];
+        ql[l] = static_cast<uint8_t>((a & 0xF) | ((e & 0xF) << 4));
+        ql[l + 32] = static_cast<uint8_t>((c & 0xF) | ((f & 0xF) << 4));
+        qh[l] = static_cast<uint8_t>((a >> 4) | ((c >> 4) << 2) | ((e >> 4) << 4) | ((f >> 4) << 6));
+      }
+    }
+    store_block(dst, i, b);
+  }
+}
+
+}  // namespace
+
+bool quantize_row(DType t, const float* src, void* dst, int64_t n) {
+  const DTypeInfo* info = dtype_info(static_cast<uint32_t>(t));
+  if (!info || !info->weight_type || n < 0 || n % info->block_size != 0) return false;
+  const int64_t nb = n / info->block_size;
+  auto* p = static_cast<uint8_t*>(dst);
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return true;
+    case DType::F16:
+      for (int64_t k = 0; k < n; ++k) {
+        const half_bits h = fp32_to_fp16(src[k]);
+        std::memcpy(p + 2 * k, &h, 2);
+      }
+      return true;
+    case DType::BF16:
+      for (int64_t k = 0; k < n; ++k) {
+        const uint16_t h = fp32_to_bf16(src[k]);
+        std::memcpy(p + 2 * k, &h, 2);
+      }
+      return true;
+    case DType::Q4_0: q_q4_0(src, dst, nb); return true;
+    case DType::Q4_1: q_q4_1(src, dst, nb); return true;
+    case DType::Q5_0: q_q5_0(src, dst, nb); return true;
+    case DType::Q5_1: q_q5_1(src, dst, nb); return true;
+    case DType::Q8_0: q_q8_0(src, dst, nb); return true;
+    case DType::Q4_K: q_q4_k(src, dst, nb); return true;
+    case DType::Q6_K: q_q6_k(src, dst, nb); return true;
+    default: return false;
   }
 }
 

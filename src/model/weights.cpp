@@ -27,20 +27,6 @@ constexpr LayerName kLayerNames[] = {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
-std::string hf_name_from_gguf(std::string_view g) {
-  if (g == "token_embd.weight") return "model.embed_tokens.weight";
-  if (g == "output_norm.weight") return "model.norm.weight";
-  if (g == "output.weight") return "lm_head.weight";
-  if (g.starts_with("blk.")) {
-    const size_t dot = g.find('.', 4);
-    if (dot != std::string_view::npos)
-      for (const auto& n : kLayerNames)
-        if (g.substr(dot + 1) == n.gguf)
-          return "model.layers." + std::string(g.substr(4, dot - 4)) + "." + std::string(n.hf);
-  }
-  return std::string(g);
-}
-
 bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 class Binder {
@@ -89,6 +75,20 @@ class Binder {
 };
 
 }  // namespace
+
+std::string hf_name_from_gguf(std::string_view g) {
+  if (g == "token_embd.weight") return "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
+  if (g.starts_with("blk.")) {
+    const size_t dot = g.find('.', 4);
+    if (dot != std::string_view::npos)
+      for (const auto& n : kLayerNames)
+        if (g.substr(dot + 1) == n.gguf)
+          return "model.layers." + std::string(g.substr(4, dot - 4)) + "." + std::string(n.hf);
+  }
+  return std::string(g);
+}
 
 std::optional<std::string> gguf_name_from_hf(std::string_view hf) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";

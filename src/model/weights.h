@@ -20,6 +20,8 @@ using TensorMap = std::map<std::string, SourceTensor, std::less<>>;  // keyed by
 
 // "model.layers.3.mlp.up_proj.weight" -> "blk.3.ffn_up.weight"; nullopt for names we do not know.
 std::optional<std::string> gguf_name_from_hf(std::string_view hf);
+// The inverse: "blk.3.ffn_up.weight" -> "model.layers.3.mlp.up_proj.weight"; unknown names unchanged.
+std::string hf_name_from_gguf(std::string_view gguf);
 // Tensors that may appear in a checkpoint but carry nothing we use (e.g. rotary inv_freq buffers).
 bool ignorable_tensor(std::string_view name);
 
