@@ -40,7 +40,7 @@ class MappedBuffer {
     if (cudaError_t e = cudaHostGetDevicePointer(&b.device_, b.host_, 0); e != cudaSuccess)
       return cuda_error("cudaHostGetDevicePointer", e);
     b.bytes_ = bytes;
-    return b;
+    return Expected<MappedBuffer>(std::move(b));
   }
   void* host() const { return host_; }
   void* device() const { return device_; }
@@ -75,7 +75,7 @@ class DeviceBuffer {
     DeviceBuffer b;
     if (cudaError_t e = cudaMalloc(&b.ptr_, bytes); e != cudaSuccess) return cuda_error("cudaMalloc", e);
     if (cudaError_t e = cudaMemset(b.ptr_, 0, bytes); e != cudaSuccess) return cuda_error("cudaMemset", e);
-    return b;
+    return Expected<DeviceBuffer>(std::move(b));
   }
   void* get() const { return ptr_; }
 
@@ -107,7 +107,7 @@ class CrossRing {
     Ring::init_slots(slots, capacity);
     r.host_counter_ = reinterpret_cast<std::uint64_t*>(static_cast<char*>(r.mapped_.host()) + slot_bytes);
     *r.host_counter_ = 0;
-    return r;
+    return Expected<CrossRing>(std::move(r));
   }
 
   // The view for the CPU end (producers for kHostToDevice, consumers for kDeviceToHost): host
