@@ -205,6 +205,7 @@ __device__ void feed(FeedRing ring, Sync* sync, StageDesc* desc, unsigned long l
       const StageDesc d = ring.value(pos + lane);
       if (d.stage < kStages) desc[d.stage] = d;
       ring.retire(pos + lane);
+      __threadfence();  // belt and braces: the desc store is device-visible before avail moves
     }
     __syncwarp();  // orders the lanes' desc stores before lane 0's release below
     if (n > 0) {
@@ -427,7 +428,6 @@ class Experiment {
     tiles_ = prop_.multiProcessorCount;
     CK(cudaMalloc(&sync_, sizeof(Sync)));
     CK(cudaMalloc(&flags_, sizeof(unsigned int) * kStages * static_cast<size_t>(tiles_)));
-    CK(cudaMalloc(&desc_, sizeof(StageDesc) * kStages));
     CK(cudaMalloc(&fed_desc_, sizeof(StageDesc) * kStages));
   }
 
@@ -676,7 +676,6 @@ class Experiment {
   int tiles_ = 0;
   Sync* sync_ = nullptr;
   unsigned int* flags_ = nullptr;
-  StageDesc* desc_ = nullptr;
   StageDesc* fed_desc_ = nullptr;
 };
 
