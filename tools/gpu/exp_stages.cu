@@ -197,7 +197,7 @@ __device__ void feed(FeedRing ring, Sync* sync, StageDesc* desc, unsigned long l
   const unsigned lane = threadIdx.x % 32;
   unsigned long long pos = sync->ring_pos;
   unsigned long long have = AtomicRef<unsigned long long, kDevice>(sync->avail).load(memory_order_relaxed);
-  Backoff backoff;
+  // No sleep between polls: each poll is itself a bus round trip, which paces the loop.
   while (have < target) {
     const unsigned ready = __ballot_sync(0xffffffffu, ring.ready(pos + lane));
     const int n = ready == 0xffffffffu ? 32 : __ffs(~ready) - 1;  // the published prefix
@@ -212,9 +212,6 @@ __device__ void feed(FeedRing ring, Sync* sync, StageDesc* desc, unsigned long l
       pos += static_cast<unsigned long long>(n);
       have += static_cast<unsigned long long>(n);
       if (lane == 0) AtomicRef<unsigned long long, kDevice>(sync->avail).store(have, memory_order_release);
-      backoff.reset();
-    } else {
-      backoff.pause();
     }
   }
   if (lane == 0) sync->ring_pos = pos;
@@ -579,6 +576,7 @@ class Experiment {
       std::vector<float> got(out_elems);
       CK(cudaMemcpy(got.data(), out_dev, sizeof(float) * out_elems, cudaMemcpyDeviceToHost));
       rows.push_back(Row{c.name, t1, static_cast<Variant>(v), s, rel_error(got, ref)});
+      std::printf("  %-36s %10.2f us  (rel err %.1e)\n", kVariantNames[v], s.median, rows.back().err);
     }
     for (auto g : graphs) CK(cudaGraphExecDestroy(g));
     for (void* p : owned) CK(cudaFree(p));
@@ -682,6 +680,7 @@ class Experiment {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut short by a time limit still shows its lines
   const int reps = argc > 1 ? std::max(5, std::atoi(argv[1])) : 200;
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
