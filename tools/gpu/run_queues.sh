@@ -3,7 +3,7 @@
 #   tools/gpu/run_queues.sh [reps]        (reps: timed runs per variant in exp_stages, default 200)
 # Builds the device queues' tests and experiment A with the standalone tools/gpu project (the image
 # lacks ICU and prometheus-cpp, which the full build needs), then runs, each under a time limit:
-#   1. test_queues_host   the rings on std::threads (host compiler)
+#   1. test_queues_host   the rings on std::threads (host compiler), also under ThreadSanitizer
 #   2. test_gpu_queues    the rings on the GPU and across the bus, millions of checksummed items
 #   3. compute-sanitizer memcheck and racecheck on a reduced test_gpu_queues (SS_QUEUE_TEST_SCALE)
 #   4. exp_stages         experiment A; its table goes into docs/perf/gpu-scheduling.md
@@ -53,6 +53,9 @@ run() {
     fail=1
   else
     step test_queues_host 120 "$BUILD/test_queues_host"
+    if [ -x "$BUILD/test_queues_host_tsan" ]; then
+      step "test_queues_host under ThreadSanitizer" 120 "$BUILD/test_queues_host_tsan"
+    fi
     step test_gpu_queues 150 "$BUILD/test_gpu_queues"
     local cs
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
