@@ -5,24 +5,33 @@
 # lacks ICU and prometheus-cpp, which the full build needs), then runs, each under a time limit:
 #   1. test_queues_host   the rings on std::threads (host compiler), also under ThreadSanitizer
 #   2. test_gpu_queues    the rings on the GPU and across the bus, millions of checksummed items
-#   3. compute-sanitizer memcheck and racecheck on a reduced test_gpu_queues (SS_QUEUE_TEST_SCALE)
-#   4. exp_stages         experiment A; its table goes into docs/perf/gpu-scheduling.md
+#   3. exp_stages         experiment A; its table goes into docs/perf/gpu-scheduling.md
+#   4. compute-sanitizer memcheck and racecheck on a reduced test_gpu_queues (SS_QUEUE_TEST_SCALE)
 # Everything is logged to $OUT/queues.log; the exit status is non-zero if any step failed. GTest:
 # the system's if present, else the Debian package carried in .gpu-deps/ (tools/gpu/fetch_device_deps.sh
-# fetches it; carry .gpu-deps). Takes about 2-3 minutes on 16 cores.
+# fetches it; carry .gpu-deps). Takes about 2-3 minutes on 16 cores; every step has a time limit and
+# the whole run a budget of BUDGET_S (285 s), so it ends within 5 minutes whatever hangs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/ssq-out}
 mkdir -p "$OUT"
 REPS=${1:-200}
 BUILD=build-queues
+BUDGET_S=${BUDGET_S:-285}  # the run must end within 5 minutes
 
 run() {
   local fail=0
   step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, records a failure, goes on
     local name=$1 limit=$2
     shift 2
-    echo "=== $name"
+    local left=$((BUDGET_S - SECONDS))  # the whole script stays under its budget
+    if [ "$left" -le 5 ]; then
+      echo "=== $name: NOT RUN (the ${BUDGET_S} s budget is spent)"
+      fail=1
+      return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (limit ${limit} s)"
     local t0=$SECONDS
     # Line-buffered, so that a step cut short by its limit still leaves its output in the log.
     if timeout "$limit" stdbuf -oL -eL "$@"; then
@@ -46,8 +55,8 @@ run() {
     echo "GTest from $(ls .gpu-deps/libgtest-dev*.deb)"
   fi
   # shellcheck disable=SC2086
-  step configure 120 cmake -S tools/gpu -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $prefix
-  step build 240 ninja -C "$BUILD" -j16
+  step configure 60 cmake -S tools/gpu -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 $prefix
+  step build 180 ninja -C "$BUILD" -j16
   if [ ! -x "$BUILD/test_gpu_queues" ]; then
     echo "test_gpu_queues was not built (no GTest? see the configure output; carry .gpu-deps)"
     fail=1
@@ -56,7 +65,10 @@ run() {
     if [ -x "$BUILD/test_queues_host_tsan" ]; then
       step "test_queues_host under ThreadSanitizer" 120 "$BUILD/test_queues_host_tsan"
     fi
-    step test_gpu_queues 150 "$BUILD/test_gpu_queues"
+    step test_gpu_queues 120 "$BUILD/test_gpu_queues"
+  fi
+  [ -x "$BUILD/exp_stages" ] && step exp_stages 150 "$BUILD/exp_stages" "$REPS"
+  if [ -x "$BUILD/test_gpu_queues" ]; then
     local cs
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     # Reduced sizes: the sanitizers slow kernels by orders of magnitude.
@@ -66,7 +78,6 @@ run() {
     step "racecheck (reduced, shared-memory ring)" 120 env SS_QUEUE_TEST_SCALE=0.002 "$cs" --tool racecheck \
       --racecheck-report all --error-exitcode 9 "$BUILD/test_gpu_queues" --gtest_filter='GpuQueues.BlockScope*'
   fi
-  step exp_stages 180 "$BUILD/exp_stages" "$REPS"
   echo "=== all steps: $([ $fail = 0 ] && echo ok || echo SOME FAILED)"
   return $fail
 }
