@@ -408,4 +408,82 @@ TEST(GpuQueues, DeviceToHostManyProducersManyHostConsumers) {
   EXPECT_EQ(duplicated, 0u);
 }
 
+// ---- the executor's round trip: CPU submits, GPU works, GPU completes, CPU collects ----------
+__global__ void echo_kernel(Submission::Ring in, Completion::Ring out, std::uint64_t n, Tally* tally) {
+  const std::uint64_t start = now_ns();
+  AtomicRef<unsigned long long, kDevice> taken(tally->consumed);
+  Backoff b;
+  while (taken.load(memory_order_relaxed) < n) {
+    Item it;
+    if (!in.try_pop(it)) {
+      if (now_ns() - start > kDeadlineNs) { atomicExch(&tally->timed_out, 1u); return; }
+      b.pause();
+      continue;
+    }
+    b.reset();
+    taken.fetch_add(1, memory_order_relaxed);
+    if (!intact(it)) atomicAdd(&tally->bad, 1ull);
+    // The answer: a fresh item for the same id, made on the device (its own checksum).
+    const Item answer = make_item(it.id, 0xffffffffu - it.producer, it.seq);
+    while (!out.try_push(answer)) {
+      if (now_ns() - start > kDeadlineNs) { atomicExch(&tally->timed_out, 1u); return; }
+      b.pause();
+    }
+  }
+}
+
+TEST(GpuQueues, HostSubmitsGpuCompletesHostCollects) {
+  SKIP_WITHOUT_GPU();
+  const std::uint64_t n = scaled(500'000);
+  auto in = Submission::create(128);
+  auto out = Completion::create(128);
+  ASSERT_TRUE(in.ok()) << in.message();
+  ASSERT_TRUE(out.ok()) << out.message();
+  Tally* tally = nullptr;
+  CUDA_OK(cudaMalloc(&tally, sizeof(Tally)));
+  CUDA_OK(cudaMemset(tally, 0, sizeof(Tally)));
+  echo_kernel<<<8, 32>>>(in->device_view(), out->device_view(), n, tally);
+  CUDA_OK(cudaGetLastError());
+
+  std::vector<std::atomic<std::uint32_t>> seen(n);
+  std::atomic<std::uint64_t> collected{0}, bad{0};
+  std::atomic<bool> gave_up{false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(kDeadlineNs);
+  std::vector<std::thread> collectors;
+  for (int c = 0; c < 2; ++c) {
+    collectors.emplace_back([&, r = out->host_view()]() mutable {
+      Backoff bo;
+      while (collected.load(std::memory_order_relaxed) < n) {
+        Item it;
+        if (!r.try_pop(it)) {
+          if (std::chrono::steady_clock::now() > deadline) { gave_up = true; return; }
+          bo.pause();
+          continue;
+        }
+        bo.reset();
+        collected.fetch_add(1, std::memory_order_relaxed);
+        if (!intact(it) || it.id >= n || it.producer < 0xffffffffu - 1u) { bad.fetch_add(1); continue; }
+        seen[it.id].fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  host_producers(in->host_view(), 2, n, gave_up);
+  for (auto& t : collectors) t.join();
+  CUDA_OK(cudaDeviceSynchronize());
+  Tally t{};
+  CUDA_OK(cudaMemcpy(&t, tally, sizeof t, cudaMemcpyDeviceToHost));
+  cudaFree(tally);
+  EXPECT_FALSE(gave_up.load());
+  EXPECT_EQ(t.timed_out, 0u);
+  EXPECT_EQ(t.bad, 0u) << "submissions arrived torn on the device";
+  EXPECT_EQ(bad.load(), 0u) << "completions arrived torn on the host";
+  std::uint64_t missing = 0, duplicated = 0;
+  for (auto& c : seen) {
+    missing += c.load() == 0;
+    duplicated += c.load() > 1;
+  }
+  EXPECT_EQ(missing, 0u);
+  EXPECT_EQ(duplicated, 0u);
+}
+
 }  // namespace
