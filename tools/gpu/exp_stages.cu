@@ -245,6 +245,15 @@ __global__ void __launch_bounds__(kThreads) nodep_kernel(Problem P, const StageD
 
 __global__ void empty_kernel() {}
 
+// Keeps every SM issuing for `ns`: brings the clocks up after the CPU-side work between series.
+__global__ void busy_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 template <int M, int D, bool Fed>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_kernel(Problem P, StageDesc* desc, Sync* sync, unsigned int* flags, FeedRing ring, unsigned int epoch) {
@@ -453,6 +462,7 @@ class Experiment {
       std::uniform_real_distribution<float> u(-1.f, 1.f);
       for (auto& v : act0) v = u(rng);
       CK(cudaMemcpy(P.act, act0.data(), sizeof(float) * layer, cudaMemcpyHostToDevice));
+      warm_clocks();
       const unsigned iters = calibrate(P, c.target_us);
       for (int s = 0; s < kStages; ++s) descs[s] = StageDesc{0, iters, static_cast<unsigned>(s), 0, {}};
       desc_sets = {descs};
@@ -505,6 +515,7 @@ class Experiment {
     for (size_t k = 0; k < desc_sets.size(); ++k)
       CK(cudaMemcpy(desc_dev + k * kStages, desc_sets[k].data(), sizeof(StageDesc) * kStages, cudaMemcpyHostToDevice));
 
+    warm_clocks();  // the CPU reference above left the GPU idle for seconds
     // T1: the 20 stages' work without dependencies, minus an empty launch, over 20.
     const Stats empty = time_series([&](int) { empty_kernel<<<tiles_, kThreads, 0, st_>>>(); });
     const Stats nodep = time_series([&](int r) {
@@ -586,6 +597,12 @@ class Experiment {
   }
 
  private:
+  void warm_clocks() {
+    for (int i = 0; i < 100; ++i) busy_kernel<<<tiles_ * 4, kThreads, 0, st_>>>(3'000'000ull);  // 0.3 s
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(st_));
+  }
+
   template <class F>
   Stats time_series(F&& once) {
     const int warmup = 20;
@@ -664,6 +681,10 @@ class Experiment {
     const double t_lo = per_stage(lo), t_hi = per_stage(hi);
     CK(cudaFree(dd));
     const double slope = (t_hi - t_lo) / (hi - lo);
+    if (!(slope > 0)) {
+      std::fprintf(stderr, "calibration failed: %.3f us at %u iterations, %.3f at %u\n", t_lo, lo, t_hi, hi);
+      std::exit(1);
+    }
     const double iters = lo + (target_us - t_lo) / slope;
     std::printf("calibration: %.3f us/stage at %u iterations, %.3f at %u -> %.0f iterations for %.1f us\n", t_lo, lo,
                 t_hi, hi, iters, target_us);
