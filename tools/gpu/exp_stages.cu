@@ -524,8 +524,14 @@ class Experiment {
       else nodep_kernel<kMemory><<<tiles_, kThreads, 0, st_>>>(P, d);
     });
     const double t1 = (nodep.median - empty.median) / kStages;
-    std::printf("%s: T1 = %.3f us (no-dependency launch %.2f us, empty launch %.2f us)\n", c.name, t1, nodep.median,
-                empty.median);
+    // For reference only: one stage as one launch, event-timed (launch latency included).
+    const Stats single = time_series([&](int r) {
+      const StageDesc d = desc_sets[static_cast<size_t>(r) % desc_sets.size()][0];
+      if (c.mode == kCompute) stage_kernel<kCompute><<<tiles_, kThreads, 0, st_>>>(P, 0, d);
+      else stage_kernel<kMemory><<<tiles_, kThreads, 0, st_>>>(P, 0, d);
+    });
+    std::printf("%s: T1 = %.3f us (20-stage no-dependency launch %.2f us, empty launch %.2f us; "
+                "one stage as one launch %.2f us)\n", c.name, t1, nodep.median, empty.median, single.median);
 
     // Graphs, one per weight set.
     std::vector<cudaGraphExec_t> graphs;
