@@ -8,6 +8,9 @@
 // Ordering is explicit (cuda::atomic_ref, release/acquire at the narrowest scope that holds both
 // ends), never the host ISA's: the same code is correct on x86 and on weakly ordered CPUs.
 // docs/perf/gpu-scheduling.md has the design and the measurements.
+// The rings need only libcu++ (include/cccl); the owners of mapped and device memory
+// (mapped_memory.h) need the CUDA runtime: nvcc gets them always, a host-only compiler when
+// SS_QUEUES_WITH_RUNTIME is defined (then link CUDA::cudart).
 #pragma once
 #include "backend/cuda/queues/platform.h"
 #include "backend/cuda/queues/seq_ring.h"
