@@ -101,6 +101,17 @@ void expect_exactly_once(const DeviceTally& d) {
   EXPECT_EQ(duplicated, 0u);
 }
 
+// Bad input is an error a caller can act on, found before any CUDA call (so this runs without a GPU).
+TEST(CrossRing, RejectsACapacityThatIsNotAPowerOfTwo) {
+  for (std::uint32_t bad : {0u, 3u, 100u}) {
+    auto r = SubmissionRing<Item>::create(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.message().find("power of two"), std::string::npos) << r.message();
+    auto c = CompletionRing<Item>::create(bad);
+    EXPECT_FALSE(c.ok()) << bad;
+  }
+}
+
 // ---- many producers, many consumers, one GPU ------------------------------------------------
 using DeviceRing = SeqRing<Item, kDevice>;
 
