@@ -1,0 +1,240 @@
+// Decode-shaped projections, y = W x at batch 1..8: memory bound on W, so every byte of W is read
+// once, 16 bytes per lane per load, several loads in flight per warp (Little's law: ~32 KiB in flight
+// per SM at 4.3 TB/s), and each W vector is used for every batch row before it is dropped. A warp owns
+// R rows (the x vectors it loads, through L1, serve R rows); lanes stride along K; one warp reduction
+// per output at the end. No shared memory, no block barrier.
+#include <string>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace ss::cuda::kern {
+namespace {
+
+using namespace dev;
+
+constexpr int kWarps = 4;   // per CTA
+constexpr int kUnroll = 4;  // 16-byte W loads in flight per row per lane
+
+__device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
+  acc = fmaf(lo_bf(w.x), lo_bf(x.x), acc);
+  acc = fmaf(hi_bf(w.x), hi_bf(x.x), acc);
+  acc = fmaf(lo_bf(w.y), lo_bf(x.y), acc);
+  acc = fmaf(hi_bf(w.y), hi_bf(x.y), acc);
+  acc = fmaf(lo_bf(w.z), lo_bf(x.z), acc);
+  acc = fmaf(hi_bf(w.z), hi_bf(x.z), acc);
+  acc = fmaf(lo_bf(w.w), lo_bf(x.w), acc);
+  acc = fmaf(hi_bf(w.w), hi_bf(x.w), acc);
+}
+
+template <int B, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __restrict__ W,
+                                                           const uint16_t* __restrict__ x, float* __restrict__ y,
+                                                           int N, int K, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= N) return;
+  const int K8 = K / 8;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(row0 + r, N - 1)) * K);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float acc[B][R];
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[b][r] = 0.0f;
+
+  int k = lane;
+  for (; k + 32 * (kUnroll - 1) < K8; k += 32 * kUnroll) {
+    uint4 w[kUnroll][R];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) w[u][r] = ld_stream(wr[r] + k + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const uint4 xb = __ldg(xv + static_cast<int64_t>(b) * K8 + k + 32 * u);
+#pragma unroll
+        for (int r = 0; r < R; ++r) fma8(acc[b][r], w[u][r], xb);
+      }
+  }
+  for (; k < K8; k += 32) {
+    uint4 w[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) w[r] = ld_stream(wr[r] + k);
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const uint4 xb = __ldg(xv + static_cast<int64_t>(b) * K8 + k);
+#pragma unroll
+      for (int r = 0; r < R; ++r) fma8(acc[b][r], w[r], xb);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[b][r]);
+      if (lane == 0 && row0 + r < N) {
+        float* o = y + static_cast<int64_t>(b) * N + row0 + r;
+        *o = accumulate ? *o + v : v;
+      }
+    }
+}
+
+template <int B, int R>
+void launch_bf16(const uint16_t* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t s) {
+  const int rows_per_cta = kWarps * R;
+  gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc);
+}
+
+// --- GGUF blocks: a lane takes one 32-weight block at a time, a warp 32 consecutive blocks ---------
+// x (bf16) for that block: 64 bytes = 4 uint4 per batch row.
+__device__ __forceinline__ void load_x32(const uint16_t* x, float (&xf)[32]) {
+  const uint4* p = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint4 v = __ldg(p + j);
+    xf[8 * j + 0] = lo_bf(v.x), xf[8 * j + 1] = hi_bf(v.x), xf[8 * j + 2] = lo_bf(v.y), xf[8 * j + 3] = hi_bf(v.y);
+    xf[8 * j + 4] = lo_bf(v.z), xf[8 * j + 5] = hi_bf(v.z), xf[8 * j + 6] = lo_bf(v.w), xf[8 * j + 7] = hi_bf(v.w);
+  }
+}
+
+// Dequantizes block `blk` of a row into w[32] (scale applied, offset for Q4_1).
+template <QuantType T>
+__device__ __forceinline__ void dequant_block(const uint8_t* blk, float (&w)[32]) {
+  if constexpr (T == QuantType::Q8_0) {
+    const float d = h2f(*reinterpret_cast<const uint16_t*>(blk));
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t v = __ldg(q + j);
+      w[2 * j] = d * static_cast<float>(static_cast<int8_t>(v & 0xff));
+      w[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(v >> 8));
+    }
+  } else if constexpr (T == QuantType::Q4_0) {
+    const float d = h2f(*reinterpret_cast<const uint16_t*>(blk));
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t v = __ldg(q + j);
+      w[2 * j] = d * static_cast<float>(static_cast<int>(v & 0xf) - 8);
+      w[2 * j + 16] = d * static_cast<float>(static_cast<int>((v >> 4) & 0xf) - 8);
+      w[2 * j + 1] = d * static_cast<float>(static_cast<int>((v >> 8) & 0xf) - 8);
+      w[2 * j + 17] = d * static_cast<float>(static_cast<int>(v >> 12) - 8);
+    }
+  } else {
+    const uint32_t dm = __ldg(reinterpret_cast<const uint32_t*>(blk));
+    const float d = h2f(static_cast<uint16_t>(dm & 0xffff)), m = h2f(static_cast<uint16_t>(dm >> 16));
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t v = __ldg(q + j);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint32_t byte = (v >> (8 * c)) & 0xff;
+        w[4 * j + c] = d * static_cast<float>(byte & 0xf) + m;
+        w[4 * j + c + 16] = d * static_cast<float>(byte >> 4) + m;
+      }
+    }
+  }
+}
+
+template <QuantType T>
+__host__ __device__ constexpr int block_bytes() {
+  return T == QuantType::Q8_0 ? 34 : T == QuantType::Q4_0 ? 18 : 20;
+}
+
+template <QuantType T, int B>
+__global__ void __launch_bounds__(kWarps * 32) gemv_quant_k(const uint8_t* __restrict__ W, const uint16_t* __restrict__ x,
+                                                            float* __restrict__ y, int N, int K, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int nb = K / 32;
+  const uint8_t* wr = W + static_cast<int64_t>(row) * nb * block_bytes<T>();
+  float acc[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) acc[b] = 0.0f;
+  for (int i = lane; i < nb; i += 32) {
+    float w[32];
+    dequant_block<T>(wr + static_cast<int64_t>(i) * block_bytes<T>(), w);
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      float xf[32];
+      load_x32(x + static_cast<int64_t>(b) * K + i * 32, xf);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[b] = fmaf(w[j], xf[j], acc[b]);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const float v = warp_sum(acc[b]);
+    if (lane == 0) {
+      float* o = y + static_cast<int64_t>(b) * N + row;
+      *o = accumulate ? *o + v : v;
+    }
+  }
+}
+
+template <QuantType T, int B>
+void launch_quant(const void* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t s) {
+  gemv_quant_k<T, B><<<(N + kWarps - 1) / kWarps, kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(W), x, y, N, K, acc);
+}
+
+template <QuantType T>
+void dispatch_quant(const void* W, const uint16_t* x, float* y, int N, int K, int batch, bool acc, cudaStream_t s) {
+  switch (batch) {
+    case 1: launch_quant<T, 1>(W, x, y, N, K, acc, s); break;
+    case 2: launch_quant<T, 2>(W, x, y, N, K, acc, s); break;
+    case 3: launch_quant<T, 3>(W, x, y, N, K, acc, s); break;
+    case 4: launch_quant<T, 4>(W, x, y, N, K, acc, s); break;
+    case 5: launch_quant<T, 5>(W, x, y, N, K, acc, s); break;
+    case 6: launch_quant<T, 6>(W, x, y, N, K, acc, s); break;
+    case 7: launch_quant<T, 7>(W, x, y, N, K, acc, s); break;
+    default: launch_quant<T, 8>(W, x, y, N, K, acc, s); break;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K, int batch, bool accumulate,
+                 cudaStream_t s) {
+  if (N <= 0 || K <= 0 || K % 8 != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_bf16: needs N > 0, K a positive multiple of 8 and batch 1..8 (N=" + std::to_string(N) +
+                      ", K=" + std::to_string(K) + ", batch=" + std::to_string(batch) + ")");
+  if (!aligned16(W) || !aligned16(x)) return make_error("gemv_bf16: W and x must be 16-byte aligned");
+  switch (batch) {
+    case 1: launch_bf16<1, 2>(W, x, y, N, K, accumulate, s); break;
+    case 2: launch_bf16<2, 2>(W, x, y, N, K, accumulate, s); break;
+    case 3: launch_bf16<3, 2>(W, x, y, N, K, accumulate, s); break;
+    case 4: launch_bf16<4, 2>(W, x, y, N, K, accumulate, s); break;
+    case 5: launch_bf16<5, 4>(W, x, y, N, K, accumulate, s); break;
+    case 6: launch_bf16<6, 4>(W, x, y, N, K, accumulate, s); break;
+    case 7: launch_bf16<7, 4>(W, x, y, N, K, accumulate, s); break;
+    default: launch_bf16<8, 4>(W, x, y, N, K, accumulate, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, int N, int K, int batch,
+                  bool accumulate, cudaStream_t s) {
+  if (N <= 0 || K <= 0 || K % 32 != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_quant: needs N > 0, K a positive multiple of 32 and batch 1..8 (N=" + std::to_string(N) +
+                      ", K=" + std::to_string(K) + ", batch=" + std::to_string(batch) + ")");
+  if (!aligned16(x) || (reinterpret_cast<uintptr_t>(W) & 3u) != 0)
+    return make_error("gemv_quant: x must be 16-byte and W 4-byte aligned");
+  switch (type) {
+    case QuantType::Q8_0: dispatch_quant<QuantType::Q8_0>(W, x, y, N, K, batch, accumulate, s); break;
+    case QuantType::Q4_0: dispatch_quant<QuantType::Q4_0>(W, x, y, N, K, batch, accumulate, s); break;
+    case QuantType::Q4_1: dispatch_quant<QuantType::Q4_1>(W, x, y, N, K, batch, accumulate, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+}  // namespace ss::cuda::kern
