@@ -1,1 +1,357 @@
-int main() { return 0; }
+// A whole Llama-family decode step built from backend/cuda/kernels, on random bf16 weights made on the
+// device, for three real shapes (SmolLM2-135M, Llama-3.2-1B, Llama-3-8B) at context 512, batch 1 and
+// 64. The step is captured once in a CUDA graph and replayed; the median replay time is set against
+// the weight-bytes floor (every weight byte read once at 4.3 TB/s, the H200's measured copy rate).
+// A per-kernel breakdown comes from an eager run with events around each launch (launch gaps
+// included, so its sum exceeds the graph's time).
+// usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels/kernels.h"
+
+using namespace ss::cuda::kern;
+
+#define CU(expr)                                                                                        \
+  do {                                                                                                  \
+    const cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                            \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                     \
+    }                                                                                                   \
+  } while (0)
+#define CK(expr)                                                                         \
+  do {                                                                                   \
+    const ss::Status st_ = (expr);                                                       \
+    if (!st_.ok()) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, st_.message().c_str());    \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+constexpr double kCopyBytesPerSec = 4.3e12;
+constexpr int kCtx = 512;
+
+struct Shape {
+  const char* name;
+  int hidden, layers, heads, kv_heads, ffn, vocab;
+  bool tied;
+};
+const Shape kShapes[] = {
+    {"SmolLM2-135M", 576, 30, 9, 3, 1536, 49152, true},
+    {"Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, true},
+    {"Llama-3-8B", 4096, 32, 32, 8, 14336, 128256, false},
+};
+
+__global__ void fill_bf16_k(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+    const uint32_t bits = __float_as_uint(u * scale);
+    p[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+void fill_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  fill_bf16_k<<<4096, 256>>>(p, n, seed, scale);
+  CU(cudaGetLastError());
+}
+
+template <class T>
+T* dalloc(int64_t n) {
+  void* p = nullptr;
+  CU(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+struct Layer {
+  uint16_t *wqkv, *wo, *wgu, *wd;
+  float *norm1, *norm2;
+};
+
+struct Model {
+  Shape sh;
+  int hd, qkv_rows;
+  uint16_t *embed, *lm_head;
+  std::vector<Layer> layers;
+  float* final_norm;
+  double weight_bytes = 0;  // read per step: every layer, the final norm, lm_head (embedding: one row)
+};
+
+Model make_model(const Shape& sh) {
+  Model m{sh, sh.hidden / sh.heads, 0, nullptr, nullptr, {}, nullptr, 0};
+  m.qkv_rows = (sh.heads + 2 * sh.kv_heads) * m.hd;
+  const int64_t H = sh.hidden, F = sh.ffn;
+  uint64_t seed = 1;
+  auto weights = [&](int64_t n, float scale) {
+    uint16_t* p = dalloc<uint16_t>(n);
+    fill_bf16(p, n, seed++, scale);
+    return p;
+  };
+  std::vector<float> ones(std::max<int64_t>(H, 1), 1.0f);
+  auto norm = [&]() {
+    float* p = dalloc<float>(H);
+    CU(cudaMemcpy(p, ones.data(), H * sizeof(float), cudaMemcpyHostToDevice));
+    return p;
+  };
+  const float ws = 1.0f / std::sqrt(static_cast<float>(H));
+  m.embed = weights(static_cast<int64_t>(sh.vocab) * H, 1.0f);
+  m.lm_head = sh.tied ? m.embed : weights(static_cast<int64_t>(sh.vocab) * H, ws);
+  for (int l = 0; l < sh.layers; ++l) {
+    Layer L{weights(m.qkv_rows * H, ws), weights(H * sh.heads * m.hd, ws), weights(2 * F * H, ws),
+            weights(H * F, 1.0f / std::sqrt(static_cast<float>(F))), norm(), norm()};
+    m.layers.push_back(L);
+    m.weight_bytes += 2.0 * (m.qkv_rows * H + H * sh.heads * m.hd + 2 * F * H + H * F) + 2 * 4.0 * H;
+  }
+  m.final_norm = norm();
+  m.weight_bytes += 4.0 * H + 2.0 * sh.vocab * H + 2.0 * H;
+  CU(cudaDeviceSynchronize());
+  return m;
+}
+
+void free_model(Model& m) {
+  for (auto& L : m.layers) {
+    cudaFree(L.wqkv), cudaFree(L.wo), cudaFree(L.wgu), cudaFree(L.wd), cudaFree(L.norm1), cudaFree(L.norm2);
+  }
+  if (m.lm_head != m.embed) cudaFree(m.lm_head);
+  cudaFree(m.embed), cudaFree(m.final_norm);
+}
+
+// Activations and the KV cache for `batch` sequences at context kCtx.
+struct State {
+  int batch, max_blocks, max_splits = 32, splits;
+  int32_t *tokens, *positions, *seq, *ctx_len, *tables, *ids;
+  float *x, *qkv, *q, *gu, *logits, *rope_cs, *ws;
+  uint16_t *xn, *attn, *act;
+  std::vector<uint16_t*> cache;  // per layer
+  LtGemm* lt = nullptr;
+};
+
+State make_state(const Model& m, int batch) {
+  const Shape& sh = m.sh;
+  State s{};
+  s.batch = batch;
+  s.max_blocks = (kCtx + 1 + kBlockTokens - 1) / kBlockTokens;
+  int dev = 0, sms = 0;
+  CU(cudaGetDevice(&dev));
+  CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  s.splits = attention_splits(batch, sh.kv_heads, sms, s.max_splits);
+  std::vector<int32_t> tok(batch), pos(batch, kCtx), seq(batch), ctx(batch, kCtx + 1), tab(batch * s.max_blocks);
+  for (int b = 0; b < batch; ++b) tok[b] = (b * 7919) % sh.vocab, seq[b] = b;
+  for (int i = 0; i < batch * s.max_blocks; ++i) tab[i] = i;
+  auto up = [](const std::vector<int32_t>& v) {
+    int32_t* p = dalloc<int32_t>(static_cast<int64_t>(v.size()));
+    CU(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  };
+  s.tokens = up(tok), s.positions = up(pos), s.seq = up(seq), s.ctx_len = up(ctx), s.tables = up(tab);
+  s.ids = dalloc<int32_t>(batch);
+  const int64_t H = sh.hidden, B = batch;
+  s.x = dalloc<float>(B * H), s.qkv = dalloc<float>(B * m.qkv_rows), s.q = dalloc<float>(B * sh.heads * m.hd);
+  s.gu = dalloc<float>(B * 2 * sh.ffn), s.logits = dalloc<float>(B * sh.vocab);
+  s.xn = dalloc<uint16_t>(B * H), s.attn = dalloc<uint16_t>(B * sh.heads * m.hd), s.act = dalloc<uint16_t>(B * sh.ffn);
+  s.ws = dalloc<float>(std::max<int64_t>(1, attention_workspace_floats(batch, sh.heads, m.hd, s.max_splits)));
+  std::vector<float> cs(static_cast<size_t>(kCtx + 1) * m.hd);
+  for (int p = 0; p <= kCtx; ++p)
+    for (int i = 0; i < m.hd / 2; ++i) {
+      const double a = p * std::pow(500000.0, -2.0 * i / m.hd);
+      cs[p * m.hd + i] = static_cast<float>(std::cos(a)), cs[p * m.hd + m.hd / 2 + i] = static_cast<float>(std::sin(a));
+    }
+  s.rope_cs = dalloc<float>(static_cast<int64_t>(cs.size()));
+  CU(cudaMemcpy(s.rope_cs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t cache_elems = static_cast<int64_t>(batch) * s.max_blocks * 2 * sh.kv_heads * kBlockTokens * m.hd;
+  for (int l = 0; l < sh.layers; ++l) {
+    uint16_t* c = dalloc<uint16_t>(cache_elems);
+    fill_bf16(c, cache_elems, 1000 + l, 1.0f);  // the context's K/V: random, as after a prefill
+    s.cache.push_back(c);
+  }
+  auto lt = lt_create(64u << 20);
+  CK(lt.ok() ? ss::Status{} : ss::Status(lt.error()));
+  s.lt = *lt;
+  CU(cudaDeviceSynchronize());
+  return s;
+}
+
+void free_state(State& s) {
+  for (void* p : {static_cast<void*>(s.tokens), static_cast<void*>(s.positions), static_cast<void*>(s.seq),
+                  static_cast<void*>(s.ctx_len), static_cast<void*>(s.tables), static_cast<void*>(s.ids),
+                  static_cast<void*>(s.x), static_cast<void*>(s.qkv), static_cast<void*>(s.q), static_cast<void*>(s.gu),
+                  static_cast<void*>(s.logits), static_cast<void*>(s.rope_cs), static_cast<void*>(s.ws),
+                  static_cast<void*>(s.xn), static_cast<void*>(s.attn), static_cast<void*>(s.act)})
+    cudaFree(p);
+  for (auto* c : s.cache) cudaFree(c);
+  lt_destroy(s.lt);
+}
+
+// Records the time of each named part when `timer` is set (eager), else launches only (capture).
+struct Timer {
+  cudaStream_t st;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  size_t next = 0;
+  void mark(const std::string& name) {
+    if (next == marks.size()) {
+      cudaEvent_t e;
+      CU(cudaEventCreate(&e));
+      marks.emplace_back(name, e);
+    }
+    CU(cudaEventRecord(marks[next++].second, st));
+  }
+};
+
+void proj(State& s, const uint16_t* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t st) {
+  if (s.batch <= 8) CK(gemv_bf16(W, x, y, N, K, s.batch, acc, st));
+  else CK(lt_gemm_bf16(s.lt, W, x, y, s.batch, N, K, acc, st));
+}
+
+void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
+  const Shape& sh = m.sh;
+  const int B = s.batch, H = sh.hidden;
+  auto mark = [&](const char* n) { if (t) t->mark(n); };
+  mark("start");
+  CK(embed(m.embed, TableType::BF16, sh.vocab, H, s.tokens, B, s.x, st));
+  mark("embed");
+  for (int l = 0; l < sh.layers; ++l) {
+    const Layer& L = m.layers[l];
+    CK(add_rmsnorm(s.x, nullptr, L.norm1, B, H, 1e-5f, s.xn, st));
+    mark("rmsnorm");
+    proj(s, L.wqkv, s.xn, s.qkv, m.qkv_rows, H, false, st);
+    mark("qkv");
+    RopeKv r{s.qkv, s.rope_cs, m.hd, false, sh.heads, sh.kv_heads, m.hd, s.positions, s.seq, s.tables, s.max_blocks,
+             s.q, s.cache[l]};
+    CK(rope_kv_store(r, B, st));
+    mark("rope_kv");
+    Attention a{s.q, s.cache[l], sh.heads, sh.kv_heads, m.hd, 1.0f / std::sqrt(static_cast<float>(m.hd)), s.ctx_len,
+                s.seq, s.tables, s.max_blocks, s.attn, s.ws, s.max_splits};
+    CK(attention(a, B, s.splits, st));
+    mark("attention");
+    proj(s, L.wo, s.attn, s.x, H, sh.heads * m.hd, true, st);  // the residual add, in the projection
+    mark("o_proj");
+    CK(add_rmsnorm(s.x, nullptr, L.norm2, B, H, 1e-5f, s.xn, st));
+    mark("rmsnorm");
+    proj(s, L.wgu, s.xn, s.gu, 2 * sh.ffn, H, false, st);
+    mark("gate_up");
+    CK(swiglu(s.gu, B, sh.ffn, s.act, st));
+    mark("swiglu");
+    proj(s, L.wd, s.act, s.x, H, sh.ffn, true, st);
+    mark("down");
+  }
+  CK(add_rmsnorm(s.x, nullptr, m.final_norm, B, H, 1e-5f, s.xn, st));
+  mark("rmsnorm");
+  proj(s, m.lm_head, s.xn, s.logits, sh.vocab, H, false, st);
+  mark("lm_head");
+  CK(argmax(s.logits, B, sh.vocab, s.ids, st));
+  mark("argmax");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void bench(const Model& m, int batch, int iters) {
+  State s = make_state(m, batch);
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // Eager once (plans the cuBLASLt algorithms, outside the capture), then the per-kernel breakdown.
+  step(m, s, st, nullptr);
+  CU(cudaStreamSynchronize(st));
+  Timer t{st, {}, 0};
+  std::map<std::string, std::vector<double>> parts;
+  for (int it = 0; it < 20; ++it) {
+    t.next = 0;
+    step(m, s, st, &t);
+    CU(cudaStreamSynchronize(st));
+    std::map<std::string, double> sum;
+    for (size_t i = 1; i < t.marks.size(); ++i) {
+      float ms = 0;
+      CU(cudaEventElapsedTime(&ms, t.marks[i - 1].second, t.marks[i].second));
+      sum[t.marks[i].first] += ms;
+    }
+    for (auto& [k, v] : sum) parts[k].push_back(v);
+  }
+  // The graph.
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  step(m, s, st, nullptr);
+  CU(cudaStreamEndCapture(st, &g));
+  CU(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  for (int i = 0; i < 10; ++i) CU(cudaGraphLaunch(ge, st));
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    CU(cudaEventRecord(e0, st));
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaEventRecord(e1, st));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    times.push_back(ms);
+  }
+  std::vector<int32_t> ids(batch);
+  CU(cudaMemcpy(ids.data(), s.ids, batch * 4, cudaMemcpyDeviceToHost));
+  const double ms = median(times);
+  const double floor_ms = m.weight_bytes / kCopyBytesPerSec * 1e3;
+  std::printf("\n== %s batch %d context %d: graph step %.3f ms (median of %d), weight floor %.3f ms (%.2f GB), "
+              "time/floor %.2f, %.0f GB/s; attention splits %d; first id %d\n",
+              m.sh.name, batch, kCtx, ms, iters, floor_ms, m.weight_bytes / 1e9, ms / floor_ms,
+              m.weight_bytes / (ms * 1e-3) / 1e9, s.splits, ids[0]);
+  double total = 0;
+  std::vector<std::pair<double, std::string>> rows;
+  for (auto& [k, v] : parts) rows.emplace_back(median(v), k), total += median(v);
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("   eager per-kernel (median of 20 steps, summed over layers; with launch gaps): total %.3f ms\n", total);
+  for (auto& [v, k] : rows) std::printf("   %-10s %8.3f ms  %5.1f%%\n", k.c_str(), v, 100.0 * v / total);
+  CU(cudaGraphExecDestroy(ge));
+  CU(cudaGraphDestroy(g));
+  for (auto& [n, e] : t.marks) cudaEventDestroy(e);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  free_state(s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shape = "all";
+  int only_batch = 0, iters = 200;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--shape")) shape = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--batch")) only_batch = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N]\n");
+      return 2;
+    }
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "bench_decode_step: no CUDA device\n");
+    return 1;
+  }
+  const char* keys[] = {"135m", "1b", "8b"};
+  for (int i = 0; i < 3; ++i) {
+    if (shape != "all" && shape != keys[i]) continue;
+    Model m = make_model(kShapes[i]);
+    if (only_batch > 0) bench(m, only_batch, iters);
+    else
+      for (int b : {1, 64}) bench(m, b, iters);
+    free_model(m);
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU kernels' one-shot check on the H200 (run from the repository root through the device tool):
+# configure + build only the kernel targets (SELFSERVE_GPU_ONLY: no ICU / prometheus-cpp needed),
+# run test_gpu, compute-sanitizer memcheck and racecheck on the kernel tests, then the decode-step
+# bench. Each step's output goes to $OUT/<step>.log; a failed step is named and the next ones still
+# run; the exit status is non-zero when any step failed. Budget: < 8 minutes on 16 cores.
+# GoogleTest: the image's, or libgtest-dev unpacked from .gpu-deps/ (tools/gpu/fetch_device_deps.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out-gpu}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu-kernels}
+JOBS=${JOBS:-16}
+FAILED=()
+T0=$SECONDS
+
+# run_step NAME TIMEOUT_S CMD...: runs CMD under a timeout, tees to $OUT/NAME.log, records failure.
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "=== [$name] start (limit ${limit}s, t=$((SECONDS - T0))s): $*"
+  if timeout --signal=TERM "$limit" "$@" 2>&1 | tee "$OUT/$name.log"; then
+    echo "=== [$name] OK in $((SECONDS - start))s"
+  else
+    local rc=$?
+    echo "=== [$name] FAILED (exit $rc$([ $rc -eq 124 ] && echo ', timed out')) after $((SECONDS - start))s: see $OUT/$name.log"
+    FAILED+=("$name")
+  fi
+}
+
+PREFIX=""
+if compgen -G ".gpu-deps/libgtest-dev*.deb" >/dev/null; then
+  DEPS=/tmp/ssdeps-kernels
+  mkdir -p "$DEPS"
+  for f in .gpu-deps/libgtest-dev*.deb; do dpkg -x "$f" "$DEPS"; done
+  PREFIX="-DCMAKE_PREFIX_PATH=$DEPS/usr;$DEPS/usr/lib/x86_64-linux-gnu/cmake"
+fi
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; nvcc --version | tail -2;
+  git log --oneline -1; } 2>&1 | tee "$OUT/env.log"
+
+run_step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DSELFSERVE_CUDA=ON -DSELFSERVE_GPU_ONLY=ON ${PREFIX:+"$PREFIX"}
+run_step build 300 cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_decode_step
+if [ ! -x "$BUILD/test_gpu" ] || [ ! -x "$BUILD/bench_decode_step" ]; then
+  echo "=== build produced no binaries; stopping. FAILED: ${FAILED[*]}"
+  exit 1
+fi
+
+run_step test_gpu 180 "$BUILD/test_gpu"
+# The sanitizers slow kernels ~10-100x: memcheck on every kernel test but the 4095-context batch
+# sweep (its shorter cases run in EveryContextLength / Prefill), racecheck on those using shared memory.
+run_step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 97 "$BUILD/test_gpu" \
+  --gtest_filter='-GpuAttention.DecodeMatchesHostAtOddContextsAndBatches'
+run_step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 97 "$BUILD/test_gpu" \
+  --gtest_filter='GpuAttention.EveryContextLengthWithSplits:GpuAttention.Prefill*:GpuAddRmsNorm.*:GpuArgmax.*'
+run_step bench 200 "$BUILD/bench_decode_step" --iters 200
+
+echo "=== total $((SECONDS - T0))s"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "=== FAILED steps: ${FAILED[*]}"
+  exit 1
+fi
+echo "=== all steps passed"
