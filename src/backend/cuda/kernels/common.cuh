@@ -46,10 +46,11 @@ __device__ __forceinline__ float block_sum(float v, float* part /* [32] shared *
   return warp_sum(t);
 }
 
-// 16 bytes from global memory that is read once (weights): no L1 allocation.
+// 16 bytes from global memory that is read once (weights): no L1 allocation. Not volatile, so the
+// compiler may schedule the loads freely (the data is read-only for the kernel's lifetime).
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;

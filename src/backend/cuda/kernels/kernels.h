@@ -120,6 +120,31 @@ Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
 // ids[r] = argmax of logits row r (V floats); ties: the lowest id; NaNs never win (an all-NaN row: 0).
 Status argmax(const float* logits, int n_rows, int V, int32_t* ids, cudaStream_t s);
 
+// Per row sampling parameters (a device array, one per row).
+struct RowSampling {
+  float temperature;   // <= 0: greedy
+  int top_k;           // 0: off
+  float top_p;         // 1: off
+  float min_p;         // 0: off
+  uint64_t seed;
+  uint64_t counter;    // the draw's index (SplitMix64 counter)
+};
+// One token per row, the host reference sampler's rules (backend/cpu/sampler.cpp) on the device:
+// the bitmask first when given (words_per_row uint32 words a row, bit t = token t allowed); greedy:
+// the argmax (ties: lowest id); else weights w = exp(logit/T - max/T) and u = SplitMix64(seed,
+// counter); without truncation the inverse CDF of u in id order; with top-k / top-p / min-p the
+// candidates in (logit/T descending, id ascending) order: the first top_k, then the shortest prefix
+// whose mass reaches top_p of theirs, then those with w >= min_p (at least one), and the inverse CDF
+// in that order. Every row is sorted on the device (segmented radix sort) into `scratch`, of
+// sample_scratch_bytes(n_rows, V) bytes, taken once outside the hot path.
+size_t sample_scratch_bytes(int n_rows, int V);
+Status sample(const float* logits, int n_rows, int V, const RowSampling* params, const uint32_t* bitmask,
+              int words_per_row, void* scratch, size_t scratch_bytes, int32_t* ids, cudaStream_t s);
+// Log-softmax of each row (after the bitmask when given): the chosen token's logprob and the k most
+// likely (id, logprob), most likely first, ties by lower id. top_ids / top_lp: [n_rows][k], k <= 64.
+Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
+                const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s);
+
 // SplitMix64 uniform of draw `counter` of stream `seed` (backend/sampling.h's sampling_uniform).
 #if defined(__CUDACC__)
 __host__ __device__
