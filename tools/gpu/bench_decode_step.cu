@@ -241,10 +241,15 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
     mark("o_proj");
     CK(add_rmsnorm(s.x, nullptr, L.norm2, B, H, 1e-5f, s.xn, st));
     mark("rmsnorm");
-    proj(s, L.wgu, s.xn, s.gu, 2 * sh.ffn, H, false, st);
-    mark("gate_up");
-    CK(swiglu(s.gu, B, sh.ffn, s.act, st));
-    mark("swiglu");
+    if (B <= 8) {  // gate/up GEMV with SwiGLU in its epilogue
+      CK(gemv_bf16_swiglu(L.wgu, s.xn, s.act, sh.ffn, H, B, st));
+      mark("gate_up+swiglu");
+    } else {
+      proj(s, L.wgu, s.xn, s.gu, 2 * sh.ffn, H, false, st);
+      mark("gate_up");
+      CK(swiglu(s.gu, B, sh.ffn, s.act, st));
+      mark("swiglu");
+    }
     proj(s, L.wd, s.act, s.x, H, sh.ffn, true, st);
     mark("down");
   }

@@ -258,6 +258,38 @@ TEST(GpuGemv, Bf16MatchesHostAtEveryBatchSize) {
   }
 }
 
+TEST(GpuGemv, FusedSwigluMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(19);
+  for (auto [F, K] : {std::pair{1536, 576}, std::pair{1001, 2048}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(2 * F) * K, -1, 1, &wf);
+    DeviceBuf<uint16_t> dW(W);
+    for (int batch : {1, 3, 8}) {
+      std::vector<float> xf;
+      auto x = random_bf16(rng, static_cast<size_t>(batch) * K, -0.2f, 0.2f, &xf);
+      DeviceBuf<uint16_t> dx(x), dact(static_cast<size_t>(batch) * F);
+      dact.poison();
+      LAUNCH_OK(gemv_bf16_swiglu(dW.get(), dx.get(), dact.get(), F, K, batch, nullptr));
+      const auto act = dact.download();
+      for (int b = 0; b < batch; ++b)
+        for (int i = 0; i < F; ++i) {
+          double g = 0, u = 0, mg = 0, mu = 0;
+          for (int k = 0; k < K; ++k) {
+            const double xv = xf[static_cast<size_t>(b) * K + k];
+            const double tg = wf[static_cast<size_t>(i) * K + k] * xv, tu = wf[static_cast<size_t>(F + i) * K + k] * xv;
+            g += tg, u += tu, mg += std::abs(tg), mu += std::abs(tu);
+          }
+          const double sg = g / (1 + std::exp(-g)), ref = sg * u;
+          // bf16 rounding of the result, plus the fp32 dot products' error carried through silu * up
+          const double tol = std::abs(ref) / 256 + 1e-5 * (mg * std::abs(u) * 1.1 + std::abs(sg) * mu) + 1e-6;
+          ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << "F=" << F << " b=" << b << " i=" << i;
+        }
+    }
+  }
+  EXPECT_FALSE(gemv_bf16_swiglu(nullptr, nullptr, nullptr, 16, 12, 1, nullptr).ok());
+}
+
 TEST(GpuGemv, QuantBlocksMatchHostDequantization) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(15);

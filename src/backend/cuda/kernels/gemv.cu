@@ -26,17 +26,25 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   acc = fmaf(hi_bf(w.w), hi_bf(x.w), acc);
 }
 
-template <int B, int R>
+// SWIGLU: W is the fused [gate; up] projection ([2N][K]); the warp takes gate row i and up row N + i
+// (R = 2) and writes act[b][i] = bf16(silu(gate) * up) instead of y: the activation never goes
+// through memory in fp32 and the separate SwiGLU launch disappears.
+template <int B, int R, bool SWIGLU = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __restrict__ W,
                                                            const uint16_t* __restrict__ x, float* __restrict__ y,
-                                                           int N, int K, bool accumulate) {
+                                                           int N, int K, bool accumulate, uint16_t* __restrict__ act) {
+  static_assert(!SWIGLU || R == 2, "SwiGLU pairs one gate row with one up row");
   const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+  const int warp_id = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int row0 = SWIGLU ? warp_id : warp_id * R;
   if (row0 >= N) return;
   const int K8 = K / 8;
   const uint4* wr[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(row0 + r, N - 1)) * K);
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = SWIGLU ? row0 + static_cast<int64_t>(r) * N : min(row0 + r, N - 1);
+    wr[r] = reinterpret_cast<const uint4*>(W + row * K);
+  }
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   float acc[B][R];
 #pragma unroll
@@ -71,22 +79,34 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __res
       for (int r = 0; r < R; ++r) fma8(acc[b][r], w[r], xb);
     }
   }
+  if constexpr (SWIGLU) {
 #pragma unroll
-  for (int b = 0; b < B; ++b)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float v = warp_sum(acc[b][r]);
-      if (lane == 0 && row0 + r < N) {
-        float* o = y + static_cast<int64_t>(b) * N + row0 + r;
-        *o = accumulate ? *o + v : v;
-      }
+    for (int b = 0; b < B; ++b) {
+      const float g = warp_sum(acc[b][0]), u = warp_sum(acc[b][1]);
+      if (lane == 0) act[static_cast<int64_t>(b) * N + row0] = f2bf(g / (1.0f + __expf(-g)) * u);
     }
+  } else {
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[b][r]);
+        if (lane == 0 && row0 + r < N) {
+          float* o = y + static_cast<int64_t>(b) * N + row0 + r;
+          *o = accumulate ? *o + v : v;
+        }
+      }
+  }
 }
 
 template <int B, int R>
 void launch_bf16(const uint16_t* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t s) {
   const int rows_per_cta = kWarps * R;
-  gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc);
+  gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc, nullptr);
+}
+template <int B>
+void launch_swiglu(const uint16_t* W, const uint16_t* x, uint16_t* act, int F, int K, cudaStream_t s) {
+  gemv_bf16_k<B, 2, true><<<(F + kWarps - 1) / kWarps, kWarps * 32, 0, s>>>(W, x, nullptr, F, K, false, act);
 }
 
 // --- GGUF blocks: a lane takes one 32-weight block at a time, a warp 32 consecutive blocks ---------
@@ -216,6 +236,26 @@ Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K,
     case 6: launch_bf16<6, 4>(W, x, y, N, K, accumulate, s); break;
     case 7: launch_bf16<7, 4>(W, x, y, N, K, accumulate, s); break;
     default: launch_bf16<8, 4>(W, x, y, N, K, accumulate, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bits* act, int F, int K, int batch,
+                        cudaStream_t s) {
+  if (F <= 0 || K <= 0 || K % 8 != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_bf16_swiglu: needs F > 0, K a positive multiple of 8 and batch 1..8 (F=" +
+                      std::to_string(F) + ", K=" + std::to_string(K) + ", batch=" + std::to_string(batch) + ")");
+  if (!aligned16(W_gate_up) || !aligned16(x)) return make_error("gemv_bf16_swiglu: W and x must be 16-byte aligned");
+  switch (batch) {
+    case 1: launch_swiglu<1>(W_gate_up, x, act, F, K, s); break;
+    case 2: launch_swiglu<2>(W_gate_up, x, act, F, K, s); break;
+    case 3: launch_swiglu<3>(W_gate_up, x, act, F, K, s); break;
+    case 4: launch_swiglu<4>(W_gate_up, x, act, F, K, s); break;
+    case 5: launch_swiglu<5>(W_gate_up, x, act, F, K, s); break;
+    case 6: launch_swiglu<6>(W_gate_up, x, act, F, K, s); break;
+    case 7: launch_swiglu<7>(W_gate_up, x, act, F, K, s); break;
+    default: launch_swiglu<8>(W_gate_up, x, act, F, K, s); break;
   }
   SS_CUDA_LAUNCHED();
   return {};

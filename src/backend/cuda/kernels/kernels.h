@@ -69,6 +69,11 @@ Status rope_kv_store(const RopeKv& a, int n_tok, cudaStream_t s);
 // [batch][K], y fp32 [batch][N]. K % 8 == 0 and 16-byte aligned W and x.
 Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K, int batch, bool accumulate,
                  cudaStream_t s);
+// The MLP's first half at batch 1..8 in one pass: W_gate_up [2F][K] (gate rows, then up rows), and
+// act[b][i] = bf16(silu(gate_i . x_b) * (up_i . x_b)), act [batch][F]; no fp32 round trip, no
+// separate SwiGLU launch.
+Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bits* act, int F, int K, int batch,
+                        cudaStream_t s);
 // The same over GGUF blocks (model/quant.h: block_q8_0 / q4_0 / q4_1, 32 weights a block, K % 32 == 0),
 // dequantized in registers.
 enum class QuantType { Q8_0, Q4_0, Q4_1 };
