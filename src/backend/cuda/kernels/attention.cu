@@ -72,25 +72,46 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
   const int64_t head_off = static_cast<int64_t>(kvh) * kBlockTokens * HD + lane * EPL;
   const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
-  for (int t = begin + warp; t < end; t += kAttnWarps) {
-    const int64_t blk = table[t / kBlockTokens];
-    const uint16_t* kp = a.cache + blk * 2 * kv_stride + head_off + (t % kBlockTokens) * HD;
-    float k[EPL], v[EPL];
-    load_bf<EPL>(kp, k);
-    load_bf<EPL>(kp + kv_stride, v);
+  // Keys in batches of TB per warp: all TB K and V loads issued before any arithmetic (a key's
+  // latency is ~1 us; one key at a time would leave the warp waiting on each), then one running-max
+  // update per batch.
+  constexpr int TB = 32 / EPL;
+  for (int t0 = begin + warp * TB; t0 < end; t0 += kAttnWarps * TB) {
+    float k[TB][EPL], v[TB][EPL];
+#pragma unroll
+    for (int u = 0; u < TB; ++u) {
+      const int t = min(t0 + u, end - 1);  // past the end: a valid key, weighted 0 below
+      const int64_t blk = table[t / kBlockTokens];
+      const uint16_t* kp = a.cache + blk * 2 * kv_stride + head_off + (t % kBlockTokens) * HD;
+      load_bf<EPL>(kp, k[u]);
+      load_bf<EPL>(kp + kv_stride, v[u]);
+    }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
       if (g >= G) break;
-      float s = 0.0f;
+      float sc[TB];
+      float bm = m[g];
 #pragma unroll
-      for (int e = 0; e < EPL; ++e) s = fmaf(q[g][e], k[e], s);
-      s = warp_sum(s);
-      const float m_new = fmaxf(m[g], s);
-      const float corr = exp2f(m[g] - m_new), p = exp2f(s - m_new);
-      l[g] = l[g] * corr + p;
+      for (int u = 0; u < TB; ++u) {
+        float d = 0.0f;
 #pragma unroll
-      for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * v[e]);
-      m[g] = m_new;
+        for (int e = 0; e < EPL; ++e) d = fmaf(q[g][e], k[u][e], d);
+        sc[u] = t0 + u < end ? warp_sum(d) : -INFINITY;
+        bm = fmaxf(bm, sc[u]);
+      }
+      const float corr = exp2f(m[g] - bm);
+      float lsum = l[g] * corr;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < TB; ++u) {
+        const float p = exp2f(sc[u] - bm);  // 0 for keys past the end
+        lsum += p;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(p, v[u][e], acc[g][e]);
+      }
+      l[g] = lsum;
+      m[g] = bm;
     }
   }
 
