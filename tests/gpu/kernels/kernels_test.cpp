@@ -290,6 +290,95 @@ TEST(GpuGemv, FusedSwigluMatchesHost) {
   EXPECT_FALSE(gemv_bf16_swiglu(nullptr, nullptr, nullptr, 16, 12, 1, nullptr).ok());
 }
 
+// K-quants (ggml-quants.c dequantize_row_q4_K / q6_K), host side: rows of K/256 super-blocks.
+std::vector<float> host_kquant_rows(const std::vector<uint8_t>& raw, QuantType t, int rows, int K) {
+  std::vector<float> out(static_cast<size_t>(rows) * K);
+  const int nb = K / 256, bytes = t == QuantType::Q4_K ? 144 : 210;
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* p = raw.data() + (static_cast<size_t>(r) * nb + b) * bytes;
+      float* y = out.data() + static_cast<size_t>(r) * K + b * 256;
+      if (t == QuantType::Q4_K) {
+        const float d = from_f16(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+        const float dmin = from_f16(static_cast<uint16_t>(p[2] | (p[3] << 8)));
+        const uint8_t* sc = p + 4;
+        auto scale_min = [&](int j, int& s, int& m) {
+          if (j < 4) s = sc[j] & 63, m = sc[j + 4] & 63;
+          else s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        };
+        for (int c = 0; c < 4; ++c) {  // 64 weights per chunk: low nibbles, then high
+          const uint8_t* q = p + 16 + 32 * c;
+          int s0, m0, s1, m1;
+          scale_min(2 * c, s0, m0);
+          scale_min(2 * c + 1, s1, m1);
+          for (int l = 0; l < 32; ++l) {
+            y[64 * c + l] = d * s0 * (q[l] & 0xF) - dmin * m0;
+            y[64 * c + 32 + l] = d * s1 * (q[l] >> 4) - dmin * m1;
+          }
+        }
+      } else {
+        const uint8_t* ql = p;
+        const uint8_t* qh = p + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+        const float d = from_f16(static_cast<uint16_t>(p[208] | (p[209] << 8)));
+        for (int n = 0; n < 2; ++n)
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const uint8_t* L = ql + 64 * n;
+            const uint8_t* Hh = qh + 32 * n;
+            const int8_t* S = sc + 8 * n;
+            y[128 * n + l] = d * S[is] * (((L[l] & 0xF) | (((Hh[l] >> 0) & 3) << 4)) - 32);
+            y[128 * n + l + 32] = d * S[is + 2] * (((L[l + 32] & 0xF) | (((Hh[l] >> 2) & 3) << 4)) - 32);
+            y[128 * n + l + 64] = d * S[is + 4] * (((L[l] >> 4) | (((Hh[l] >> 4) & 3) << 4)) - 32);
+            y[128 * n + l + 96] = d * S[is + 6] * (((L[l + 32] >> 4) | (((Hh[l] >> 6) & 3) << 4)) - 32);
+          }
+      }
+    }
+  return out;
+}
+
+TEST(GpuGemv, KQuantBlocksMatchHostDequantization) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(20);
+  const int N = 131, K = 1536;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.005f);
+  for (QuantType qt : {QuantType::Q4_K, QuantType::Q6_K}) {
+    const int bytes = qt == QuantType::Q4_K ? 144 : 210;
+    std::vector<uint8_t> raw(static_cast<size_t>(N) * K / 256 * bytes);
+    for (auto& b : raw) b = static_cast<uint8_t>(byte(rng));
+    for (size_t b = 0; b < raw.size() / bytes; ++b) {  // sane f16 scales (random bytes can be inf/NaN)
+      uint8_t* p = raw.data() + b * bytes;
+      const uint16_t d = to_f16(scale(rng)), dm = to_f16(scale(rng));
+      if (qt == QuantType::Q4_K) p[0] = d & 0xff, p[1] = d >> 8, p[2] = dm & 0xff, p[3] = dm >> 8;
+      else p[208] = d & 0xff, p[209] = d >> 8;
+    }
+    const auto wf = host_kquant_rows(raw, qt, N, K);
+    DeviceBuf<uint8_t> dW(raw);
+    for (int batch : {1, 3, 8}) {
+      std::vector<float> xf;
+      auto x = random_bf16(rng, static_cast<size_t>(batch) * K, -1, 1, &xf);
+      DeviceBuf<uint16_t> dx(x);
+      DeviceBuf<float> dy(static_cast<size_t>(batch) * N);
+      dy.poison();
+      LAUNCH_OK(gemv_quant(dW.get(), qt, dx.get(), dy.get(), N, K, batch, false, nullptr));
+      const auto y = dy.download();
+      std::vector<double> ref(y.size()), mag(y.size());
+      for (int b = 0; b < batch; ++b)
+        for (int n = 0; n < N; ++n) {
+          double sum = 0, m = 0;
+          for (int k = 0; k < K; ++k) {
+            const double t = static_cast<double>(wf[static_cast<size_t>(n) * K + k]) * xf[static_cast<size_t>(b) * K + k];
+            sum += t, m += std::abs(t);
+          }
+          ref[b * N + n] = sum, mag[b * N + n] = m;
+        }
+      expect_gemv(y, ref, mag, qt == QuantType::Q4_K ? "q4_K" : "q6_K");
+    }
+  }
+  EXPECT_FALSE(gemv_quant(nullptr, QuantType::Q4_K, nullptr, nullptr, 16, 512 + 32, 1, false, nullptr).ok());  // K % 256
+}
+
 TEST(GpuGemv, QuantBlocksMatchHostDequantization) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(15);

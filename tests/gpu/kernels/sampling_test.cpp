@@ -155,13 +155,13 @@ TEST(GpuSampling, LogprobsMatchHostLogSoftmax) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(32);
   for (int V : {7, 1000, 128256}) {
-    const int n = 3, words = (V + 31) / 32, k = std::min(V, 20);
+    const int n = 3, words = (V + 31) / 32, k = std::min(V - 1, 20);  // row 1 bans one token: k finite values
     auto logits = random_f32(rng, static_cast<size_t>(n) * V, -8, 8);
     if (V > 10) logits[3] = logits[9] = 9.0f;  // tie at the top of row 0: id 3 first
     std::vector<uint32_t> mask(static_cast<size_t>(n) * words, 0xffffffffu);
     mask[words] &= ~1u;  // row 1: token 0 banned
     std::vector<int32_t> chosen(n);
-    for (int r = 0; r < n; ++r) chosen[r] = (r * 5 + 2) % V;
+    for (int r = 0; r < n; ++r) chosen[r] = (r * 5 + 3) % V;  // never row 1's banned token 0
     DeviceBuf<float> dl(logits), dclp(n), dtlp(static_cast<size_t>(n) * k);
     DeviceBuf<uint32_t> dm(mask);
     DeviceBuf<int32_t> dch(chosen), dtid(static_cast<size_t>(n) * k);

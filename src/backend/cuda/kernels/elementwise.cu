@@ -38,7 +38,7 @@ __device__ __forceinline__ float load_table(const void* table, TableType type, i
       const float m = h2f(static_cast<uint16_t>(b[2] | (b[3] << 8)));
       const int j = i % 32;
       const int q = j < 16 ? (b[4 + j] & 0xf) : (b[4 + j - 16] >> 4);
-      return d * static_cast<float>(q) + m;
+      return __fadd_rn(__fmul_rn(d, static_cast<float>(q)), m);  // no FMA: the host's rounding exactly
     }
   }
   return 0.0f;

@@ -121,30 +121,34 @@ __device__ __forceinline__ void load_x32(const uint16_t* x, float (&xf)[32]) {
   }
 }
 
-// Dequantizes block `blk` of a row into w[32] (scale applied, offset for Q4_1).
+// Dequantizes unit i (32 consecutive weights) of a row into w[32]: for the 32-weight types a whole
+// block; for the K-quants one eighth of a 256-weight super-block.
+__device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
+
 template <QuantType T>
-__device__ __forceinline__ void dequant_block(const uint8_t* blk, float (&w)[32]) {
+__device__ __forceinline__ void dequant_unit(const uint8_t* row, int i, float (&w)[32]) {
   if constexpr (T == QuantType::Q8_0) {
-    const float d = h2f(*reinterpret_cast<const uint16_t*>(blk));
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
+    const uint8_t* blk = row + static_cast<int64_t>(i) * 34;
+    const float d = h2f(ld16(blk));
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const uint16_t v = __ldg(q + j);
+      const uint16_t v = ld16(blk + 2 + 2 * j);
       w[2 * j] = d * static_cast<float>(static_cast<int8_t>(v & 0xff));
       w[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(v >> 8));
     }
   } else if constexpr (T == QuantType::Q4_0) {
-    const float d = h2f(*reinterpret_cast<const uint16_t*>(blk));
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2);
+    const uint8_t* blk = row + static_cast<int64_t>(i) * 18;
+    const float d = h2f(ld16(blk));
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint16_t v = __ldg(q + j);
+      const uint16_t v = ld16(blk + 2 + 2 * j);
       w[2 * j] = d * static_cast<float>(static_cast<int>(v & 0xf) - 8);
       w[2 * j + 16] = d * static_cast<float>(static_cast<int>((v >> 4) & 0xf) - 8);
       w[2 * j + 1] = d * static_cast<float>(static_cast<int>((v >> 8) & 0xf) - 8);
       w[2 * j + 17] = d * static_cast<float>(static_cast<int>(v >> 12) - 8);
     }
-  } else {
+  } else if constexpr (T == QuantType::Q4_1) {
+    const uint8_t* blk = row + static_cast<int64_t>(i) * 20;
     const uint32_t dm = __ldg(reinterpret_cast<const uint32_t*>(blk));
     const float d = h2f(static_cast<uint16_t>(dm & 0xffff)), m = h2f(static_cast<uint16_t>(dm >> 16));
     const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 4);
@@ -158,12 +162,61 @@ __device__ __forceinline__ void dequant_block(const uint8_t* blk, float (&w)[32]
         w[4 * j + c + 16] = d * static_cast<float>(byte >> 4) + m;
       }
     }
+  } else if constexpr (T == QuantType::Q4_K) {
+    // 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs, 128 bytes of nibbles; unit j
+    // of the block: the low (j even) or high nibbles of bytes 32 (j / 2) .. + 31.
+    const uint8_t* blk = row + static_cast<int64_t>(i / 8) * 144;
+    const int j = i % 8;
+    const float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
+    const uint8_t* sc = blk + 4;
+    int s, m;
+    if (j < 4) {
+      s = __ldg(sc + j) & 63, m = __ldg(sc + j + 4) & 63;
+    } else {
+      s = (__ldg(sc + j + 4) & 0xF) | ((__ldg(sc + j - 4) >> 6) << 4);
+      m = (__ldg(sc + j + 4) >> 4) | ((__ldg(sc + j) >> 6) << 4);
+    }
+    const float d1 = d * static_cast<float>(s), m1 = dmin * static_cast<float>(m);
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (j / 2));
+    const int shift = (j & 1) * 4;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const uint32_t v = __ldg(q + t) >> shift;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) w[4 * t + c] = d1 * static_cast<float>((v >> (8 * c)) & 0xF) - m1;
+    }
+  } else {
+    // Q6_K, 210 bytes: ql[128] low nibbles, qh[64] 2-bit highs, int8 scales[16] (one per 16), f16 d.
+    // Unit sub = 4 n + q: weights 128 n + 32 q + l, l < 32.
+    const uint8_t* blk = row + static_cast<int64_t>(i / 8) * 210;
+    const int sub = i % 8, n = sub / 4, q = sub % 4;
+    const float d = h2f(ld16(blk + 208));
+    const uint16_t sc2 = ld16(blk + 192 + 8 * n + 2 * q);
+    const float ds0 = d * static_cast<float>(static_cast<int8_t>(sc2 & 0xff));
+    const float ds1 = d * static_cast<float>(static_cast<int8_t>(sc2 >> 8));
+    const uint8_t* ql = blk + 64 * n + (q & 1) * 32;
+    const uint8_t* qh = blk + 128 + 32 * n;
+    const int lshift = q < 2 ? 0 : 4, hshift = 2 * q;
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const uint16_t l2 = ld16(ql + 2 * t), h2 = ld16(qh + 2 * t);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int lo = ((l2 >> (8 * c)) >> lshift) & 0xF, hi = ((h2 >> (8 * c)) >> hshift) & 3;
+        const int l = 2 * t + c;
+        w[l] = (l < 16 ? ds0 : ds1) * static_cast<float>((lo | (hi << 4)) - 32);
+      }
+    }
   }
 }
 
 template <QuantType T>
-__host__ __device__ constexpr int block_bytes() {
-  return T == QuantType::Q8_0 ? 34 : T == QuantType::Q4_0 ? 18 : 20;
+__host__ __device__ constexpr int64_t row_bytes(int K) {
+  return T == QuantType::Q8_0   ? K / 32 * 34
+         : T == QuantType::Q4_0 ? K / 32 * 18
+         : T == QuantType::Q4_1 ? K / 32 * 20
+         : T == QuantType::Q4_K ? K / 256 * 144
+                                : K / 256 * 210;
 }
 
 template <QuantType T, int B>
@@ -172,14 +225,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_quant_k(const uint8_t* __res
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (row >= N) return;
-  const int nb = K / 32;
-  const uint8_t* wr = W + static_cast<int64_t>(row) * nb * block_bytes<T>();
+  const int units = K / 32;
+  const uint8_t* wr = W + static_cast<int64_t>(row) * row_bytes<T>(K);
   float acc[B];
 #pragma unroll
   for (int b = 0; b < B; ++b) acc[b] = 0.0f;
-  for (int i = lane; i < nb; i += 32) {
+  for (int i = lane; i < units; i += 32) {
     float w[32];
-    dequant_block<T>(wr + static_cast<int64_t>(i) * block_bytes<T>(), w);
+    dequant_unit<T>(wr, i, w);
 #pragma unroll
     for (int b = 0; b < B; ++b) {
       float xf[32];
@@ -263,15 +316,19 @@ Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bit
 
 Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, int N, int K, int batch,
                   bool accumulate, cudaStream_t s) {
-  if (N <= 0 || K <= 0 || K % 32 != 0 || batch < 1 || batch > 8)
-    return make_error("gemv_quant: needs N > 0, K a positive multiple of 32 and batch 1..8 (N=" + std::to_string(N) +
-                      ", K=" + std::to_string(K) + ", batch=" + std::to_string(batch) + ")");
+  const int qk = type == QuantType::Q4_K || type == QuantType::Q6_K ? 256 : 32;
+  if (N <= 0 || K <= 0 || K % qk != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_quant: needs N > 0, K a positive multiple of " + std::to_string(qk) +
+                      " and batch 1..8 (N=" + std::to_string(N) + ", K=" + std::to_string(K) +
+                      ", batch=" + std::to_string(batch) + ")");
   if (!aligned16(x) || (reinterpret_cast<uintptr_t>(W) & 3u) != 0)
     return make_error("gemv_quant: x must be 16-byte and W 4-byte aligned");
   switch (type) {
     case QuantType::Q8_0: dispatch_quant<QuantType::Q8_0>(W, x, y, N, K, batch, accumulate, s); break;
     case QuantType::Q4_0: dispatch_quant<QuantType::Q4_0>(W, x, y, N, K, batch, accumulate, s); break;
     case QuantType::Q4_1: dispatch_quant<QuantType::Q4_1>(W, x, y, N, K, batch, accumulate, s); break;
+    case QuantType::Q4_K: dispatch_quant<QuantType::Q4_K>(W, x, y, N, K, batch, accumulate, s); break;
+    case QuantType::Q6_K: dispatch_quant<QuantType::Q6_K>(W, x, y, N, K, batch, accumulate, s); break;
   }
   SS_CUDA_LAUNCHED();
   return {};
