@@ -227,12 +227,17 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
     const Layer& L = m.layers[l];
     CK(add_rmsnorm(s.x, nullptr, L.norm1, B, H, 1e-5f, s.xn, st));
     mark("rmsnorm");
-    proj(s, L.wqkv, s.xn, s.qkv, m.qkv_rows, H, false, st);
-    mark("qkv");
     RopeKv r{s.qkv, s.rope_cs, m.hd, false, sh.heads, sh.kv_heads, m.hd, s.positions, s.seq, s.tables, s.max_blocks,
              s.q, s.cache[l]};
-    CK(rope_kv_store(r, B, st));
-    mark("rope_kv");
+    if (B <= 8) {  // RoPE and the KV store in the QKV GEMV's epilogue
+      CK(gemv_bf16_qkv_rope(L.wqkv, s.xn, H, B, r, st));
+      mark("qkv+rope_kv");
+    } else {
+      proj(s, L.wqkv, s.xn, s.qkv, m.qkv_rows, H, false, st);
+      mark("qkv");
+      CK(rope_kv_store(r, B, st));
+      mark("rope_kv");
+    }
     Attention a{s.q, s.cache[l], sh.heads, sh.kv_heads, m.hd, 1.0f / std::sqrt(static_cast<float>(m.hd)), s.ctx_len,
                 s.seq, s.tables, s.max_blocks, s.attn, s.ws, s.max_splits};
     CK(attention(a, B, s.splits, st));

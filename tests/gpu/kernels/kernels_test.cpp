@@ -216,6 +216,84 @@ TEST(GpuRopeKv, RotatesQAndKAndStoresKvInTheirBlocks) {
   }
 }
 
+// The QKV GEMV with RoPE and the KV store fused: against host GEMV (double) then host RoPE.
+TEST(GpuRopeKv, FusedIntoTheQkvGemvMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(24);
+  struct Shape { int n_heads, n_kv, hd, rope_dim, K; };
+  for (Shape sh : {Shape{9, 3, 64, 64, 576}, Shape{8, 2, 128, 128, 1024}, Shape{4, 2, 128, 64, 256}}) {
+    for (bool inter : {false, true}) {
+      for (int batch : {1, 3, 8}) {
+        const int max_pos = 4096, max_blocks = max_pos / kBlockTokens, rows = (sh.n_heads + 2 * sh.n_kv) * sh.hd;
+        std::vector<float> wf, xf;
+        auto W = random_bf16(rng, static_cast<size_t>(rows) * sh.K, -1, 1, &wf);
+        auto x = random_bf16(rng, static_cast<size_t>(batch) * sh.K, -1, 1, &xf);
+        std::vector<float> cs(static_cast<size_t>(max_pos) * sh.rope_dim);
+        for (int p = 0; p < max_pos; ++p)
+          for (int i = 0; i < sh.rope_dim / 2; ++i) {
+            const double a = p * std::pow(10000.0, -2.0 * i / sh.rope_dim);
+            cs[p * sh.rope_dim + i] = static_cast<float>(std::cos(a));
+            cs[p * sh.rope_dim + sh.rope_dim / 2 + i] = static_cast<float>(std::sin(a));
+          }
+        std::vector<int32_t> tables(static_cast<size_t>(batch) * max_blocks);
+        std::iota(tables.begin(), tables.end(), 0);
+        std::shuffle(tables.begin(), tables.end(), rng);
+        std::vector<int32_t> pos(batch), seq(batch);
+        std::uniform_int_distribution<int> pd(0, max_pos - 1);
+        for (int b = 0; b < batch; ++b) pos[b] = b == 0 ? max_pos - 1 : pd(rng), seq[b] = b;
+        const size_t cache_sz = static_cast<size_t>(batch) * max_blocks * 2 * sh.n_kv * kBlockTokens * sh.hd;
+        DeviceBuf<uint16_t> dW(W), dx(x), dcache(cache_sz);
+        DeviceBuf<float> dcs(cs), dq(static_cast<size_t>(batch) * sh.n_heads * sh.hd);
+        DeviceBuf<int32_t> dpos(pos), dseq(seq), dtab(tables);
+        dq.poison();
+        dcache.poison();
+        RopeKv a{nullptr, dcs.get(), sh.rope_dim, inter, sh.n_heads, sh.n_kv, sh.hd, dpos.get(), dseq.get(),
+                 dtab.get(), max_blocks, dq.get(), dcache.get()};
+        LAUNCH_OK(gemv_bf16_qkv_rope(dW.get(), dx.get(), sh.K, batch, a, nullptr));
+        const auto q = dq.download();
+        const auto cache = dcache.download();
+        for (int b = 0; b < batch; ++b) {
+          std::vector<double> y(rows), mag(rows);
+          for (int r = 0; r < rows; ++r) {
+            double acc = 0, m = 0;
+            for (int k = 0; k < sh.K; ++k) {
+              const double t = static_cast<double>(wf[static_cast<size_t>(r) * sh.K + k]) * xf[static_cast<size_t>(b) * sh.K + k];
+              acc += t, m += std::abs(t);
+            }
+            y[r] = acc, mag[r] = m;
+          }
+          for (int hh = 0; hh < sh.n_heads + 2 * sh.n_kv; ++hh) {
+            const bool is_v = hh >= sh.n_heads + sh.n_kv;
+            const double* src = y.data() + hh * sh.hd;
+            const double* mg = mag.data() + hh * sh.hd;
+            for (int i = 0; i < sh.hd; ++i) {
+              double ref = src[i], tol = 1e-5 * mg[i] + 1e-6;
+              if (!is_v && i < sh.rope_dim) {
+                const int half = sh.rope_dim / 2;
+                int p, j0, j1;
+                if (inter) p = i / 2, j0 = 2 * p, j1 = 2 * p + 1;
+                else p = i % half, j0 = p, j1 = p + half;
+                const double c = cs[pos[b] * sh.rope_dim + p], s = cs[pos[b] * sh.rope_dim + half + p];
+                ref = i == j0 ? src[j0] * c - src[j1] * s : src[j1] * c + src[j0] * s;
+                tol = 1e-5 * (mg[j0] + mg[j1]) + 1e-6;
+              }
+              if (hh < sh.n_heads) {
+                ASSERT_NEAR(q[(static_cast<size_t>(b) * sh.n_heads + hh) * sh.hd + i], ref, tol) << "q b=" << b << " h=" << hh << " i=" << i;
+              } else {
+                const int kvh = is_v ? hh - sh.n_heads - sh.n_kv : hh - sh.n_heads;
+                const int blk = tables[seq[b] * max_blocks + pos[b] / kBlockTokens];
+                const size_t at = ((static_cast<size_t>(blk) * 2 + is_v) * sh.n_kv + kvh) * kBlockTokens * sh.hd +
+                                  static_cast<size_t>(pos[b] % kBlockTokens) * sh.hd + i;
+                ASSERT_NEAR(from_bf16(cache[at]), ref, std::abs(ref) / 256 + tol) << "kv b=" << b << " h=" << hh << " i=" << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // --- GEMV ---------------------------------------------------------------------------------------
 // |y - ref| within fp32 accumulation error of the sum of |terms|.
 void expect_gemv(const std::vector<float>& y, const std::vector<double>& ref, const std::vector<double>& mag, const char* what) {

@@ -26,32 +26,18 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x)
   acc = fmaf(hi_bf(w.w), hi_bf(x.w), acc);
 }
 
-// SWIGLU: W is the fused [gate; up] projection ([2N][K]); the warp takes gate row i and up row N + i
-// (R = 2) and writes act[b][i] = bf16(silu(gate) * up) instead of y: the activation never goes
-// through memory in fp32 and the separate SwiGLU launch disappears.
-template <int B, int R, bool SWIGLU = false>
-__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __restrict__ W,
-                                                           const uint16_t* __restrict__ x, float* __restrict__ y,
-                                                           int N, int K, bool accumulate, uint16_t* __restrict__ act) {
-  static_assert(!SWIGLU || R == 2, "SwiGLU pairs one gate row with one up row");
+// acc[b][r] += W[row r] . x[b] over this lane's share of K (16-byte vectors lane, lane + 32, ...);
+// kUnroll loads per row in flight before any arithmetic. Lanes end with partial sums.
+template <int B, int R>
+__device__ __forceinline__ void dot_rows(const uint4* const (&wr)[R], const uint16_t* __restrict__ x, int K,
+                                         float (&acc)[B][R]) {
   const int lane = threadIdx.x & 31;
-  const int warp_id = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int row0 = SWIGLU ? warp_id : warp_id * R;
-  if (row0 >= N) return;
   const int K8 = K / 8;
-  const uint4* wr[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = SWIGLU ? row0 + static_cast<int64_t>(r) * N : min(row0 + r, N - 1);
-    wr[r] = reinterpret_cast<const uint4*>(W + row * K);
-  }
   const uint4* xv = reinterpret_cast<const uint4*>(x);
-  float acc[B][R];
 #pragma unroll
   for (int b = 0; b < B; ++b)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[b][r] = 0.0f;
-
   int k = lane;
   for (; k + 32 * (kUnroll - 1) < K8; k += 32 * kUnroll) {
     uint4 w[kUnroll][R];
@@ -79,34 +65,118 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __res
       for (int r = 0; r < R; ++r) fma8(acc[b][r], w[r], xb);
     }
   }
-  if constexpr (SWIGLU) {
+}
+
+template <int B, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __restrict__ W,
+                                                           const uint16_t* __restrict__ x, float* __restrict__ y,
+                                                           int N, int K, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= N) return;
+  const uint4* wr[R];
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float g = warp_sum(acc[b][0]), u = warp_sum(acc[b][1]);
-      if (lane == 0) act[static_cast<int64_t>(b) * N + row0] = f2bf(g / (1.0f + __expf(-g)) * u);
-    }
-  } else {
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(row0 + r, N - 1)) * K);
+  float acc[B][R];
+  dot_rows<B, R>(wr, x, K, acc);
 #pragma unroll
-    for (int b = 0; b < B; ++b)
+  for (int b = 0; b < B; ++b)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float v = warp_sum(acc[b][r]);
-        if (lane == 0 && row0 + r < N) {
-          float* o = y + static_cast<int64_t>(b) * N + row0 + r;
-          *o = accumulate ? *o + v : v;
-        }
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[b][r]);
+      if (lane == 0 && row0 + r < N) {
+        float* o = y + static_cast<int64_t>(b) * N + row0 + r;
+        *o = accumulate ? *o + v : v;
       }
+    }
+}
+
+// W is the fused [gate; up] projection ([2F][K]): the warp takes gate row i and up row F + i and
+// writes act[b][i] = bf16(silu(gate) * up): the activation never goes through memory in fp32 and the
+// separate SwiGLU launch disappears.
+template <int B>
+__global__ void __launch_bounds__(kWarps * 32) gemv_swiglu_k(const uint16_t* __restrict__ W,
+                                                             const uint16_t* __restrict__ x, int F, int K,
+                                                             uint16_t* __restrict__ act) {
+  const int lane = threadIdx.x & 31;
+  const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (i >= F) return;
+  const uint4* wr[2] = {reinterpret_cast<const uint4*>(W + static_cast<int64_t>(i) * K),
+                        reinterpret_cast<const uint4*>(W + (static_cast<int64_t>(F) + i) * K)};
+  float acc[B][2];
+  dot_rows<B, 2>(wr, x, K, acc);
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const float g = warp_sum(acc[b][0]), u = warp_sum(acc[b][1]);
+    if (lane == 0) act[static_cast<int64_t>(b) * F + i] = f2bf(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+// The fused QKV projection with RoPE and the KV store in its epilogue: a warp computes the two rows
+// of one rotation pair of one head ((p, p + rope_dim/2) NeoX, (2p, 2p + 1) interleaved; dims past
+// rope_dim and V heads: consecutive pairs, unrotated), then writes q (fp32) or K/V (bf16, paged).
+template <int B>
+__global__ void __launch_bounds__(kWarps * 32) gemv_qkv_rope_k(const uint16_t* __restrict__ W,
+                                                               const uint16_t* __restrict__ x, int K, RopeKv a) {
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int pairs_per_head = a.hd / 2, heads = a.n_heads + 2 * a.n_kv;
+  if (pair >= heads * pairs_per_head) return;
+  const int hh = pair / pairs_per_head, p = pair % pairs_per_head;
+  const bool is_v = hh >= a.n_heads + a.n_kv;
+  const int half = a.rope_dim / 2;
+  const bool rotate = !is_v && p < half;
+  int i0, i1;
+  if (rotate) {
+    i0 = a.interleaved ? 2 * p : p;
+    i1 = a.interleaved ? 2 * p + 1 : p + half;
+  } else if (!is_v) {
+    i0 = a.rope_dim + 2 * (p - half), i1 = i0 + 1;
+  } else {
+    i0 = 2 * p, i1 = 2 * p + 1;
+  }
+  const int64_t base = static_cast<int64_t>(hh) * a.hd;
+  const uint4* wr[2] = {reinterpret_cast<const uint4*>(W + (base + i0) * K),
+                        reinterpret_cast<const uint4*>(W + (base + i1) * K)};
+  float acc[B][2];
+  dot_rows<B, 2>(wr, x, K, acc);
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    float v0 = warp_sum(acc[b][0]), v1 = warp_sum(acc[b][1]);
+    if (lane != 0) continue;
+    const int pos = a.positions[b];
+    if (rotate) {
+      const float* cs = a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim;
+      const float c = cs[p], sn = cs[half + p];
+      const float r0 = v0 * c - v1 * sn, r1 = v1 * c + v0 * sn;
+      v0 = r0, v1 = r1;
+    }
+    if (hh < a.n_heads) {
+      float* q = a.q_out + (static_cast<int64_t>(b) * a.n_heads + hh) * a.hd;
+      q[i0] = v0, q[i1] = v1;
+    } else {
+      const int kvh = is_v ? hh - a.n_heads - a.n_kv : hh - a.n_heads;
+      const int blk = a.tables[static_cast<int64_t>(a.seq_of_token[b]) * a.max_blocks + pos / kBlockTokens];
+      uint16_t* dst = a.cache + ((static_cast<int64_t>(blk) * 2 + (is_v ? 1 : 0)) * a.n_kv + kvh) * kBlockTokens * a.hd +
+                      static_cast<int64_t>(pos % kBlockTokens) * a.hd;
+      dst[i0] = f2bf(v0), dst[i1] = f2bf(v1);
+    }
   }
 }
 
 template <int B, int R>
 void launch_bf16(const uint16_t* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t s) {
   const int rows_per_cta = kWarps * R;
-  gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc, nullptr);
+  gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc);
 }
 template <int B>
 void launch_swiglu(const uint16_t* W, const uint16_t* x, uint16_t* act, int F, int K, cudaStream_t s) {
-  gemv_bf16_k<B, 2, true><<<(F + kWarps - 1) / kWarps, kWarps * 32, 0, s>>>(W, x, nullptr, F, K, false, act);
+  gemv_swiglu_k<B><<<(F + kWarps - 1) / kWarps, kWarps * 32, 0, s>>>(W, x, F, K, act);
+}
+template <int B>
+void launch_qkv_rope(const uint16_t* W, const uint16_t* x, int K, const RopeKv& a, cudaStream_t s) {
+  const int pairs = (a.n_heads + 2 * a.n_kv) * a.hd / 2;
+  gemv_qkv_rope_k<B><<<(pairs + kWarps - 1) / kWarps, kWarps * 32, 0, s>>>(W, x, K, a);
 }
 
 // --- GGUF blocks: a lane takes one 32-weight block at a time, a warp 32 consecutive blocks ---------
@@ -309,6 +379,30 @@ Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bit
     case 6: launch_swiglu<6>(W_gate_up, x, act, F, K, s); break;
     case 7: launch_swiglu<7>(W_gate_up, x, act, F, K, s); break;
     default: launch_swiglu<8>(W_gate_up, x, act, F, K, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+Status gemv_bf16_qkv_rope(const bf16_bits* W_qkv, const bf16_bits* x, int K, int batch, const RopeKv& a,
+                         cudaStream_t s) {
+  if (K <= 0 || K % 8 != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_bf16_qkv_rope: needs K a positive multiple of 8 and batch 1..8 (K=" + std::to_string(K) +
+                      ", batch=" + std::to_string(batch) + ")");
+  if (a.hd <= 0 || a.hd % 2 != 0 || a.rope_dim <= 0 || a.rope_dim > a.hd || a.rope_dim % 2 != 0 || a.n_heads <= 0 ||
+      a.n_kv <= 0)
+    return make_error("gemv_bf16_qkv_rope: bad head shape (hd=" + std::to_string(a.hd) + ", rope_dim=" +
+                      std::to_string(a.rope_dim) + ")");
+  if (!aligned16(W_qkv) || !aligned16(x)) return make_error("gemv_bf16_qkv_rope: W and x must be 16-byte aligned");
+  switch (batch) {
+    case 1: launch_qkv_rope<1>(W_qkv, x, K, a, s); break;
+    case 2: launch_qkv_rope<2>(W_qkv, x, K, a, s); break;
+    case 3: launch_qkv_rope<3>(W_qkv, x, K, a, s); break;
+    case 4: launch_qkv_rope<4>(W_qkv, x, K, a, s); break;
+    case 5: launch_qkv_rope<5>(W_qkv, x, K, a, s); break;
+    case 6: launch_qkv_rope<6>(W_qkv, x, K, a, s); break;
+    case 7: launch_qkv_rope<7>(W_qkv, x, K, a, s); break;
+    default: launch_qkv_rope<8>(W_qkv, x, K, a, s); break;
   }
   SS_CUDA_LAUNCHED();
   return {};

@@ -74,6 +74,11 @@ Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K,
 // separate SwiGLU launch.
 Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bits* act, int F, int K, int batch,
                         cudaStream_t s);
+// The QKV projection with RoPE and the KV store in its epilogue, batch 1..8 (token b = batch row b):
+// W_qkv [(n_heads + 2 n_kv) * hd][K]; a's qkv is unused; q_out, cache, positions, tables as
+// rope_kv_store. One launch instead of two and no fp32 qkv round trip.
+Status gemv_bf16_qkv_rope(const bf16_bits* W_qkv, const bf16_bits* x, int K, int batch, const RopeKv& a,
+                          cudaStream_t s);
 // The same over GGUF blocks (model/quant.h: block_q8_0 / q4_0 / q4_1, 32 weights a block, K % 32 == 0;
 // block_q4_K / q6_K, 256 a block, K % 256 == 0), dequantized in registers. W 4-byte aligned.
 enum class QuantType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K };
