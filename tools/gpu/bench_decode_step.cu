@@ -4,7 +4,9 @@
 // the weight-bytes floor (every weight byte read once at 4.3 TB/s, the H200's measured copy rate).
 // A per-kernel breakdown comes from an eager run with events around each launch (launch gaps
 // included, so its sum exceeds the graph's time).
-// usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N]
+// --micro: each projection kernel alone on the 8B shapes instead (achieved GB/s against 4.3 TB/s,
+// rotating over copies so no run reads its weights from L2), cuBLASLt at prefill sizes (TFLOP/s).
+// usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -335,17 +337,117 @@ void bench(const Model& m, int batch, int iters) {
   free_state(s);
 }
 
+// Median time (ms) of fn over iters launches after warm-up, each timed by its own events.
+template <class F>
+double time_ms(cudaStream_t st, int iters, F fn) {
+  for (int i = 0; i < 5; ++i) fn(i);
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    CU(cudaEventRecord(e0, st));
+    fn(i);
+    CU(cudaEventRecord(e1, st));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return median(t);
+}
+
+void micro(int iters) {
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  struct Mat { const char* name; int N, K; };
+  const Mat mats[] = {{"8B qkv", 6144, 4096}, {"8B o", 4096, 4096}, {"8B gate_up", 28672, 4096},
+                      {"8B down", 4096, 14336}, {"8B lm_head", 128256, 4096}};
+  constexpr int kCopies = 4;  // >= 4 x 32 MB per shape: more than the 60 MB L2
+  std::printf("\n== projections alone (median of %d; weight bytes over time, %% of 4.3 TB/s; the GGUF rows of the\n"
+              "   smaller matrices (< 15 MB a copy) may partly come from L2)\n", iters);
+  std::printf("   %-12s %6s %6s %5s %10s %8s %6s\n", "matrix", "N", "K", "batch", "kernel", "us", "%");
+  float* y = dalloc<float>(8 * 128256);
+  uint16_t* x = dalloc<uint16_t>(8 * 14336);
+  uint16_t* act = dalloc<uint16_t>(8 * 14336);
+  fill_bf16(x, 8 * 14336, 7, 1.0f);
+  for (const Mat& mt : mats) {
+    const int64_t n = static_cast<int64_t>(mt.N) * mt.K;
+    const int copies = n * 2 >= (256ll << 20) ? 1 : kCopies;
+    std::vector<uint16_t*> W;
+    for (int c = 0; c < copies; ++c) {
+      W.push_back(dalloc<uint16_t>(n));
+      fill_bf16(W.back(), n, 100 + c, 0.01f);
+    }
+    for (int b : {1, 2, 4, 8}) {
+      const double ms = time_ms(st, iters, [&](int i) { CK(gemv_bf16(W[i % copies], x, y, mt.N, mt.K, b, false, st)); });
+      const double gbs = 2.0 * n / (ms * 1e-3) / 1e9;
+      std::printf("   %-12s %6d %6d %5d %10s %8.1f %5.1f%%\n", mt.name, mt.N, mt.K, b, "bf16", ms * 1e3, 100 * gbs / 4300);
+    }
+    if (!std::strcmp(mt.name, "8B gate_up")) {
+      for (int b : {1, 8}) {
+        const double ms = time_ms(st, iters, [&](int i) { CK(gemv_bf16_swiglu(W[i % copies], x, act, mt.N / 2, mt.K, b, st)); });
+        std::printf("   %-12s %6d %6d %5d %10s %8.1f %5.1f%%\n", mt.name, mt.N, mt.K, b, "+swiglu", ms * 1e3,
+                    100 * 2.0 * n / (ms * 1e-3) / 1e9 / 4300);
+      }
+    }
+    // GGUF types on the same shape: bytes per 32 weights 34 / 18 / 20, per 256: 144 / 210.
+    const struct { QuantType t; const char* name; double bytes_per_weight; } qs[] = {
+        {QuantType::Q8_0, "q8_0", 34.0 / 32}, {QuantType::Q4_0, "q4_0", 18.0 / 32}, {QuantType::Q4_1, "q4_1", 20.0 / 32},
+        {QuantType::Q4_K, "q4_K", 144.0 / 256}, {QuantType::Q6_K, "q6_K", 210.0 / 256}};
+    for (const auto& q : qs) {
+      // Random bytes as blocks would hold NaN scales now and then: fill, then bench (timing only).
+      const int64_t bytes = static_cast<int64_t>(n * q.bytes_per_weight);
+      const double ms = time_ms(st, iters, [&](int i) {
+        CK(gemv_quant(W[i % copies], q.t, x, y, mt.N, mt.K, 1, false, st));
+      });
+      std::printf("   %-12s %6d %6d %5d %10s %8.1f %5.1f%%\n", mt.name, mt.N, mt.K, 1, q.name, ms * 1e3,
+                  100 * bytes / (ms * 1e-3) / 1e9 / 4300);
+    }
+    for (auto* w : W) cudaFree(w);
+  }
+  // cuBLASLt at prefill / large-batch sizes.
+  auto lt = lt_create(64u << 20);
+  CK(lt.ok() ? ss::Status{} : ss::Status(lt.error()));
+  std::printf("\n== cuBLASLt bf16 (TFLOP/s; 790 measured peak)\n");
+  for (int M : {64, 512, 2048}) {
+    for (const Mat& mt : {mats[0], mats[2], mats[3]}) {
+      const int64_t n = static_cast<int64_t>(mt.N) * mt.K;
+      uint16_t* W = dalloc<uint16_t>(n);
+      uint16_t* X = dalloc<uint16_t>(static_cast<int64_t>(M) * mt.K);
+      float* Y = dalloc<float>(static_cast<int64_t>(M) * mt.N);
+      fill_bf16(W, n, 3, 0.01f);
+      fill_bf16(X, static_cast<int64_t>(M) * mt.K, 4, 1.0f);
+      const double ms = time_ms(st, iters, [&](int) { CK(lt_gemm_bf16(*lt, W, X, Y, M, mt.N, mt.K, false, st)); });
+      std::printf("   M=%-5d %-12s %8.1f us %7.1f TFLOP/s %6.0f GB/s\n", M, mt.name, ms * 1e3,
+                  2.0 * M * n / (ms * 1e-3) / 1e12, 2.0 * n / (ms * 1e-3) / 1e9);
+      cudaFree(W), cudaFree(X), cudaFree(Y);
+    }
+  }
+  lt_destroy(*lt);
+  cudaFree(y), cudaFree(x), cudaFree(act);
+  cudaStreamDestroy(st);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string shape = "all";
   int only_batch = 0, iters = 200;
+  bool micro_only = false;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--micro")) micro_only = true;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--micro")) {
+      --i;
+      continue;
+    }
     if (!std::strcmp(argv[i], "--shape")) shape = argv[i + 1];
     else if (!std::strcmp(argv[i], "--batch")) only_batch = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro]\n");
       return 2;
     }
   }
@@ -353,6 +455,10 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "bench_decode_step: no CUDA device\n");
     return 1;
+  }
+  if (micro_only) {
+    micro(iters);
+    return 0;
   }
   const char* keys[] = {"135m", "1b", "8b"};
   for (int i = 0; i < 3; ++i) {

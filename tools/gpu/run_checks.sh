@@ -55,6 +55,7 @@ run_step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 97 "$BU
   --gtest_filter='-GpuAttention.DecodeMatchesHostAtOddContextsAndBatches'
 run_step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 97 "$BUILD/test_gpu" \
   --gtest_filter='GpuAttention.EveryContextLengthWithSplits:GpuAttention.Prefill*:GpuAddRmsNorm.*:GpuArgmax.*:GpuSampling.*'
+run_step bench_micro 120 "$BUILD/bench_decode_step" --micro --iters 100
 run_step bench 200 "$BUILD/bench_decode_step" --iters 200
 
 echo "=== total $((SECONDS - T0))s"
