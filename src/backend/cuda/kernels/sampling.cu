@@ -62,7 +62,8 @@ Status argmax(const float* logits, int n_rows, int V, int32_t* ids, cudaStream_t
 // --- sampling: the host reference sampler's rules (backend/cpu/sampler.cpp) ----------------------
 namespace {
 
-constexpr int kSampleThreads = 1024;
+constexpr int kSampleThreads = 512;  // 1024 spilled the draw kernel's registers
+constexpr int kSampleWarps = kSampleThreads / 32;
 using BlockScanD = cub::BlockScan<double, kSampleThreads>;
 using BlockReduceD = cub::BlockReduce<double, kSampleThreads>;
 
@@ -100,7 +101,10 @@ __device__ int block_argmax(const float* logits, const uint32_t* mask, int words
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = bv, sm.iv[threadIdx.x >> 5] = bi;
   __syncthreads();
-  bv = sm.fv[threadIdx.x & 31], bi = sm.iv[threadIdx.x & 31];
+  {
+    const int w = threadIdx.x & 31;  // only kSampleWarps partials exist
+    bv = w < kSampleWarps ? sm.fv[w] : -INFINITY, bi = w < kSampleWarps ? sm.iv[w] : 0x7fffffff;
+  }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -122,7 +126,7 @@ __device__ float block_max_f(float v, Smem& sm) {
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = sm.fv[threadIdx.x & 31];
+  v = (threadIdx.x & 31) < kSampleWarps ? sm.fv[threadIdx.x & 31] : -INFINITY;
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
@@ -296,7 +300,10 @@ __global__ void __launch_bounds__(kSampleThreads) logprobs_k(const float* logits
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = bv, sm.iv[threadIdx.x >> 5] = bi;
     __syncthreads();
-    bv = sm.fv[threadIdx.x & 31], bi = sm.iv[threadIdx.x & 31];
+    {
+    const int w = threadIdx.x & 31;  // only kSampleWarps partials exist
+    bv = w < kSampleWarps ? sm.fv[w] : -INFINITY, bi = w < kSampleWarps ? sm.iv[w] : 0x7fffffff;
+  }
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
