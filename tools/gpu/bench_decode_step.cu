@@ -6,7 +6,7 @@
 // included, so its sum exceeds the graph's time).
 // --micro: each projection kernel alone on the 8B shapes instead (achieved GB/s against 4.3 TB/s,
 // rotating over copies so no run reads its weights from L2), cuBLASLt at prefill sizes (TFLOP/s).
-// usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro]
+// usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro] [--unfused]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -42,6 +42,7 @@ using namespace ss::cuda::kern;
 namespace {
 
 constexpr double kCopyBytesPerSec = 4.3e12;
+bool g_fused = true;  // --unfused: RoPE and SwiGLU as their own kernels at batch <= 8 too (to see what fusing saves)
 constexpr int kCtx = 512;
 
 struct Shape {
@@ -231,7 +232,7 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
     mark("rmsnorm");
     RopeKv r{s.qkv, s.rope_cs, m.hd, false, sh.heads, sh.kv_heads, m.hd, s.positions, s.seq, s.tables, s.max_blocks,
              s.q, s.cache[l]};
-    if (B <= 8) {  // RoPE and the KV store in the QKV GEMV's epilogue
+    if (B <= 8 && g_fused) {  // RoPE and the KV store in the QKV GEMV's epilogue
       CK(gemv_bf16_qkv_rope(L.wqkv, s.xn, H, B, r, st));
       mark("qkv+rope_kv");
     } else {
@@ -248,7 +249,7 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
     mark("o_proj");
     CK(add_rmsnorm(s.x, nullptr, L.norm2, B, H, 1e-5f, s.xn, st));
     mark("rmsnorm");
-    if (B <= 8) {  // gate/up GEMV with SwiGLU in its epilogue
+    if (B <= 8 && g_fused) {  // gate/up GEMV with SwiGLU in its epilogue
       CK(gemv_bf16_swiglu(L.wgu, s.xn, s.act, sh.ffn, H, B, st));
       mark("gate_up+swiglu");
     } else {
@@ -319,9 +320,9 @@ void bench(const Model& m, int batch, int iters) {
   CU(cudaMemcpy(ids.data(), s.ids, batch * 4, cudaMemcpyDeviceToHost));
   const double ms = median(times);
   const double floor_ms = m.weight_bytes / kCopyBytesPerSec * 1e3;
-  std::printf("\n== %s batch %d context %d: graph step %.3f ms (median of %d), weight floor %.3f ms (%.2f GB), "
+  std::printf("\n== %s%s batch %d context %d: graph step %.3f ms (median of %d), weight floor %.3f ms (%.2f GB), "
               "time/floor %.2f, %.0f GB/s; attention splits %d; first id %d\n",
-              m.sh.name, batch, kCtx, ms, iters, floor_ms, m.weight_bytes / 1e9, ms / floor_ms,
+              m.sh.name, g_fused ? "" : " (unfused)", batch, kCtx, ms, iters, floor_ms, m.weight_bytes / 1e9, ms / floor_ms,
               m.weight_bytes / (ms * 1e-3) / 1e9, s.splits, ids[0]);
   double total = 0;
   std::vector<std::pair<double, std::string>> rows;
@@ -436,10 +437,12 @@ int main(int argc, char** argv) {
   std::string shape = "all";
   int only_batch = 0, iters = 200;
   bool micro_only = false;
-  for (int i = 1; i < argc; ++i)
+  for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--micro")) micro_only = true;
+    if (!std::strcmp(argv[i], "--unfused")) g_fused = false;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--micro")) {
+    if (!std::strcmp(argv[i], "--micro") || !std::strcmp(argv[i], "--unfused")) {
       --i;
       continue;
     }
@@ -447,7 +450,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) only_batch = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro]\n");
+      std::fprintf(stderr, "usage: bench_decode_step [--shape 135m|1b|8b|all] [--batch N] [--iters N] [--micro] [--unfused]\n");
       return 2;
     }
   }

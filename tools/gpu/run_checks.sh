@@ -57,6 +57,7 @@ run_step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 97 "$
   --gtest_filter='GpuAttention.EveryContextLengthWithSplits:GpuAttention.Prefill*:GpuAddRmsNorm.*:GpuArgmax.*:GpuSampling.*'
 run_step bench_micro 120 "$BUILD/bench_decode_step" --micro --iters 100
 run_step bench 200 "$BUILD/bench_decode_step" --iters 200
+run_step bench_unfused 60 "$BUILD/bench_decode_step" --shape 135m --batch 1 --unfused --iters 200
 
 echo "=== total $((SECONDS - T0))s"
 if [ ${#FAILED[@]} -gt 0 ]; then
