@@ -42,7 +42,9 @@ using namespace ss::cuda::kern;
 namespace {
 
 constexpr double kCopyBytesPerSec = 4.3e12;
-bool g_fused = true;  // --unfused: RoPE and SwiGLU as their own kernels at batch <= 8 too (to see what fusing saves)
+// --unfused: RoPE, SwiGLU, RMSNorm and the attention merge as their own kernels at batch <= 8 too
+// (to see what fusing saves).
+bool g_fused = true;
 constexpr int kCtx = 512;
 
 struct Shape {
@@ -137,6 +139,7 @@ void free_model(Model& m) {
 struct State {
   int batch, max_blocks, max_splits = 32, splits;
   int32_t *tokens, *positions, *seq, *ctx_len, *tables, *ids;
+  unsigned *norm_counter, *split_counters;  // zeroed once; the fused kernels leave them zero
   float *x, *qkv, *q, *gu, *logits, *rope_cs, *ws;
   uint16_t *xn, *attn, *act;
   std::vector<uint16_t*> cache;  // per layer
@@ -162,6 +165,10 @@ State make_state(const Model& m, int batch) {
   };
   s.tokens = up(tok), s.positions = up(pos), s.seq = up(seq), s.ctx_len = up(ctx), s.tables = up(tab);
   s.ids = dalloc<int32_t>(batch);
+  s.norm_counter = dalloc<unsigned>(1);
+  s.split_counters = dalloc<unsigned>(static_cast<int64_t>(batch) * sh.kv_heads);
+  CU(cudaMemset(s.norm_counter, 0, sizeof(unsigned)));
+  CU(cudaMemset(s.split_counters, 0, sizeof(unsigned) * batch * sh.kv_heads));
   const int64_t H = sh.hidden, B = batch;
   s.x = dalloc<float>(B * H), s.qkv = dalloc<float>(B * m.qkv_rows), s.q = dalloc<float>(B * sh.heads * m.hd);
   s.gu = dalloc<float>(B * 2 * sh.ffn), s.logits = dalloc<float>(B * sh.vocab);
@@ -189,7 +196,7 @@ State make_state(const Model& m, int batch) {
 }
 
 void free_state(State& s) {
-  for (void* p : {static_cast<void*>(s.tokens), static_cast<void*>(s.positions), static_cast<void*>(s.seq),
+  for (void* p : {static_cast<void*>(s.norm_counter), static_cast<void*>(s.split_counters), static_cast<void*>(s.tokens), static_cast<void*>(s.positions), static_cast<void*>(s.seq),
                   static_cast<void*>(s.ctx_len), static_cast<void*>(s.tables), static_cast<void*>(s.ids),
                   static_cast<void*>(s.x), static_cast<void*>(s.qkv), static_cast<void*>(s.q), static_cast<void*>(s.gu),
                   static_cast<void*>(s.logits), static_cast<void*>(s.rope_cs), static_cast<void*>(s.ws),
@@ -226,13 +233,16 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
   mark("start");
   CK(embed(m.embed, TableType::BF16, sh.vocab, H, s.tokens, B, s.x, st));
   mark("embed");
+  const bool fused = B <= 8 && g_fused;
   for (int l = 0; l < sh.layers; ++l) {
     const Layer& L = m.layers[l];
-    CK(add_rmsnorm(s.x, nullptr, L.norm1, B, H, 1e-5f, s.xn, st));
-    mark("rmsnorm");
+    if (l == 0 || !fused) {  // fused: the previous layer's down projection normalised already
+      CK(add_rmsnorm(s.x, nullptr, L.norm1, B, H, 1e-5f, s.xn, st));
+      mark("rmsnorm");
+    }
     RopeKv r{s.qkv, s.rope_cs, m.hd, false, sh.heads, sh.kv_heads, m.hd, s.positions, s.seq, s.tables, s.max_blocks,
              s.q, s.cache[l]};
-    if (B <= 8 && g_fused) {  // RoPE and the KV store in the QKV GEMV's epilogue
+    if (fused) {  // RoPE and the KV store in the QKV GEMV's epilogue
       CK(gemv_bf16_qkv_rope(L.wqkv, s.xn, H, B, r, st));
       mark("qkv+rope_kv");
     } else {
@@ -242,27 +252,34 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
       mark("rope_kv");
     }
     Attention a{s.q, s.cache[l], sh.heads, sh.kv_heads, m.hd, 1.0f / std::sqrt(static_cast<float>(m.hd)), s.ctx_len,
-                s.seq, s.tables, s.max_blocks, s.attn, s.ws, s.max_splits};
+                s.seq, s.tables, s.max_blocks, s.attn, s.ws, s.max_splits, fused ? s.split_counters : nullptr};
     CK(attention(a, B, s.splits, st));
     mark("attention");
-    proj(s, L.wo, s.attn, s.x, H, sh.heads * m.hd, true, st);  // the residual add, in the projection
-    mark("o_proj");
-    CK(add_rmsnorm(s.x, nullptr, L.norm2, B, H, 1e-5f, s.xn, st));
-    mark("rmsnorm");
-    if (B <= 8 && g_fused) {  // gate/up GEMV with SwiGLU in its epilogue
+    if (fused) {  // residual add and the next RMSNorm in the projection
+      CK(gemv_bf16_residual_rmsnorm(L.wo, s.attn, s.x, H, sh.heads * m.hd, B, L.norm2, 1e-5f, s.xn, s.norm_counter, st));
+      mark("o_proj+rmsnorm");
       CK(gemv_bf16_swiglu(L.wgu, s.xn, s.act, sh.ffn, H, B, st));
       mark("gate_up+swiglu");
+      const float* next = l + 1 < sh.layers ? m.layers[l + 1].norm1 : m.final_norm;
+      CK(gemv_bf16_residual_rmsnorm(L.wd, s.act, s.x, H, sh.ffn, B, next, 1e-5f, s.xn, s.norm_counter, st));
+      mark("down+rmsnorm");
     } else {
+      proj(s, L.wo, s.attn, s.x, H, sh.heads * m.hd, true, st);  // the residual add, in the projection
+      mark("o_proj");
+      CK(add_rmsnorm(s.x, nullptr, L.norm2, B, H, 1e-5f, s.xn, st));
+      mark("rmsnorm");
       proj(s, L.wgu, s.xn, s.gu, 2 * sh.ffn, H, false, st);
       mark("gate_up");
       CK(swiglu(s.gu, B, sh.ffn, s.act, st));
       mark("swiglu");
+      proj(s, L.wd, s.act, s.x, H, sh.ffn, true, st);
+      mark("down");
     }
-    proj(s, L.wd, s.act, s.x, H, sh.ffn, true, st);
-    mark("down");
   }
-  CK(add_rmsnorm(s.x, nullptr, m.final_norm, B, H, 1e-5f, s.xn, st));
-  mark("rmsnorm");
+  if (!fused) {
+    CK(add_rmsnorm(s.x, nullptr, m.final_norm, B, H, 1e-5f, s.xn, st));
+    mark("rmsnorm");
+  }
   proj(s, m.lm_head, s.xn, s.logits, sh.vocab, H, false, st);
   mark("lm_head");
   CK(argmax(s.logits, B, sh.vocab, s.ids, st));

@@ -73,8 +73,9 @@ std::vector<double> host_attention(const Paged& p, const float* q, int seq, int 
   return out;
 }
 
+// merge_in_place: the splits merged by their last CTA (counters) instead of the combine kernel.
 void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len, const std::vector<int32_t>& seq_of_q,
-              const std::vector<int32_t>& ctx, int splits_wanted) {
+              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false) {
   const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
   const int n_q = static_cast<int>(ctx.size());
   const size_t qsz = static_cast<size_t>(n_q) * c.n_heads * c.hd;
@@ -91,10 +92,13 @@ void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len,
   dout.poison();
   dws.poison();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  DeviceBuf<unsigned> counters(static_cast<size_t>(n_q) * c.n_kv);
+  CUDA_OK(cudaMemset(counters.get(), 0, counters.size() * sizeof(unsigned)));
   Attention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dseq.get(), dtab.get(),
-              p.max_blocks, dout.get(), dws.get(), max_splits};
+              p.max_blocks, dout.get(), dws.get(), max_splits, merge_in_place ? counters.get() : nullptr};
   LAUNCH_OK(attention(a, n_q, splits, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
+  for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "a split counter was not left at zero";
   const auto out = dout.download();
   for (int i = 0; i < n_q; ++i) {
     const auto ref = host_attention(p, q.data() + static_cast<size_t>(i) * c.n_heads * c.hd, seq_of_q[i], ctx[i], c, scale);
@@ -118,6 +122,10 @@ TEST(GpuAttention, DecodeMatchesHostAtOddContextsAndBatches) {
         if (batch == 1) seq_len[0] = ctx[0] = lens[(c.hd / 64 + splits) % 5];
         run_case(rng, c, seq_len, seq, ctx, splits);
         if (HasFatalFailure()) return;
+        if (splits != 1) {
+          run_case(rng, c, seq_len, seq, ctx, splits, /*merge_in_place=*/true);
+          if (HasFatalFailure()) return;
+        }
       }
     }
   }
@@ -128,6 +136,8 @@ TEST(GpuAttention, EveryContextLengthWithSplits) {
   std::mt19937 rng(22);
   for (int len : {1, 15, 16, 17, 4095}) {
     run_case(rng, Case{32, 8, 128}, {len}, {0}, {len}, 0);
+    if (HasFatalFailure()) return;
+    run_case(rng, Case{32, 8, 128}, {len}, {0}, {len}, 0, /*merge_in_place=*/true);
     if (HasFatalFailure()) return;
   }
 }
@@ -143,6 +153,8 @@ TEST(GpuAttention, PrefillOverCachedPrefixIsCausal) {
     run_case(rng, c, {prefix + n}, seq, ctx, 1);
     if (HasFatalFailure()) return;
     run_case(rng, c, {prefix + n}, seq, ctx, 3);
+    if (HasFatalFailure()) return;
+    run_case(rng, c, {prefix + n}, seq, ctx, 3, /*merge_in_place=*/true);
     if (HasFatalFailure()) return;
   }
 }

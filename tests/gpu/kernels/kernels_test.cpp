@@ -336,6 +336,56 @@ TEST(GpuGemv, Bf16MatchesHostAtEveryBatchSize) {
   }
 }
 
+TEST(GpuGemv, ResidualWithFusedRmsNormMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(25);
+  DeviceBuf<unsigned> counter(1);
+  CUDA_OK(cudaMemset(counter.get(), 0, sizeof(unsigned)));
+  for (auto [N, K] : {std::pair{576, 576}, std::pair{2048, 8192}, std::pair{1001, 64}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
+    const auto nw = random_f32(rng, N, 0.5f, 1.5f);
+    DeviceBuf<uint16_t> dW(W);
+    DeviceBuf<float> dnw(nw);
+    for (int batch : {1, 3, 8}) {
+      for (int rep = 0; rep < 2; ++rep) {  // twice: the counter must have been left at zero
+        std::vector<float> xf;
+        auto x = random_bf16(rng, static_cast<size_t>(batch) * K, -0.1f, 0.1f, &xf);
+        const auto r0 = random_f32(rng, static_cast<size_t>(batch) * N, -2, 2);
+        DeviceBuf<uint16_t> dx(x), dout(static_cast<size_t>(batch) * N);
+        DeviceBuf<float> dr(r0);
+        dout.poison();
+        LAUNCH_OK(gemv_bf16_residual_rmsnorm(dW.get(), dx.get(), dr.get(), N, K, batch, dnw.get(), 1e-5f, dout.get(),
+                                             counter.get(), nullptr));
+        const auto r = dr.download();
+        const auto out = dout.download();
+        for (int b = 0; b < batch; ++b) {
+          std::vector<double> ref(N), mag(N);
+          double ss = 0;
+          for (int n = 0; n < N; ++n) {
+            double acc = r0[static_cast<size_t>(b) * N + n], m = std::abs(acc);
+            for (int k = 0; k < K; ++k) {
+              const double t = static_cast<double>(wf[static_cast<size_t>(n) * K + k]) * xf[static_cast<size_t>(b) * K + k];
+              acc += t, m += std::abs(t);
+            }
+            ref[n] = acc, mag[n] = m;
+            ASSERT_NEAR(r[static_cast<size_t>(b) * N + n], acc, 1e-5 * m + 1e-6) << "resid N=" << N << " b=" << b << " n=" << n;
+            ss += static_cast<double>(r[static_cast<size_t>(b) * N + n]) * r[static_cast<size_t>(b) * N + n];
+          }
+          // The norm of the residual as the kernel left it (its own rounding checked just above).
+          const double inv = 1.0 / std::sqrt(ss / N + 1e-5);
+          for (int n = 0; n < N; ++n) {
+            const double o = r[static_cast<size_t>(b) * N + n] * inv * nw[n];
+            ASSERT_NEAR(from_bf16(out[static_cast<size_t>(b) * N + n]), o, std::abs(o) / 256 + 1e-5) << "out b=" << b << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(counter.download()[0], 0u);
+  EXPECT_FALSE(gemv_bf16_residual_rmsnorm(nullptr, nullptr, nullptr, 16, 16, 1, nullptr, 1e-5f, nullptr, nullptr, nullptr).ok());
+}
+
 TEST(GpuGemv, FusedSwigluMatchesHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(19);

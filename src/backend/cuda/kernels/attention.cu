@@ -149,6 +149,35 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       ws[2 + d] = A;
     }
   }
+  if (splits == 1 || !a.split_counters) return;
+  // The last split CTA of this (row, KV head) merges every split (their partials read from L2).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = a.split_counters + static_cast<int64_t>(qi) * a.n_kv + kvh;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD, h = kvh * G + g;
+    const float* ws = a.workspace + (static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits * (HD + 2);
+    float M = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(ws + sp * (HD + 2)));
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int sp = 0; sp < splits; ++sp) {
+        const float* p = ws + sp * (HD + 2);
+        const float pm = __ldcg(p);
+        if (pm == -INFINITY) continue;
+        const float f = exp2f(pm - M);
+        L += __ldcg(p + 1) * f;
+        A += __ldcg(p + 2 + d) * f;
+      }
+    }
+    a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
 }
 
 // One CTA per (query row, head), one thread per dim: merges the splits' partial softmaxes.
@@ -174,7 +203,7 @@ __global__ void attn_combine_k(Attention a, int splits) {
 template <int HD>
 void launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
   attn_split_k<HD><<<dim3(n_q, a.n_kv, splits), kAttnWarps * 32, 0, s>>>(a, splits);
-  if (splits > 1) attn_combine_k<<<dim3(n_q, a.n_heads), HD, 0, s>>>(a, splits);
+  if (splits > 1 && !a.split_counters) attn_combine_k<<<dim3(n_q, a.n_heads), HD, 0, s>>>(a, splits);
 }
 
 }  // namespace

@@ -91,6 +91,53 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_k(const uint16_t* __res
     }
 }
 
+// resid += W x, then the CTA that finishes last (a ticket counter; the kernel leaves it at zero)
+// normalises the whole rows: out = bf16(rmsnorm(resid) * w). Saves the RMSNorm launch that would
+// follow every residual-adding projection; the rows are read back from L2 (__ldcg), where the
+// other CTAs' writes are visible after their fences.
+template <int B, int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_resid_norm_k(const uint16_t* __restrict__ W,
+                                                                 const uint16_t* __restrict__ x, float* resid, int N,
+                                                                 int K, const float* __restrict__ norm_w, float eps,
+                                                                 uint16_t* __restrict__ out, unsigned* counter) {
+  __shared__ float part[32];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 < N) {
+    const uint4* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(row0 + r, N - 1)) * K);
+    float acc[B][R];
+    dot_rows<B, R>(wr, x, K, acc);
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[b][r]);
+        if (lane == 0 && row0 + r < N) resid[static_cast<int64_t>(b) * N + row0 + r] += v;
+      }
+  }
+  __threadfence();  // this thread's writes, visible device-wide before the ticket is taken
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int b = 0; b < B; ++b) {
+    const float* row = resid + static_cast<int64_t>(b) * N;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+      const float v = __ldcg(row + i);
+      ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, part) / static_cast<float>(N) + eps);
+    for (int i = threadIdx.x; i < N; i += blockDim.x)
+      out[static_cast<int64_t>(b) * N + i] = f2bf(__ldcg(row + i) * inv * norm_w[i]);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
+}
+
 // W is the fused [gate; up] projection ([2F][K]): the warp takes gate row i and up row F + i and
 // writes act[b][i] = bf16(silu(gate) * up): the activation never goes through memory in fp32 and the
 // separate SwiGLU launch disappears.
@@ -168,6 +215,13 @@ template <int B, int R>
 void launch_bf16(const uint16_t* W, const uint16_t* x, float* y, int N, int K, bool acc, cudaStream_t s) {
   const int rows_per_cta = kWarps * R;
   gemv_bf16_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, y, N, K, acc);
+}
+template <int B, int R>
+void launch_resid_norm(const uint16_t* W, const uint16_t* x, float* resid, int N, int K, const float* w, float eps,
+                       uint16_t* out, unsigned* counter, cudaStream_t s) {
+  const int rows_per_cta = kWarps * R;
+  gemv_resid_norm_k<B, R><<<(N + rows_per_cta - 1) / rows_per_cta, kWarps * 32, 0, s>>>(W, x, resid, N, K, w, eps, out,
+                                                                                        counter);
 }
 template <int B>
 void launch_swiglu(const uint16_t* W, const uint16_t* x, uint16_t* act, int F, int K, cudaStream_t s) {
@@ -359,6 +413,27 @@ Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K,
     case 6: launch_bf16<6, 4>(W, x, y, N, K, accumulate, s); break;
     case 7: launch_bf16<7, 4>(W, x, y, N, K, accumulate, s); break;
     default: launch_bf16<8, 4>(W, x, y, N, K, accumulate, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+Status gemv_bf16_residual_rmsnorm(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch,
+                                  const float* norm_w, float eps, bf16_bits* out, unsigned* counter, cudaStream_t s) {
+  if (N <= 0 || K <= 0 || K % 8 != 0 || batch < 1 || batch > 8)
+    return make_error("gemv_bf16_residual_rmsnorm: needs N > 0, K a positive multiple of 8 and batch 1..8 (N=" +
+                      std::to_string(N) + ", K=" + std::to_string(K) + ", batch=" + std::to_string(batch) + ")");
+  if (!aligned16(W) || !aligned16(x)) return make_error("gemv_bf16_residual_rmsnorm: W and x must be 16-byte aligned");
+  if (!counter) return make_error("gemv_bf16_residual_rmsnorm: needs a zeroed counter");
+  switch (batch) {
+    case 1: launch_resid_norm<1, 2>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 2: launch_resid_norm<2, 2>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 3: launch_resid_norm<3, 2>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 4: launch_resid_norm<4, 2>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 5: launch_resid_norm<5, 4>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 6: launch_resid_norm<6, 4>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    case 7: launch_resid_norm<7, 4>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
+    default: launch_resid_norm<8, 4>(W, x, resid, N, K, norm_w, eps, out, counter, s); break;
   }
   SS_CUDA_LAUNCHED();
   return {};

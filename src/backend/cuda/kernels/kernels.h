@@ -69,6 +69,12 @@ Status rope_kv_store(const RopeKv& a, int n_tok, cudaStream_t s);
 // [batch][K], y fp32 [batch][N]. K % 8 == 0 and 16-byte aligned W and x.
 Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K, int batch, bool accumulate,
                  cudaStream_t s);
+// A residual-adding projection with the next RMSNorm fused (batch 1..8): resid[b] += W x[b] (resid fp32
+// [batch][N]), then out[b] = bf16(rmsnorm(resid[b]) * norm_w) over all N, done by the CTA that
+// finishes last. counter: one device uint, zero before the first launch; each launch leaves it zero
+// (so graph replays need no reset); launches sharing a counter must not overlap (one stream).
+Status gemv_bf16_residual_rmsnorm(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch,
+                                  const float* norm_w, float eps, bf16_bits* out, unsigned* counter, cudaStream_t s);
 // The MLP's first half at batch 1..8 in one pass: W_gate_up [2F][K] (gate rows, then up rows), and
 // act[b][i] = bf16(silu(gate_i . x_b) * (up_i . x_b)), act [batch][F]; no fp32 round trip, no
 // separate SwiGLU launch.
@@ -120,6 +126,9 @@ struct Attention {
   bf16_bits* out;
   float* workspace;             // attention_workspace_floats(...) floats
   int max_splits;               // 1..64
+  // [n_q * n_kv] uints, zero before the first launch and left zero by each: the last split CTA of a
+  // (row, KV head) merges the splits itself (no combine launch). Null: a separate combine kernel.
+  unsigned* split_counters;
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
