@@ -54,6 +54,15 @@ run_step configure 60 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
   -DSELFSERVE_CUDA=ON -DSELFSERVE_GPU_ONLY=ON ${PREFIX:+"$PREFIX"}
 run_step build 200 cmake --build "$BUILD" -j "$JOBS" --target test_gpu bench_decode_step
 if [ ! -x "$BUILD/test_gpu" ] || [ ! -x "$BUILD/bench_decode_step" ]; then
+  # A warning this compiler has and the development machine's has not should not cost the GPU run:
+  # the failure stays recorded (build), the rest runs on a build without -Werror.
+  echo "=== build failed: retrying without -Werror so the checks still run (the failure stays recorded)"
+  run_step configure_nowerror 60 cmake -S . -B "$BUILD-nowerror" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON -DSELFSERVE_GPU_ONLY=ON -DSELFSERVE_WERROR=OFF ${PREFIX:+"$PREFIX"}
+  run_step build_nowerror 200 cmake --build "$BUILD-nowerror" -j "$JOBS" --target test_gpu bench_decode_step
+  BUILD="$BUILD-nowerror"
+fi
+if [ ! -x "$BUILD/test_gpu" ] || [ ! -x "$BUILD/bench_decode_step" ]; then
   echo "=== build produced no binaries; stopping. FAILED: ${FAILED[*]}"
   exit 1
 fi
