@@ -241,7 +241,7 @@ void step(const Model& m, State& s, cudaStream_t st, Timer* t) {
       mark("rmsnorm");
     }
     RopeKv r{s.qkv, s.rope_cs, m.hd, false, sh.heads, sh.kv_heads, m.hd, s.positions, s.seq, s.tables, s.max_blocks,
-             s.q, s.cache[l]};
+             s.q, s.cache[l], nullptr, nullptr, nullptr, 0.0f};
     if (fused) {  // RoPE and the KV store in the QKV GEMV's epilogue
       CK(gemv_bf16_qkv_rope(L.wqkv, s.xn, H, B, r, st));
       mark("qkv+rope_kv");

@@ -175,15 +175,29 @@ TEST(GpuRopeKv, RotatesQAndKAndStoresKvInTheirBlocks) {
         DeviceBuf<uint16_t> dcache(cache_sz);
         dq.poison();
         dcache.poison();
+        // At 3 tokens, Qwen's extras too: a bias over the rows and per-head RMSNorms of q and k.
+        const bool qwen = n_tok == 3;
+        const auto bias = random_f32(rng, w, -0.5f, 0.5f);
+        const auto qn = random_f32(rng, sh.hd, 0.5f, 1.5f), kn = random_f32(rng, sh.hd, 0.5f, 1.5f);
+        DeviceBuf<float> dbias(bias), dqn(qn), dkn(kn);
         RopeKv a{dqkv.get(), dcs.get(), sh.rope_dim, inter, sh.n_heads, sh.n_kv, sh.hd, dpos.get(), dseq.get(),
-                 dtab.get(), max_blocks, dq.get(), dcache.get()};
+                 dtab.get(), max_blocks, dq.get(), dcache.get(), qwen ? dbias.get() : nullptr,
+                 qwen ? dqn.get() : nullptr, qwen ? dkn.get() : nullptr, 1e-6f};
         LAUNCH_OK(rope_kv_store(a, n_tok, nullptr));
         const auto q = dq.download();
         const auto cache = dcache.download();
         for (int t = 0; t < n_tok; ++t) {
           for (int hh = 0; hh < sh.n_heads + 2 * sh.n_kv; ++hh) {
-            const float* src = qkv.data() + static_cast<size_t>(t) * w + hh * sh.hd;
             const bool is_v = hh >= sh.n_heads + sh.n_kv;
+            std::vector<double> src(sh.hd);  // the head after bias and norm, before RoPE
+            for (int i = 0; i < sh.hd; ++i)
+              src[i] = static_cast<double>(qkv[static_cast<size_t>(t) * w + hh * sh.hd + i]) + (qwen ? bias[hh * sh.hd + i] : 0.0);
+            if (qwen && !is_v) {
+              double ss = 0;
+              for (double v : src) ss += v * v;
+              const double inv = 1.0 / std::sqrt(ss / sh.hd + 1e-6);
+              for (int i = 0; i < sh.hd; ++i) src[i] *= inv * (hh < sh.n_heads ? qn[i] : kn[i]);
+            }
             for (int i = 0; i < sh.hd; ++i) {
               double ref = src[i];
               if (!is_v && i < sh.rope_dim) {
@@ -196,7 +210,7 @@ TEST(GpuRopeKv, RotatesQAndKAndStoresKvInTheirBlocks) {
                 ref = i == j0 ? a0 * c - a1 * s : a1 * c + a0 * s;
               }
               if (hh < sh.n_heads) {
-                ASSERT_NEAR(q[(static_cast<size_t>(t) * sh.n_heads + hh) * sh.hd + i], ref, 1e-5) << "q t=" << t << " h=" << hh;
+                ASSERT_NEAR(q[(static_cast<size_t>(t) * sh.n_heads + hh) * sh.hd + i], ref, 2e-5) << "q t=" << t << " h=" << hh;
               } else {
                 const int kvh = is_v ? hh - sh.n_heads - sh.n_kv : hh - sh.n_heads;
                 const int blk = tables[seq[t] * max_blocks + pos[t] / kBlockTokens];
@@ -247,15 +261,21 @@ TEST(GpuRopeKv, FusedIntoTheQkvGemvMatchesHost) {
         DeviceBuf<int32_t> dpos(pos), dseq(seq), dtab(tables);
         dq.poison();
         dcache.poison();
+        const bool with_bias = batch == 3;  // Qwen2's QKV bias, added before the rotation
+        const auto bias = random_f32(rng, rows, -0.5f, 0.5f);
+        DeviceBuf<float> dbias(bias);
         RopeKv a{nullptr, dcs.get(), sh.rope_dim, inter, sh.n_heads, sh.n_kv, sh.hd, dpos.get(), dseq.get(),
-                 dtab.get(), max_blocks, dq.get(), dcache.get()};
+                 dtab.get(), max_blocks, dq.get(), dcache.get(), with_bias ? dbias.get() : nullptr, nullptr, nullptr, 0.0f};
         LAUNCH_OK(gemv_bf16_qkv_rope(dW.get(), dx.get(), sh.K, batch, a, nullptr));
+        RopeKv with_norm = a;
+        with_norm.q_norm = dbias.get();
+        EXPECT_FALSE(gemv_bf16_qkv_rope(dW.get(), dx.get(), sh.K, batch, with_norm, nullptr).ok());
         const auto q = dq.download();
         const auto cache = dcache.download();
         for (int b = 0; b < batch; ++b) {
           std::vector<double> y(rows), mag(rows);
           for (int r = 0; r < rows; ++r) {
-            double acc = 0, m = 0;
+            double acc = with_bias ? bias[r] : 0.0, m = std::abs(acc);
             for (int k = 0; k < sh.K; ++k) {
               const double t = static_cast<double>(wf[static_cast<size_t>(r) * sh.K + k]) * xf[static_cast<size_t>(b) * sh.K + k];
               acc += t, m += std::abs(t);

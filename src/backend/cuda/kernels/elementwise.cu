@@ -96,7 +96,22 @@ __global__ void rope_kv_k(RopeKv a) {
   const int slot = pos % kBlockTokens;
   for (int hh = warp; hh < heads; hh += nw) {
     const float* src = a.qkv + row + static_cast<int64_t>(hh) * a.hd;
+    const float* bias = a.bias ? a.bias + static_cast<int64_t>(hh) * a.hd : nullptr;
     const bool is_v = hh >= a.n_heads + a.n_kv;
+    const float* norm_w = is_v ? nullptr : hh < a.n_heads ? a.q_norm : a.k_norm;
+    float inv = 1.0f;
+    if (norm_w) {  // per-head RMSNorm (warp-uniform branch)
+      float ss = 0.0f;
+      for (int i = lane; i < a.hd; i += 32) {
+        const float v = src[i] + (bias ? bias[i] : 0.0f);
+        ss += v * v;
+      }
+      inv = rsqrtf(warp_sum(ss) / static_cast<float>(a.hd) + a.norm_eps);
+    }
+    auto val = [&](int i) {
+      const float v = src[i] + (bias ? bias[i] : 0.0f);
+      return norm_w ? v * inv * norm_w[i] : v;
+    };
     float* qdst = hh < a.n_heads ? a.q_out + (static_cast<int64_t>(t) * a.n_heads + hh) * a.hd : nullptr;
     uint16_t* kvdst = nullptr;
     if (!qdst) {
@@ -104,10 +119,10 @@ __global__ void rope_kv_k(RopeKv a) {
       kvdst = a.cache + ((static_cast<int64_t>(blk) * 2 + (is_v ? 1 : 0)) * a.n_kv + kvh) * kBlockTokens * a.hd +
               static_cast<int64_t>(slot) * a.hd;
     }
-    // Each lane handles pairs (i0, i1) and the dims past rope_dim pass through.
+    // Each lane handles dims i (with their pair partner); dims past rope_dim pass through.
     for (int i = lane; i < a.hd; i += 32) {
       float r;
-      const float xi = src[i];
+      const float xi = val(i);
       if (is_v || i >= a.rope_dim) {
         r = xi;
       } else {
@@ -118,7 +133,7 @@ __global__ void rope_kv_k(RopeKv a) {
         } else {
           first = i < half, p = first ? i : i - half, other = first ? i + half : i - half;
         }
-        const float xo = src[other], c = cs[p], sn = cs[half + p];
+        const float xo = val(other), c = cs[p], sn = cs[half + p];
         r = first ? xi * c - xo * sn : xi * c + xo * sn;
       }
       if (qdst) qdst[i] = r;

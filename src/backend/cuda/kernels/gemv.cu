@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_qkv_rope_k(const uint16_t* _
   for (int b = 0; b < B; ++b) {
     float v0 = warp_sum(acc[b][0]), v1 = warp_sum(acc[b][1]);
     if (lane != 0) continue;
+    if (a.bias) v0 += a.bias[base + i0], v1 += a.bias[base + i1];
     const int pos = a.positions[b];
     if (rotate) {
       const float* cs = a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim;
@@ -469,6 +470,8 @@ Status gemv_bf16_qkv_rope(const bf16_bits* W_qkv, const bf16_bits* x, int K, int
     return make_error("gemv_bf16_qkv_rope: bad head shape (hd=" + std::to_string(a.hd) + ", rope_dim=" +
                       std::to_string(a.rope_dim) + ")");
   if (!aligned16(W_qkv) || !aligned16(x)) return make_error("gemv_bf16_qkv_rope: W and x must be 16-byte aligned");
+  if (a.q_norm || a.k_norm)
+    return make_error("gemv_bf16_qkv_rope: per-head q/k norms need the whole head: use gemv_bf16 + rope_kv_store");
   switch (batch) {
     case 1: launch_qkv_rope<1>(W_qkv, x, K, a, s); break;
     case 2: launch_qkv_rope<2>(W_qkv, x, K, a, s); break;

@@ -61,6 +61,12 @@ struct RopeKv {
   int max_blocks;
   float* q_out;
   bf16_bits* cache;             // this layer's block 0
+  // Optional (null: none): the projection's bias over the (n_heads + 2 n_kv) * hd rows (Qwen2),
+  // added first; per-head RMSNorm weights [hd] of q and of k (Qwen3), applied before RoPE with
+  // norm_eps. The fused GEMV takes the bias but not the norms (a warp sees two dims of a head).
+  const float* bias;
+  const float *q_norm, *k_norm;
+  float norm_eps;
 };
 Status rope_kv_store(const RopeKv& a, int n_tok, cudaStream_t s);
 
