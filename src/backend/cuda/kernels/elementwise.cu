@@ -150,12 +150,6 @@ __global__ void swiglu_k(const float* gu, int inter, uint16_t* act) {
   act[t * inter + i] = f2bf(g / (1.0f + __expf(-g)) * u);
 }
 
-__global__ void to_bf16_k(const float* in, int64_t n, uint16_t* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = f2bf(in[i]);
-}
-
 }  // namespace
 
 Status embed(const void* table, TableType type, int vocab, int h, const int32_t* tokens, int n_tok, float* x,
@@ -194,14 +188,6 @@ Status swiglu(const float* gu, int n_tok, int inter, bf16_bits* act, cudaStream_
   if (inter <= 0 || n_tok < 0 || n_tok > 65535) return make_error("swiglu: bad shape");
   if (n_tok == 0) return {};
   swiglu_k<<<dim3((inter + 255) / 256, n_tok), 256, 0, s>>>(gu, inter, act);
-  SS_CUDA_LAUNCHED();
-  return {};
-}
-
-Status to_bf16(const float* in, int64_t n, bf16_bits* out, cudaStream_t s) {
-  if (n <= 0) return {};
-  const int64_t g = (n + 255) / 256;
-  to_bf16_k<<<static_cast<int>(g < 4096 ? g : 4096), 256, 0, s>>>(in, n, out);
   SS_CUDA_LAUNCHED();
   return {};
 }

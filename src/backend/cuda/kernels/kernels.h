@@ -108,8 +108,6 @@ Status lt_gemm_bf16(LtGemm* g, const bf16_bits* W, const bf16_bits* x, float* y,
 // --- activations ----------------------------------------------------------------------------------
 // act[t][i] = bf16(silu(gu[t][i]) * gu[t][inter + i]) (gate then up, the fused projection's output).
 Status swiglu(const float* gu, int n_tok, int inter, bf16_bits* act, cudaStream_t s);
-// out = bf16(in), n elements.
-Status to_bf16(const float* in, int64_t n, bf16_bits* out, cudaStream_t s);
 
 // --- attention ------------------------------------------------------------------------------------
 // Each query row attends, causally, to positions [0, ctx_len[q]) of sequence seq_of_query[q] through
