@@ -45,6 +45,7 @@ constexpr double kCopyBytesPerSec = 4.3e12;
 // --unfused: RoPE, SwiGLU, RMSNorm and the attention merge as their own kernels at batch <= 8 too
 // (to see what fusing saves).
 bool g_fused = true;
+bool g_mismatch = false;  // a fused step disagreed with the unfused one: exit status 3
 constexpr int kCtx = 512;
 
 struct Shape {
@@ -291,6 +292,33 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// The fused step (epilogues: RoPE, SwiGLU, RMSNorm, split merge) against the same step with each as
+// its own kernel, on the same weights and cache: the two differ only in the order of the RMSNorm
+// sums, so their logits must agree to bf16 noise. A whole-step check of the fusions.
+bool fused_matches_unfused(const Model& m, State& s, cudaStream_t st) {
+  const size_t n = static_cast<size_t>(s.batch) * m.sh.vocab;
+  std::vector<float> a(n), b(n);
+  step(m, s, st, nullptr);
+  CU(cudaStreamSynchronize(st));
+  CU(cudaMemcpy(a.data(), s.logits, n * 4, cudaMemcpyDeviceToHost));
+  g_fused = false;
+  step(m, s, st, nullptr);
+  g_fused = true;
+  CU(cudaStreamSynchronize(st));
+  CU(cudaMemcpy(b.data(), s.logits, n * 4, cudaMemcpyDeviceToHost));
+  double max_diff = 0, max_abs = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(a[i]) && std::isfinite(b[i]);
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(a[i] - b[i])));
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(b[i])));
+  }
+  const bool ok = finite && max_abs > 0 && max_diff <= 5e-2 * max_abs;
+  std::printf("   fused vs unfused logits: max |diff| %.3g of max |logit| %.3g (%.2g)%s %s\n", max_diff, max_abs,
+              max_abs > 0 ? max_diff / max_abs : 0.0, finite ? "" : ", NOT FINITE", ok ? "(ok)" : "(MISMATCH)");
+  return ok;
+}
+
 void bench(const Model& m, int batch, int iters) {
   State s = make_state(m, batch);
   cudaStream_t st;
@@ -352,7 +380,9 @@ void bench(const Model& m, int batch, int iters) {
   for (auto& [n, e] : t.marks) cudaEventDestroy(e);
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   cudaStreamDestroy(st);
+  const bool agree = batch > 8 || !g_fused || fused_matches_unfused(m, s, st);
   free_state(s);
+  if (!agree) g_mismatch = true;
 }
 
 // Median time (ms) of fn over iters launches after warm-up, each timed by its own events.
@@ -488,6 +518,10 @@ int main(int argc, char** argv) {
     else
       for (int b : {1, 64}) bench(m, b, iters);
     free_model(m);
+  }
+  if (g_mismatch) {
+    std::fprintf(stderr, "bench_decode_step: a fused step's logits disagreed with the unfused step's\n");
+    return 3;
   }
   return 0;
 }
