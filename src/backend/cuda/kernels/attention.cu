@@ -1,0 +1,242 @@
+// Paged attention over the bf16 KV cache, decode and prefill alike: one CTA per (query row, KV head,
+// split) serves the group's query heads, so each K/V vector read from memory is used by every head
+// of the group (GQA). Inside a CTA each warp walks its own keys (one key per step: a lane holds hd/32
+// consecutive dims of q for each head and of the key), keeps an online softmax per head in
+// registers, and the warps merge through shared memory. Long contexts are split across CTAs
+// (flash-decoding): each split writes (max, sum, unnormalised output) and attn_combine_k merges them.
+#include <string>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace ss::cuda::kern {
+namespace {
+
+using namespace dev;
+
+constexpr int kAttnWarps = 4;
+constexpr int kMaxGroup = 8;
+constexpr int kMinSplitKeys = 64;  // a split shorter than this costs more than it saves
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int EPL>
+__device__ __forceinline__ void load_bf(const uint16_t* p, float (&v)[EPL]) {
+  if constexpr (EPL == 2) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+    v[0] = lo_bf(w), v[1] = hi_bf(w);
+  } else if constexpr (EPL == 4) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    v[0] = lo_bf(w.x), v[1] = hi_bf(w.x), v[2] = lo_bf(w.y), v[3] = hi_bf(w.y);
+  } else {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    v[0] = lo_bf(w.x), v[1] = hi_bf(w.x), v[2] = lo_bf(w.y), v[3] = hi_bf(w.y);
+    v[4] = lo_bf(w.z), v[5] = hi_bf(w.z), v[6] = lo_bf(w.w), v[7] = hi_bf(w.w);
+  }
+}
+
+// The keys of split `split` of `splits` over a context of ctx: whole 16-key blocks, at least
+// kMinSplitKeys, so short contexts leave the later splits empty.
+__device__ __forceinline__ void split_range(int ctx, int split, int splits, int& begin, int& end) {
+  int per = (ctx + splits - 1) / splits;
+  per = (per + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
+  per = max(per, kMinSplitKeys);
+  begin = min(ctx, split * per);
+  end = min(ctx, begin + per);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int splits) {
+  constexpr int EPL = HD / 32;
+  const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int G = a.n_heads / a.n_kv;
+  const int ctx = a.ctx_len[qi];
+  int begin, end;
+  split_range(ctx, split, splits, begin, end);
+
+  // q in registers, pre-scaled by scale * log2(e) so the softmax runs on exp2.
+  float q[kMaxGroup][EPL];
+  const float qs = a.scale * kLog2e;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int e = 0; e < EPL; ++e)
+      q[g][e] = g < G ? a.q[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + lane * EPL + e] * qs : 0.0f;
+
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][EPL];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
+  }
+  const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
+  const int64_t head_off = static_cast<int64_t>(kvh) * kBlockTokens * HD + lane * EPL;
+  const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
+  // Keys in batches of TB per warp: all TB K and V loads issued before any arithmetic (a key's
+  // latency is ~1 us; one key at a time would leave the warp waiting on each), then one running-max
+  // update per batch.
+  constexpr int TB = 32 / EPL;
+  for (int t0 = begin + warp * TB; t0 < end; t0 += kAttnWarps * TB) {
+    float k[TB][EPL], v[TB][EPL];
+#pragma unroll
+    for (int u = 0; u < TB; ++u) {
+      const int t = min(t0 + u, end - 1);  // past the end: a valid key, weighted 0 below
+      const int64_t blk = table[t / kBlockTokens];
+      const uint16_t* kp = a.cache + blk * 2 * kv_stride + head_off + (t % kBlockTokens) * HD;
+      load_bf<EPL>(kp, k[u]);
+      load_bf<EPL>(kp + kv_stride, v[u]);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= G) break;
+      float sc[TB];
+      float bm = m[g];
+#pragma unroll
+      for (int u = 0; u < TB; ++u) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) d = fmaf(q[g][e], k[u][e], d);
+        sc[u] = t0 + u < end ? warp_sum(d) : -INFINITY;
+        bm = fmaxf(bm, sc[u]);
+      }
+      const float corr = exp2f(m[g] - bm);
+      float lsum = l[g] * corr;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
+#pragma unroll
+      for (int u = 0; u < TB; ++u) {
+        const float p = exp2f(sc[u] - bm);  // 0 for keys past the end
+        lsum += p;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(p, v[u][e], acc[g][e]);
+      }
+      l[g] = lsum;
+      m[g] = bm;
+    }
+  }
+
+  // Merge the warps: per head, the max of the warps' maxima, then their rescaled sums.
+  __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
+  __shared__ float sm_acc[kAttnWarps][kMaxGroup][HD];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g >= G) break;
+    if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = sm_m[w][g] == -INFINITY ? 0.0f : exp2f(sm_m[w][g] - M);
+        L += sm_l[w][g] * f;
+        A += sm_acc[w][g][d] * f;
+      }
+    }
+    const int h = kvh * G + g;
+    if (splits == 1) {
+      a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+    } else {
+      float* ws = a.workspace + ((static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits + split) * (HD + 2);
+      if (d == 0) ws[0] = M, ws[1] = L;
+      ws[2 + d] = A;
+    }
+  }
+  if (splits == 1 || !a.split_counters) return;
+  // The last split CTA of this (row, KV head) merges every split (their partials read from L2).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = a.split_counters + static_cast<int64_t>(qi) * a.n_kv + kvh;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD, h = kvh * G + g;
+    const float* ws = a.workspace + (static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits * (HD + 2);
+    float M = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(ws + sp * (HD + 2)));
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int sp = 0; sp < splits; ++sp) {
+        const float* p = ws + sp * (HD + 2);
+        const float pm = __ldcg(p);
+        if (pm == -INFINITY) continue;
+        const float f = exp2f(pm - M);
+        L += __ldcg(p + 1) * f;
+        A += __ldcg(p + 2 + d) * f;
+      }
+    }
+    a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
+}
+
+// One CTA per (query row, head), one thread per dim: merges the splits' partial softmaxes.
+__global__ void attn_combine_k(Attention a, int splits) {
+  const int qi = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int hd = a.hd;
+  const float* ws = a.workspace + (static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits * (hd + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws[s * (hd + 2)]);
+  float L = 0.0f, A = 0.0f;
+  if (M != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float* p = ws + s * (hd + 2);
+      if (p[0] == -INFINITY) continue;
+      const float f = exp2f(p[0] - M);
+      L += p[1] * f;
+      A += p[2 + d] * f;
+    }
+  }
+  a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * hd + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+}
+
+template <int HD>
+void launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
+  attn_split_k<HD><<<dim3(n_q, a.n_kv, splits), kAttnWarps * 32, 0, s>>>(a, splits);
+  if (splits > 1 && !a.split_counters) attn_combine_k<<<dim3(n_q, a.n_heads), HD, 0, s>>>(a, splits);
+}
+
+}  // namespace
+
+int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits) {
+  return max_splits <= 1 ? 0 : static_cast<int64_t>(n_q) * n_heads * max_splits * (hd + 2);
+}
+
+int attention_splits(int n_q, int n_kv, int sm_count, int max_splits) {
+  const int64_t ctas = static_cast<int64_t>(n_q) * n_kv;
+  int64_t want = (2 * static_cast<int64_t>(sm_count) + ctas - 1) / ctas;
+  if (want < 1) want = 1;
+  return static_cast<int>(want < max_splits ? want : max_splits);
+}
+
+Status attention(const Attention& a, int n_q, int splits, cudaStream_t s) {
+  if (a.n_kv <= 0 || a.n_heads % a.n_kv != 0 || a.n_heads / a.n_kv > kMaxGroup)
+    return make_error("attention: n_heads (" + std::to_string(a.n_heads) + ") must be a multiple of n_kv (" +
+                      std::to_string(a.n_kv) + ") with at most " + std::to_string(kMaxGroup) + " heads a group");
+  if (a.hd != 64 && a.hd != 128 && a.hd != 256)
+    return make_error("attention: head dim " + std::to_string(a.hd) + " not supported (64, 128, 256)");
+  if (splits < 1 || splits > 64 || (splits > 1 && (splits > a.max_splits || !a.workspace)))
+    return make_error("attention: splits " + std::to_string(splits) + " outside 1..max_splits (" +
+                      std::to_string(a.max_splits) + ") or no workspace");
+  if (n_q <= 0) return {};
+  if (a.n_kv > 65535) return make_error("attention: too many KV heads for the grid");
+  switch (a.hd) {
+    case 64: launch_attn<64>(a, n_q, splits, s); break;
+    case 128: launch_attn<128>(a, n_q, splits, s); break;
+    default: launch_attn<256>(a, n_q, splits, s); break;
+  }
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+}  // namespace ss::cuda::kern

@@ -1,0 +1,183 @@
+// Private to backend/cuda: the decode and prefill step's kernels as plain launch functions (device
+// pointers + a stream; nothing synchronises, nothing allocates), for the CUDA backend and tools/gpu.
+// Each is checked against a host reference in tests/gpu/kernels. A launch returns an error Status for
+// bad arguments (checked on the host before launching) or a failed launch (file:line and CUDA's text).
+//
+// Conventions: bf16 weights and activations (stored as uint16_t bits), fp32 accumulation, an fp32
+// residual stream. Matrices are row-major [rows][cols]; a projection y = W x has W [out][in] (as
+// safetensors and GGUF store it). Token-major activations: x [n_tok][dim].
+//
+// Paged KV cache (bf16), per layer: [block][2][n_kv][kBlockTokens][hd] — a block holds K then V of
+// kBlockTokens consecutive positions for every KV head; a head's 16 keys are 16*hd contiguous values,
+// so a warp reading one key reads hd*2 contiguous bytes and a block's K for one head is 4 KiB at hd=128.
+// A sequence's position p lives in block tables[seq][p / 16], slot p % 16 (tables: int32, row stride
+// max_blocks).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace ss::cuda::kern {
+
+using bf16_bits = uint16_t;
+constexpr int kBlockTokens = 16;
+
+// Status of a CUDA call: ok, or "file:line: what: cudaGetErrorString".
+Status cuda_status(cudaError_t e, const char* what, const char* file, int line);
+#define SS_CUDA_TRY(expr) SS_TRY(::ss::cuda::kern::cuda_status((expr), #expr, __FILE__, __LINE__))
+// After a launch: the launch's own error (bad configuration, no device).
+#define SS_CUDA_LAUNCHED() SS_CUDA_TRY(cudaGetLastError())
+
+// --- embedding ------------------------------------------------------------------------------------
+enum class TableType { F32, F16, BF16, Q8_0, Q4_0, Q4_1 };
+// x[t][:] = dequantized row tokens[t] of table (rows of h elements; quantized rows: h % 32 == 0).
+// Tokens outside [0, vocab) give a zero row (the host validates ids; the kernel never reads outside).
+Status embed(const void* table, TableType type, int vocab, int h, const int32_t* tokens, int n_tok, float* x,
+             cudaStream_t s);
+
+// --- residual add + RMSNorm ---------------------------------------------------------------------
+// Per token: if d, x += d (the residual add, x updated in place); out = bf16(x / rms(x) * w).
+Status add_rmsnorm(float* x, const float* d, const float* w, int n_tok, int h, float eps, bf16_bits* out,
+                   cudaStream_t s);
+
+// --- RoPE + KV store ------------------------------------------------------------------------------
+// qkv: [n_tok][(n_heads + 2 n_kv) * hd] fp32 (the fused projection's output). Per token: RoPE on q and
+// k (the first rope_dim dims of each head; pairs (i, i + rope_dim/2) for NeoX "half", (2i, 2i+1) when
+// interleaved), q written to q_out [n_tok][n_heads*hd] fp32, k and v stored bf16 in the layer's paged
+// cache at position positions[t] of sequence seq_of_token[t] (a row of tables).
+// rope_cs: [max_pos][rope_dim]: rope_dim/2 cosines then rope_dim/2 sines per position.
+struct RopeKv {
+  const float* qkv;
+  const float* rope_cs;
+  int rope_dim;
+  bool interleaved;
+  int n_heads, n_kv, hd;
+  const int32_t* positions;     // [n_tok]
+  const int32_t* seq_of_token;  // [n_tok]
+  const int32_t* tables;        // [seqs][max_blocks]
+  int max_blocks;
+  float* q_out;
+  bf16_bits* cache;             // this layer's block 0
+  // Optional (null: none): the projection's bias over the (n_heads + 2 n_kv) * hd rows (Qwen2),
+  // added first; per-head RMSNorm weights [hd] of q and of k (Qwen3), applied before RoPE with
+  // norm_eps. The fused GEMV takes the bias but not the norms (a warp sees two dims of a head).
+  const float* bias;
+  const float *q_norm, *k_norm;
+  float norm_eps;
+};
+Status rope_kv_store(const RopeKv& a, int n_tok, cudaStream_t s);
+
+// --- GEMV / small-batch GEMM ----------------------------------------------------------------------
+// y[b][n] = sum_k W[n][k] x[b][k] (+ y[b][n] when accumulate) for batch 1..8; W bf16 [N][K], x bf16
+// [batch][K], y fp32 [batch][N]. K % 8 == 0 and 16-byte aligned W and x.
+Status gemv_bf16(const bf16_bits* W, const bf16_bits* x, float* y, int N, int K, int batch, bool accumulate,
+                 cudaStream_t s);
+// A residual-adding projection with the next RMSNorm fused (batch 1..8): resid[b] += W x[b] (resid fp32
+// [batch][N]), then out[b] = bf16(rmsnorm(resid[b]) * norm_w) over all N, done by the CTA that
+// finishes last. counter: one device uint, zero before the first launch; each launch leaves it zero
+// (so graph replays need no reset); launches sharing a counter must not overlap (one stream).
+Status gemv_bf16_residual_rmsnorm(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch,
+                                  const float* norm_w, float eps, bf16_bits* out, unsigned* counter, cudaStream_t s);
+// The MLP's first half at batch 1..8 in one pass: W_gate_up [2F][K] (gate rows, then up rows), and
+// act[b][i] = bf16(silu(gate_i . x_b) * (up_i . x_b)), act [batch][F]; no fp32 round trip, no
+// separate SwiGLU launch.
+Status gemv_bf16_swiglu(const bf16_bits* W_gate_up, const bf16_bits* x, bf16_bits* act, int F, int K, int batch,
+                        cudaStream_t s);
+// The QKV projection with RoPE and the KV store in its epilogue, batch 1..8 (token b = batch row b):
+// W_qkv [(n_heads + 2 n_kv) * hd][K]; a's qkv is unused; q_out, cache, positions, tables as
+// rope_kv_store. One launch instead of two and no fp32 qkv round trip.
+Status gemv_bf16_qkv_rope(const bf16_bits* W_qkv, const bf16_bits* x, int K, int batch, const RopeKv& a,
+                          cudaStream_t s);
+// The same over GGUF blocks (model/quant.h: block_q8_0 / q4_0 / q4_1, 32 weights a block, K % 32 == 0;
+// block_q4_K / q6_K, 256 a block, K % 256 == 0), dequantized in registers. W 4-byte aligned.
+enum class QuantType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K };
+Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, int N, int K, int batch,
+                  bool accumulate, cudaStream_t s);
+
+// Tensor-core GEMM through cuBLASLt for larger token batches: y[M][N] fp32 = x[M][K] bf16 * W[N][K]^T.
+// One handle and workspace per stream owner; create once, reuse (graph capture: no allocation inside).
+struct LtGemm;
+Expected<LtGemm*> lt_create(size_t workspace_bytes);
+void lt_destroy(LtGemm* g);
+Status lt_gemm_bf16(LtGemm* g, const bf16_bits* W, const bf16_bits* x, float* y, int M, int N, int K,
+                    bool accumulate, cudaStream_t s);
+
+// --- activations ----------------------------------------------------------------------------------
+// act[t][i] = bf16(silu(gu[t][i]) * gu[t][inter + i]) (gate then up, the fused projection's output).
+Status swiglu(const float* gu, int n_tok, int inter, bf16_bits* act, cudaStream_t s);
+
+// --- attention ------------------------------------------------------------------------------------
+// Each query row attends, causally, to positions [0, ctx_len[q]) of sequence seq_of_query[q] through
+// the paged cache (its own K/V already stored). GQA: one CTA per (query row, KV head, split) serves the
+// group's n_heads / n_kv query heads; long contexts are split over up to max_splits CTAs (flash-
+// decoding: each writes its partial softmax; a combine kernel merges). Decode: one row per sequence;
+// prefill: one row per prompt token (ctx_len = position + 1), the prefix already cached.
+// q: [n_q][n_heads*hd] fp32 (unscaled), out: [n_q][n_heads*hd] bf16; hd in {64, 128, 256}, group <= 8.
+// The split count depends on max_splits and the row count only, never on ctx_len, so one captured
+// graph serves every context length.
+struct Attention {
+  const float* q;
+  const bf16_bits* cache;
+  int n_heads, n_kv, hd;
+  float scale;                  // usually 1/sqrt(hd)
+  const int32_t* ctx_len;       // [n_q]
+  const int32_t* seq_of_query;  // [n_q]
+  const int32_t* tables;
+  int max_blocks;
+  bf16_bits* out;
+  float* workspace;             // attention_workspace_floats(...) floats
+  int max_splits;               // 1..64
+  // [n_q * n_kv] uints, zero before the first launch and left zero by each: the last split CTA of a
+  // (row, KV head) merges the splits itself (no combine launch). Null: a separate combine kernel.
+  unsigned* split_counters;
+};
+int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
+// Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
+int attention_splits(int n_q, int n_kv, int sm_count, int max_splits);
+Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
+
+// --- sampling -------------------------------------------------------------------------------------
+// ids[r] = argmax of logits row r (V floats); ties: the lowest id; NaNs never win (an all-NaN row: 0).
+Status argmax(const float* logits, int n_rows, int V, int32_t* ids, cudaStream_t s);
+
+// Per row sampling parameters (a device array, one per row).
+struct RowSampling {
+  float temperature;   // <= 0: greedy
+  int top_k;           // 0: off
+  float top_p;         // 1: off
+  float min_p;         // 0: off
+  uint64_t seed;
+  uint64_t counter;    // the draw's index (SplitMix64 counter)
+};
+// One token per row, the host reference sampler's rules (backend/cpu/sampler.cpp) on the device:
+// the bitmask first when given (words_per_row uint32 words a row, bit t = token t allowed); greedy:
+// the argmax (ties: lowest id); else weights w = exp(logit/T - max/T) and u = SplitMix64(seed,
+// counter); without truncation the inverse CDF of u in id order; with top-k / top-p / min-p the
+// candidates in (logit/T descending, id ascending) order: the first top_k, then the shortest prefix
+// whose mass reaches top_p of theirs, then those with w >= min_p (at least one), and the inverse CDF
+// in that order. Every row is sorted on the device (segmented radix sort) into `scratch`, of
+// sample_scratch_bytes(n_rows, V) bytes, taken once outside the hot path.
+size_t sample_scratch_bytes(int n_rows, int V);
+Status sample(const float* logits, int n_rows, int V, const RowSampling* params, const uint32_t* bitmask,
+              int words_per_row, void* scratch, size_t scratch_bytes, int32_t* ids, cudaStream_t s);
+// Log-softmax of each row (after the bitmask when given): the chosen token's logprob and the k most
+// likely (id, logprob), most likely first, ties by lower id. top_ids / top_lp: [n_rows][k], k <= 64.
+Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
+                const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s);
+
+// SplitMix64 uniform of draw `counter` of stream `seed` (backend/sampling.h's sampling_uniform).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline double splitmix_uniform(uint64_t seed, uint64_t counter) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (counter + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+}  // namespace ss::cuda::kern

@@ -1,0 +1,400 @@
+// Sampling on the device. argmax: one CTA per row, each thread scans a strided slice (coalesced),
+// then warp and block reductions keep (value, lowest id). sample / logprobs: the host reference
+// sampler's rules, one CTA per row over the row (and its sorted copy when truncating).
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include <string>
+
+#include "backend/cuda/kernels/common.cuh"
+
+namespace ss::cuda::kern {
+namespace {
+
+constexpr int kArgmaxThreads = 1024;
+
+// a better than b: larger value, or equal and lower id; NaN (never > or ==) never wins.
+__device__ __forceinline__ bool better(float av, int ai, float bv, int bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_k(const float* logits, int V, int32_t* ids) {
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    bv = sv[lane], bi = si[lane];
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    // -inf everywhere: the lowest -inf id; all NaN: no pick, id 0 (as the host's argmax).
+    if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+  }
+}
+
+}  // namespace
+
+Status argmax(const float* logits, int n_rows, int V, int32_t* ids, cudaStream_t s) {
+  if (V <= 0 || n_rows < 0) return make_error("argmax: bad shape (V=" + std::to_string(V) + ")");
+  if (n_rows == 0) return {};
+  argmax_k<<<n_rows, kArgmaxThreads, 0, s>>>(logits, V, ids);
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+// --- sampling: the host reference sampler's rules (backend/cpu/sampler.cpp) ----------------------
+namespace {
+
+constexpr int kSampleThreads = 512;  // 1024 spilled the draw kernel's registers
+constexpr int kSampleWarps = kSampleThreads / 32;
+using BlockScanD = cub::BlockScan<double, kSampleThreads>;
+using BlockReduceD = cub::BlockReduce<double, kSampleThreads>;
+
+__device__ __forceinline__ bool allowed(const uint32_t* mask, int words, int row, int i) {
+  return !mask || ((mask[static_cast<int64_t>(row) * words + (i >> 5)] >> (i & 31)) & 1u);
+}
+__device__ __forceinline__ float masked(const float* logits, const uint32_t* mask, int words, int row, int V, int i) {
+  return allowed(mask, words, row, i) ? logits[static_cast<int64_t>(row) * V + i] : -INFINITY;
+}
+
+struct Smem {
+  union {
+    BlockScanD::TempStorage scan;
+    BlockReduceD::TempStorage reduce;
+  };
+  float fv[32];
+  int iv[32];
+  double d;
+  int found;
+};
+
+// Block-wide (value, lowest id) argmax of the masked row; NaN never wins; nothing: 0.
+__device__ int block_argmax(const float* logits, const uint32_t* mask, int words, int row, int V, Smem& sm) {
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += kSampleThreads) {
+    const float v = masked(logits, mask, words, row, V, i);
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = bv, sm.iv[threadIdx.x >> 5] = bi;
+  __syncthreads();
+  {
+    const int w = threadIdx.x & 31;  // only kSampleWarps partials exist
+    bv = w < kSampleWarps ? sm.fv[w] : -INFINITY, bi = w < kSampleWarps ? sm.iv[w] : 0x7fffffff;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  return bi == 0x7fffffff ? 0 : bi;
+}
+
+__device__ double block_sum_d(double v, Smem& sm) {
+  __syncthreads();
+  const double t = BlockReduceD(sm.reduce).Sum(v);
+  if (threadIdx.x == 0) sm.d = t;
+  __syncthreads();
+  return sm.d;
+}
+
+__device__ float block_max_f(float v, Smem& sm) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < kSampleWarps ? sm.fv[threadIdx.x & 31] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The sort's input: key = logit / T (masked: -inf; -0 made +0 so equal keys stay in id order), id.
+__global__ void sample_prep_k(const float* logits, int V, const RowSampling* params, const uint32_t* mask, int words,
+                              float* keys, int32_t* vals, int* offsets, int n_rows) {
+  const int row = blockIdx.x;
+  const float T = params[row].temperature;
+  const float inv_t = T > 0.0f ? 1.0f / T : 1.0f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    keys[static_cast<int64_t>(row) * V + i] = masked(logits, mask, words, row, V, i) * inv_t + 0.0f;
+    vals[static_cast<int64_t>(row) * V + i] = i;
+  }
+  if (threadIdx.x == 0) {
+    offsets[row] = row * V;
+    if (row == n_rows - 1) offsets[n_rows] = n_rows * V;
+  }
+}
+
+// Smallest j < n with (prefix sum of w over 0..j) >= target (> target when strict), -1 if none:
+// chunks of the block's width, each one block scan plus the running carry.
+template <class W>
+__device__ int first_reaching(int n, double target, bool strict, W w, Smem& sm) {
+  double carry = 0.0;
+  for (int c = 0; c < n; c += kSampleThreads) {
+    const int j = c + threadIdx.x;
+    const double wj = j < n ? static_cast<double>(w(j)) : 0.0;
+    double incl, total;
+    __syncthreads();
+    BlockScanD(sm.scan).InclusiveSum(wj, incl, total);
+    if (threadIdx.x == 0) sm.found = 0x7fffffff;
+    __syncthreads();
+    const double v = carry + incl;
+    if (j < n && (strict ? v > target : v >= target)) atomicMin(&sm.found, j);
+    __syncthreads();
+    if (sm.found != 0x7fffffff) return sm.found;
+    carry += total;
+  }
+  return -1;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* logits, int V, const RowSampling* params,
+                                                                const uint32_t* mask, int words, const float* skeys,
+                                                                const int32_t* sids, int32_t* ids) {
+  __shared__ Smem sm;
+  const int row = blockIdx.x;
+  const RowSampling p = params[row];
+  if (p.temperature <= 0.0f) {
+    const int t = block_argmax(logits, mask, words, row, V, sm);
+    if (threadIdx.x == 0) ids[row] = t;
+    return;
+  }
+  const float inv_t = 1.0f / p.temperature;
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += kSampleThreads) mx = fmaxf(mx, masked(logits, mask, words, row, V, i));
+  mx = block_max_f(mx, sm) * inv_t;
+  if (!isfinite(inv_t) || !isfinite(mx)) {  // the greedy limit, as the host
+    const int t = block_argmax(logits, mask, words, row, V, sm);
+    if (threadIdx.x == 0) ids[row] = t;
+    return;
+  }
+  const double u = splitmix_uniform(p.seed, p.counter);
+  const bool truncate = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
+  if (!truncate) {
+    // Inverse CDF in id order: each thread owns a contiguous run of ids; one scan over the runs'
+    // sums finds the run holding u * total, whose thread walks it.
+    auto w_id = [&](int i) { return expf(masked(logits, mask, words, row, V, i) * inv_t - mx); };
+    const int per = (V + kSampleThreads - 1) / kSampleThreads;
+    const int b0 = min(V, threadIdx.x * per), b1 = min(V, b0 + per);
+    double run = 0.0;
+    int last_w = -1;
+    for (int i = b0; i < b1; ++i) {
+      const float w = w_id(i);
+      run += w;
+      if (w > 0.0f) last_w = i;
+    }
+    double excl, total;
+    __syncthreads();
+    BlockScanD(sm.scan).ExclusiveSum(run, excl, total);
+    if (threadIdx.x == 0) sm.found = 0x7fffffff;
+    __syncthreads();
+    double r = u * total;
+    if (run > 0.0 && excl <= r && r < excl + run) {
+      r -= excl;
+      int pick = last_w;
+      for (int i = b0; i < b1; ++i) {
+        r -= static_cast<double>(w_id(i));
+        if (r < 0) {
+          pick = i;
+          break;
+        }
+      }
+      atomicMin(&sm.found, pick);  // two runs can both claim r only through rounding: the lower wins
+    }
+    __syncthreads();
+    if (sm.found == 0x7fffffff) {  // rounding put r past the total: the last token with weight
+      __syncthreads();
+      if (threadIdx.x == 0) sm.found = -1;
+      __syncthreads();
+      atomicMax(&sm.found, last_w);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[row] = sm.found < 0 ? 0 : sm.found;
+    return;
+  }
+  // Truncation over the sorted candidates (descending key, ascending id).
+  const float* key = skeys + static_cast<int64_t>(row) * V;
+  const int32_t* sid = sids + static_cast<int64_t>(row) * V;
+  auto w_at = [&](int j) { return expf(key[j] - mx); };
+  const int k = p.top_k > 0 ? min(p.top_k, V) : V;
+  double part = 0.0;
+  for (int j = threadIdx.x; j < k; j += kSampleThreads) part += w_at(j);
+  const double total = block_sum_d(part, sm);
+  int n = k;
+  if (p.top_p < 1.0f) {
+    const int f = first_reaching(k, static_cast<double>(p.top_p) * total, false, w_at, sm);
+    if (f >= 0) n = f + 1;
+  }
+  if (p.min_p > 0.0f) {  // w is non-increasing along the sorted order: a count is the prefix
+    double cnt = 0.0;
+    for (int j = threadIdx.x; j < n; j += kSampleThreads) cnt += w_at(j) >= p.min_p ? 1.0 : 0.0;
+    n = max(1, static_cast<int>(block_sum_d(cnt, sm)));
+  }
+  part = 0.0;
+  for (int j = threadIdx.x; j < n; j += kSampleThreads) part += w_at(j);
+  const double z = block_sum_d(part, sm);
+  int f = first_reaching(n, u * z, true, w_at, sm);
+  if (f < 0) {  // rounding: the last candidate with weight
+    int lj = 0;
+    for (int j = threadIdx.x; j < n; j += kSampleThreads)
+      if (w_at(j) > 0.0f) lj = max(lj, j);
+    __syncthreads();
+    if (threadIdx.x == 0) sm.found = 0;
+    __syncthreads();
+    atomicMax(&sm.found, lj);
+    __syncthreads();
+    f = sm.found;
+  }
+  if (threadIdx.x == 0) ids[row] = sid[f];
+}
+
+// The j-th most likely token is the best one strictly after the (j-1)-th in (value desc, id asc).
+__global__ void __launch_bounds__(kSampleThreads) logprobs_k(const float* logits, int V, const uint32_t* mask, int words,
+                                                             const int32_t* chosen, int k, float* chosen_lp,
+                                                             int32_t* top_ids, float* top_lp) {
+  __shared__ Smem sm;
+  const int row = blockIdx.x;
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += kSampleThreads) mx = fmaxf(mx, masked(logits, mask, words, row, V, i));
+  mx = block_max_f(mx, sm);
+  double part = 0.0;
+  for (int i = threadIdx.x; i < V; i += kSampleThreads) part += exp(static_cast<double>(masked(logits, mask, words, row, V, i)) - mx);
+  const double lse = static_cast<double>(mx) + log(block_sum_d(part, sm));
+  if (threadIdx.x == 0 && chosen)
+    chosen_lp[row] = static_cast<float>(masked(logits, mask, words, row, V, chosen[row]) - lse);
+  float pv = INFINITY;
+  int pi = -1;
+  for (int j = 0; j < k; ++j) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += kSampleThreads) {
+      const float v = masked(logits, mask, words, row, V, i);
+      if (better(pv, pi, v, i) && better(v, i, bv, bi)) bv = v, bi = i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sm.fv[threadIdx.x >> 5] = bv, sm.iv[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    {
+    const int w = threadIdx.x & 31;  // only kSampleWarps partials exist
+    bv = w < kSampleWarps ? sm.fv[w] : -INFINITY, bi = w < kSampleWarps ? sm.iv[w] : 0x7fffffff;
+  }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (bi == 0x7fffffff) bi = -1;  // fewer than k tokens that are not NaN
+    if (threadIdx.x == 0) {
+      top_ids[static_cast<int64_t>(row) * k + j] = bi;
+      top_lp[static_cast<int64_t>(row) * k + j] = bi < 0 ? -INFINITY : static_cast<float>(bv - lse);
+    }
+    pv = bv, pi = bi;
+    if (bi < 0) pv = -INFINITY, pi = 0x7ffffffe;  // nothing after
+  }
+}
+
+struct SampleScratch {
+  float *keys_in, *keys_out;
+  int32_t *vals_in, *vals_out;
+  int* offsets;
+  void* temp;
+  size_t temp_bytes;
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+SampleScratch carve(void* base, int n_rows, int V, size_t temp_bytes) {
+  const size_t n = static_cast<size_t>(n_rows) * V;
+  char* p = static_cast<char*>(base);
+  SampleScratch s{};
+  s.keys_in = reinterpret_cast<float*>(p), p += align256(n * 4);
+  s.keys_out = reinterpret_cast<float*>(p), p += align256(n * 4);
+  s.vals_in = reinterpret_cast<int32_t*>(p), p += align256(n * 4);
+  s.vals_out = reinterpret_cast<int32_t*>(p), p += align256(n * 4);
+  s.offsets = reinterpret_cast<int*>(p), p += align256((static_cast<size_t>(n_rows) + 1) * 4);
+  s.temp = p;
+  s.temp_bytes = temp_bytes;
+  return s;
+}
+
+size_t sort_temp_bytes(int n_rows, int V) {
+  size_t bytes = 0;
+  cub::DeviceSegmentedRadixSort::SortPairsDescending(nullptr, bytes, static_cast<const float*>(nullptr),
+                                                     static_cast<float*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                     static_cast<int32_t*>(nullptr), static_cast<int64_t>(n_rows) * V,
+                                                     n_rows, static_cast<const int*>(nullptr),
+                                                     static_cast<const int*>(nullptr));
+  return bytes;
+}
+
+}  // namespace
+
+size_t sample_scratch_bytes(int n_rows, int V) {
+  if (n_rows <= 0 || V <= 0) return 0;
+  const size_t n = static_cast<size_t>(n_rows) * V;
+  return 4 * align256(n * 4) + align256((static_cast<size_t>(n_rows) + 1) * 4) + sort_temp_bytes(n_rows, V);
+}
+
+Status sample(const float* logits, int n_rows, int V, const RowSampling* params, const uint32_t* bitmask,
+              int words_per_row, void* scratch, size_t scratch_bytes, int32_t* ids, cudaStream_t s) {
+  if (V <= 0 || n_rows < 0 || static_cast<int64_t>(n_rows) * V > 2147483647LL)
+    return make_error("sample: bad shape (rows=" + std::to_string(n_rows) + ", V=" + std::to_string(V) + ")");
+  if (bitmask && words_per_row < (V + 31) / 32)
+    return make_error("sample: bitmask rows need " + std::to_string((V + 31) / 32) + " words");
+  if (n_rows == 0) return {};
+  const size_t need = sample_scratch_bytes(n_rows, V);
+  if (!scratch || scratch_bytes < need)
+    return make_error("sample: scratch of " + std::to_string(need) + " bytes needed, got " + std::to_string(scratch_bytes));
+  const size_t temp = sort_temp_bytes(n_rows, V);
+  SampleScratch sc = carve(scratch, n_rows, V, temp);
+  sample_prep_k<<<n_rows, 256, 0, s>>>(logits, V, params, bitmask, words_per_row, sc.keys_in, sc.vals_in, sc.offsets,
+                                       n_rows);
+  SS_CUDA_LAUNCHED();
+  size_t tb = sc.temp_bytes;
+  SS_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairsDescending(sc.temp, tb, sc.keys_in, sc.keys_out, sc.vals_in,
+                                                                 sc.vals_out, static_cast<int64_t>(n_rows) * V, n_rows,
+                                                                 sc.offsets, sc.offsets + 1, 0, 32, s));
+  sample_draw_k<<<n_rows, kSampleThreads, 0, s>>>(logits, V, params, bitmask, words_per_row, sc.keys_out, sc.vals_out,
+                                                  ids);
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
+                const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s) {
+  if (V <= 0 || n_rows < 0 || k < 0 || k > 64) return make_error("logprobs: bad shape or k outside 0..64");
+  if (bitmask && words_per_row < (V + 31) / 32)
+    return make_error("logprobs: bitmask rows need " + std::to_string((V + 31) / 32) + " words");
+  if (n_rows == 0) return {};
+  logprobs_k<<<n_rows, kSampleThreads, 0, s>>>(logits, V, bitmask, words_per_row, chosen, k, chosen_lp, top_ids, top_lp);
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+}  // namespace ss::cuda::kern

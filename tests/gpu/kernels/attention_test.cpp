@@ -1,0 +1,175 @@
+// Paged attention (decode with and without splits, prefill over a cached prefix) against a host
+// softmax in double over the same bf16 cache: odd context lengths (1, 15, 16, 17, 4095), batches 1, 3
+// and 17, GQA groups 1 to 8, head dims 64 / 128 / 256. Unused block-table entries hold an id far past
+// the cache, so a read beyond a context faults instead of passing quietly.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "gpu_test_util.h"
+
+namespace ss::cuda::test {
+namespace {
+
+using namespace ss::cuda::kern;
+
+struct Case {
+  int n_heads, n_kv, hd;
+};
+
+struct Paged {
+  std::vector<float> cache_f;       // the bf16 cache's values, as floats
+  std::vector<uint16_t> cache;
+  std::vector<int32_t> tables;
+  int max_blocks = 0;
+};
+
+// A pool holding exactly the blocks the sequences need, handed out in shuffled order.
+Paged make_paged(std::mt19937& rng, const std::vector<int>& seq_len, int n_kv, int hd) {
+  Paged p;
+  p.max_blocks = 0;
+  int total = 0;
+  for (int l : seq_len) {
+    const int nb = (l + kBlockTokens - 1) / kBlockTokens;
+    p.max_blocks = std::max(p.max_blocks, nb);
+    total += nb;
+  }
+  p.max_blocks += 1;  // one entry past every sequence's last block, never to be read
+  std::vector<int32_t> ids(total);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.tables.assign(seq_len.size() * p.max_blocks, 0x7fffffff);
+  int next = 0;
+  for (size_t s = 0; s < seq_len.size(); ++s)
+    for (int b = 0; b < (seq_len[s] + kBlockTokens - 1) / kBlockTokens; ++b) p.tables[s * p.max_blocks + b] = ids[next++];
+  p.cache = random_bf16(rng, static_cast<size_t>(total) * 2 * n_kv * kBlockTokens * hd, -1, 1, &p.cache_f);
+  return p;
+}
+
+// out[h][d] for one query row over positions [0, ctx) of table row `seq`.
+std::vector<double> host_attention(const Paged& p, const float* q, int seq, int ctx, const Case& c, float scale) {
+  const int G = c.n_heads / c.n_kv;
+  std::vector<double> out(static_cast<size_t>(c.n_heads) * c.hd, 0.0);
+  std::vector<double> s(ctx);
+  auto at = [&](int t, int kv, int kvh, int d) {
+    const size_t blk = static_cast<size_t>(p.tables[static_cast<size_t>(seq) * p.max_blocks + t / kBlockTokens]);
+    return static_cast<double>(p.cache_f[((blk * 2 + kv) * c.n_kv + kvh) * kBlockTokens * c.hd +
+                                         static_cast<size_t>(t % kBlockTokens) * c.hd + d]);
+  };
+  for (int h = 0; h < c.n_heads; ++h) {
+    const int kvh = h / G;
+    double m = -INFINITY;
+    for (int t = 0; t < ctx; ++t) {
+      double dot = 0;
+      for (int d = 0; d < c.hd; ++d) dot += static_cast<double>(q[h * c.hd + d]) * at(t, 0, kvh, d);
+      s[t] = dot * scale;
+      m = std::max(m, s[t]);
+    }
+    double l = 0;
+    for (int t = 0; t < ctx; ++t) l += (s[t] = std::exp(s[t] - m));
+    for (int t = 0; t < ctx; ++t)
+      for (int d = 0; d < c.hd; ++d) out[h * c.hd + d] += s[t] / l * at(t, 1, kvh, d);
+  }
+  return out;
+}
+
+// merge_in_place: the splits merged by their last CTA (counters) instead of the combine kernel.
+void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len, const std::vector<int32_t>& seq_of_q,
+              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false) {
+  const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
+  const int n_q = static_cast<int>(ctx.size());
+  const size_t qsz = static_cast<size_t>(n_q) * c.n_heads * c.hd;
+  const auto q = random_f32(rng, qsz, -2, 2);
+  const int max_splits = 64;
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int splits = splits_wanted > 0 ? splits_wanted : attention_splits(n_q, c.n_kv, sms, max_splits);
+  DeviceBuf<float> dq(q), dws(static_cast<size_t>(attention_workspace_floats(n_q, c.n_heads, c.hd, max_splits)) + 1);
+  DeviceBuf<uint16_t> dcache(p.cache), dout(qsz);
+  DeviceBuf<int32_t> dctx(ctx), dseq(seq_of_q), dtab(p.tables);
+  ASSERT_TRUE(dq.ok() && dws.ok() && dcache.ok() && dout.ok());
+  dout.poison();
+  dws.poison();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  DeviceBuf<unsigned> counters(static_cast<size_t>(n_q) * c.n_kv);
+  CUDA_OK(cudaMemset(counters.get(), 0, counters.size() * sizeof(unsigned)));
+  Attention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dseq.get(), dtab.get(),
+              p.max_blocks, dout.get(), dws.get(), max_splits, merge_in_place ? counters.get() : nullptr};
+  LAUNCH_OK(attention(a, n_q, splits, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "a split counter was not left at zero";
+  const auto out = dout.download();
+  for (int i = 0; i < n_q; ++i) {
+    const auto ref = host_attention(p, q.data() + static_cast<size_t>(i) * c.n_heads * c.hd, seq_of_q[i], ctx[i], c, scale);
+    for (size_t j = 0; j < ref.size(); ++j)
+      ASSERT_NEAR(from_bf16(out[static_cast<size_t>(i) * ref.size() + j]), ref[j], std::abs(ref[j]) / 256 + 1e-5)
+          << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " splits " << splits << " row " << i
+          << " ctx " << ctx[i] << " elem " << j;
+  }
+}
+
+TEST(GpuAttention, DecodeMatchesHostAtOddContextsAndBatches) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  const int lens[] = {1, 15, 16, 17, 4095};
+  for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}, Case{8, 1, 128}, Case{4, 4, 256}}) {
+    for (int batch : {1, 3, 17}) {
+      for (int splits : {1, 0 /* auto */, 7}) {
+        std::vector<int> seq_len(batch);
+        std::vector<int32_t> seq(batch), ctx(batch);
+        for (int b = 0; b < batch; ++b) seq_len[b] = ctx[b] = lens[(b + splits) % 5], seq[b] = b;
+        if (batch == 1) seq_len[0] = ctx[0] = lens[(c.hd / 64 + splits) % 5];
+        run_case(rng, c, seq_len, seq, ctx, splits);
+        if (HasFatalFailure()) return;
+        if (splits != 1) {
+          run_case(rng, c, seq_len, seq, ctx, splits, /*merge_in_place=*/true);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuAttention, EveryContextLengthWithSplits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(22);
+  for (int len : {1, 15, 16, 17, 4095}) {
+    run_case(rng, Case{32, 8, 128}, {len}, {0}, {len}, 0);
+    if (HasFatalFailure()) return;
+    run_case(rng, Case{32, 8, 128}, {len}, {0}, {len}, 0, /*merge_in_place=*/true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Prefill: 17 prompt tokens after a cached prefix of 100, each row causal over its own position.
+TEST(GpuAttention, PrefillOverCachedPrefixIsCausal) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}}) {
+    const int prefix = 100, n = 17;
+    std::vector<int32_t> seq(n, 0), ctx(n);
+    for (int i = 0; i < n; ++i) ctx[i] = prefix + i + 1;
+    run_case(rng, c, {prefix + n}, seq, ctx, 1);
+    if (HasFatalFailure()) return;
+    run_case(rng, c, {prefix + n}, seq, ctx, 3);
+    if (HasFatalFailure()) return;
+    run_case(rng, c, {prefix + n}, seq, ctx, 3, /*merge_in_place=*/true);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(GpuAttention, RejectsUnsupportedShapes) {
+  Attention a{};
+  a.n_heads = 32, a.n_kv = 8, a.hd = 96, a.max_splits = 1;
+  EXPECT_FALSE(attention(a, 1, 1, nullptr).ok());  // head dim
+  a.hd = 128, a.n_kv = 3;
+  EXPECT_FALSE(attention(a, 1, 1, nullptr).ok());  // heads not a multiple of kv heads
+  a.n_heads = 32, a.n_kv = 2;
+  EXPECT_FALSE(attention(a, 1, 1, nullptr).ok());  // group of 16
+  a.n_kv = 8;
+  EXPECT_FALSE(attention(a, 1, 4, nullptr).ok());  // splits past max_splits, no workspace
+}
+
+}  // namespace
+}  // namespace ss::cuda::test
