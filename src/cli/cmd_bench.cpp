@@ -130,7 +130,12 @@ void run_decode(const DecodeArgs& a) {
   std::vector<std::vector<int32_t>> tables(max_batch);
   for (int s = 0; s < max_batch; ++s)
     for (int b = 0; b < per_seq; ++b) tables[s].push_back(s * per_seq + b);
-  // Raw logits rows, as the forward pass alone produces them: no sampling in the measurement.
+  // On the CPU, raw logits rows, as the forward pass alone produces them: no sampling in the
+  // measurement. On a GPU, greedy rows: the step a server runs, sampled on the device (graph-replayed),
+  // instead of copying every row's logits back.
+  const bool device_rows = cpu.name().rfind("cuda", 0) == 0;
+  backend::SamplingParams greedy;
+  greedy.temperature = 0.0f;
   backend::StepOutput out;
   for (int s = 0; s < max_batch; ++s) {
     backend::StepBatch pb;
@@ -165,7 +170,14 @@ void run_decode(const DecodeArgs& a) {
           b.positions.push_back(a.context + k);
           b.seq_index.push_back(s);
           b.seq_slot.push_back(s);
-          b.logits_rows.push_back(s);
+          if (device_rows) {
+            backend::SampleRow row;
+            row.token = s;
+            row.params = &greedy;
+            b.sample_rows.push_back(row);
+          } else {
+            b.logits_rows.push_back(s);
+          }
         }
         if (auto st = cpu.step(b, out); !st.ok()) return fail(st.message());
       }
