@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/basic_ops.h"
+#include "backend/cuda/kernels/kernels.h"
 #include "backend/rope.h"
 #include "model/model.h"
 
@@ -144,6 +145,12 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   int spare_slot_ = 0, spare_block_ = 0;
   void* blas_ws_ = nullptr;
+  // Paged attention: the split (flash-decoding) kernel of kernels/ where the shape allows (16-token
+  // blocks, head_dim 64/128/256, GQA group <= 8), else basic_ops' one CTA per (token, head).
+  bool split_attention_ = false;
+  int sm_count_ = 0, max_splits_ = 32;
+  float* attn_ws_ = nullptr;
+  int32_t* d_ctx_ = nullptr;  // positions + 1
 
  public:
   ~CudaBackend() override;
@@ -165,6 +172,7 @@ Status CudaBackend::init() {
   cudaDeviceProp prop{};
   SS_CUDA(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
+  sm_count_ = prop.multiProcessorCount;
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
   SS_CUBLAS(cublasSetStream(blas_, stream_));
@@ -265,9 +273,17 @@ Status CudaBackend::init() {
                                padded(2 * T * qd_) + padded(2 * T * I_) + padded(2 * R * H_) + 6 * padded(4 * T) +
                                padded(4 * R) + padded(4 * static_cast<size_t>(tables_.size() + 1) * est_blocks) +
                                padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
+  split_attention_ = kv_.block_size == cuda::kern::kBlockTokens && (hd_ == 64 || hd_ == 128 || hd_ == 256) &&
+                     nh_ / nkv_ <= 8;
+  int64_t attn_ws_floats = 0;
+  if (split_attention_)
+    for (int n = 1; n <= cap_tokens_; ++n)
+      attn_ws_floats = std::max(attn_ws_floats, cuda::kern::attention_workspace_floats(
+                                                    n, nh_, hd_, cuda::kern::attention_splits(n, nkv_, sm_count_, max_splits_)));
+  const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T);
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
-                          static_cast<double>(scratch_bytes);
+                          static_cast<double>(scratch_bytes + attn_bytes);
     if (budget < static_cast<double>(block_bytes))
       return make_error("cuda backend: no room for the KV cache (" + std::to_string(free_b >> 20) + " MiB free of " +
                         std::to_string(total_b >> 20) + " MiB; --gpu-memory-utilization " + std::to_string(util) + ")");
@@ -282,7 +298,7 @@ Status CudaBackend::init() {
   max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
   max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
 
-  SS_TRY(scratch_.reserve(scratch_bytes, "scratch"));
+  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes, "scratch"));
   x_ = scratch_.take<float>(T * H_);
   tmp_ = scratch_.take<float>(T * H_);
   qkv_ = scratch_.take<float>(T * (qd_ + 2 * kvd_));
@@ -301,6 +317,9 @@ Status CudaBackend::init() {
   spare_slot_ = tables_.size();  // its table: the spare block
   d_tables_ = scratch_.take<int32_t>(static_cast<size_t>(tables_.size() + 1) * max_blocks_);
   rope_cs_ = scratch_.take<float>(static_cast<size_t>(max_position_) * rope_dim_);
+  d_ctx_ = scratch_.take<int32_t>(T);
+  if (attn_ws_floats > 0) attn_ws_ = scratch_.take<float>(static_cast<size_t>(attn_ws_floats));
+  if (!d_ctx_ || (attn_ws_floats > 0 && !attn_ws_)) return make_error("cuda backend: scratch estimate too small (a bug)");
   if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
     std::vector<float> cs(static_cast<size_t>(max_position_) * rope_dim_);
@@ -315,7 +334,7 @@ Status CudaBackend::init() {
     return {};
   };
   void* p = nullptr;
-  SS_TRY(pinned(4 * (3 * T + R), &p));  // tokens | positions | token slots (cap_tokens_ each) | rows
+  SS_TRY(pinned(4 * (4 * T + R), &p));  // tokens | positions | token slots | contexts (cap_tokens_ each) | rows
   h_in_ = static_cast<int32_t*>(p);
   SS_TRY(pinned(4 * R, &p));
   h_ids_ = static_cast<int32_t*>(p);
@@ -411,8 +430,14 @@ Status CudaBackend::forward(int T, int R) {
                         c_.rope_style == model::RopeStyle::Interleaved, 1.0f / std::sqrt(static_cast<float>(hd_)),
                         nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
     cuda::qkv_epilogue(e, T, stream_);
-    cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
-    cuda::attention(a, T, stream_);
+    if (split_attention_) {
+      const cuda::kern::Attention a{q_,  layer_cache, nh_,  nkv_,     hd_,     1.0f /* q is pre-scaled */,
+                                    d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, max_splits_, nullptr};
+      SS_TRY(cuda::kern::attention(a, T, cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_), stream_));
+    } else {
+      cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
+      cuda::attention(a, T, stream_);
+    }
     SS_TRY(gemm(d.wo, H_, qd_, att_, T, tmp_));
     cuda::add_rmsnorm(x_, tmp_, d.ffn_norm, T, H_, eps, xn_, stream_);
     SS_TRY(gemm(d.wgu, 2 * I_, H_, xn_, T, gu_));
@@ -470,7 +495,8 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
     in[i] = real ? b.tokens[static_cast<size_t>(i)] : 0;
     in[C + i] = real ? b.positions[static_cast<size_t>(i)] : 0;
     in[2 * C + i] = real ? b.seq_slot[static_cast<size_t>(i)] : spare_slot_;
-    in[3 * C + i] = i;
+    in[3 * C + i] = in[C + i] + 1;
+    in[4 * C + i] = i;
   }
   cudaGraphExec_t& g = graphs_[static_cast<size_t>(lg)];
   if (!g) {
@@ -483,7 +509,8 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
     rec(cudaMemcpyAsync(d_tokens_, in, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
     rec(cudaMemcpyAsync(d_pos_, in + C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
     rec(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
-    rec(cudaMemcpyAsync(d_rows_, in + 3 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    rec(cudaMemcpyAsync(d_ctx_, in + 3 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    rec(cudaMemcpyAsync(d_rows_, in + 4 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
     if (st.ok()) st = forward(B, B);
     if (st.ok()) cuda::argmax_rows(logits_, B, V_, d_ids_, stream_);
     rec(cudaMemcpyAsync(h_ids_, d_ids_, 4 * B, cudaMemcpyDeviceToHost, stream_), "graph outputs");
@@ -545,12 +572,14 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
     in[i] = b.tokens[static_cast<size_t>(i)];
     in[C + i] = b.positions[static_cast<size_t>(i)];
     in[2 * C + i] = b.seq_slot[static_cast<size_t>(b.seq_index[static_cast<size_t>(i)])];
+    in[3 * C + i] = in[C + i] + 1;
   }
-  std::copy(rows_.begin(), rows_.end(), in + 3 * C);
+  std::copy(rows_.begin(), rows_.end(), in + 4 * C);
   SS_CUDA(cudaMemcpyAsync(d_tokens_, in, 4 * T, cudaMemcpyHostToDevice, stream_));
   SS_CUDA(cudaMemcpyAsync(d_pos_, in + C, 4 * T, cudaMemcpyHostToDevice, stream_));
   SS_CUDA(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
-  if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 3 * C, 4 * R, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaMemcpyAsync(d_ctx_, in + 3 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
+  if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 4 * C, 4 * R, cudaMemcpyHostToDevice, stream_));
   SS_TRY(forward(T, R));
 
   const int ns = static_cast<int>(b.sample_rows.size());
