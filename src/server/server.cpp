@@ -15,8 +15,8 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <random>
 #include <optional>
+#include <random>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -61,10 +61,9 @@ bool bearer_matches(std::string_view v, const std::string& key) {
 
 // uri-host [":" port] (RFC 3986 reg-name, IPv4 or an IP literal in brackets); empty is allowed.
 bool valid_host(std::string_view h) {
-  for (const char c : h) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-._~!$&'()*+,;=:%[]").find(c) != std::string_view::npos;
-    if (!ok) return false;
-  }
+  constexpr std::string_view kOther = "-._~!$&'()*+,;=:%[]";
+  for (const char c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && kOther.find(c) == std::string_view::npos) return false;
   return true;
 }
 
@@ -585,7 +584,7 @@ awaitable<void> Server::Impl::linger_close(beast::tcp_stream& stream) {
   beast::error_code ig;
   stream.socket().shutdown(tcp::socket::shutdown_send, ig);
   stream.expires_after(std::chrono::seconds(2));
-  const size_t cap = std::max<size_t>(opts.max_body_bytes, 1u << 20) + (1u << 20);
+  const size_t cap = opts.max_body_bytes + (64u << 20);
   size_t total = 0;
   for (;;) {
     auto [ec, got] = co_await stream.async_read_some(net::buffer(discard), nothrow);

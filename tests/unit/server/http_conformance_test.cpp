@@ -440,14 +440,14 @@ TEST(HttpConformance, BufferedBodyCapGives503) {
 TEST(HttpConformance, HeaderTimeout) {
   ServerOptions so = keyed();
   so.header_timeout_s = 0.3;
-  so.idle_timeout_s = 1.5;
+  so.idle_timeout_s = 3;
   Harness h(so);
   const auto t0 = std::chrono::steady_clock::now();
-  Conn slow(h.port), silent(h.port), kept(h.port);
+  Conn slow(h.port), silent(h.port);
   slow.send("GET /health HTTP/1.1\r\nHo");
   EXPECT_TRUE(slow.closed_after(2000ms)) << "a header that never ends";
   EXPECT_TRUE(silent.closed_after(2000ms)) << "a new connection that sends nothing";
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1200ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms) << "cut by the header timeout, not the idle one";
   // Between keep-alive requests the idle timeout applies, not the header timeout.
   Conn k(h.port);
   k.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
