@@ -291,7 +291,7 @@ struct Server::Impl {
   std::atomic<int> inflight_choices{0};
 
   // The HTTP edge's bounds (io thread).
-  static constexpr int kMaxRefusing = 64;  // refused connections answered at once
+  static constexpr int kMaxRefusing = 1024;  // refused connections answered at once (each < 1 s)
   static constexpr size_t kHeaderLimit = 64 * 1024;
   int open_connections = 0;
   int refusing = 0;
@@ -340,7 +340,7 @@ struct Server::Impl {
   awaitable<void> accept_loop();
   awaitable<void> session(tcp::socket sock);
   awaitable<void> refuse(tcp::socket sock);
-  awaitable<void> linger_close(beast::tcp_stream& stream);
+  awaitable<void> linger_close(beast::tcp_stream& stream, std::chrono::milliseconds limit = std::chrono::seconds(2));
   bool needs_key(const HttpRequest& h) const;
   bool authorized(const HttpRequest& h) const;
   awaitable<bool> dispatch(beast::tcp_stream& stream, HttpRequest& req);
@@ -577,13 +577,13 @@ awaitable<void> Server::Impl::refuse(tcp::socket sock) {
   res.keep_alive(false);
   res.set(http::field::retry_after, "1");
   co_await write(stream, std::move(res));
-  co_await linger_close(stream);
+  co_await linger_close(stream, std::chrono::milliseconds(500));  // short: refusals come in bursts
 }
 
-awaitable<void> Server::Impl::linger_close(beast::tcp_stream& stream) {
+awaitable<void> Server::Impl::linger_close(beast::tcp_stream& stream, std::chrono::milliseconds limit) {
   beast::error_code ig;
   stream.socket().shutdown(tcp::socket::shutdown_send, ig);
-  stream.expires_after(std::chrono::seconds(2));
+  stream.expires_after(limit);
   const size_t cap = opts.max_body_bytes + (64u << 20);
   size_t total = 0;
   for (;;) {
