@@ -16,6 +16,33 @@ cmake --build build-asan -j "$(nproc)" --target test_server test_engine test_bac
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   sh -c 'build-asan/test_server --gtest_brief=1 && build-asan/test_engine --gtest_brief=1 &&
          build-asan/test_backend --gtest_brief=1'
+# Every libFuzzer target (one per fuzz/*_fuzz.cpp, CMake's SELFSERVE_FUZZ section), built with clang
+# in its own tree and run for 20 s on its committed corpus (fuzz/corpus/<name>), so that none of
+# them rots. New units and any crash go to a scratch folder; a crash or sanitizer report fails the
+# run. The long runs are in docs/fuzzing.md.
+if [ ! -f build-fuzz/build.ninja ]; then
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DSELFSERVE_FUZZ=ON -DSELFSERVE_TESTS=OFF -DSELFSERVE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+    >/dev/null
+fi
+fuzzers=()
+for src in fuzz/*_fuzz.cpp; do fuzzers+=("$(basename "$src" .cpp)"); done
+cmake --build build-fuzz -j "$(nproc)" --target "${fuzzers[@]}"
+fuzz_scratch=$(mktemp -d)
+for f in "${fuzzers[@]}"; do
+  name=${f%_fuzz}
+  opts=(-max_total_time=20 -print_final_stats=1 -artifact_prefix="$fuzz_scratch/$name-")
+  if [ -f "fuzz/$name.dict" ]; then opts+=(-dict="fuzz/$name.dict"); fi
+  mkdir -p "$fuzz_scratch/$name"
+  if ! "build-fuzz/$f" "${opts[@]}" "$fuzz_scratch/$name" "fuzz/corpus/$name" >"$fuzz_scratch/$name.log" 2>&1; then
+    tail -n 60 "$fuzz_scratch/$name.log"
+    echo "fuzz: $f failed; its input is in $fuzz_scratch" >&2
+    exit 1
+  fi
+  grep -E '^stat::number_of_executed_units' "$fuzz_scratch/$name.log" | sed "s/^/fuzz: $f: /"
+done
+rm -rf "$fuzz_scratch"
 if [ -d tests/e2e ] && ls tests/e2e/test_*.py >/dev/null 2>&1; then
   SELFSERVE_BIN="$PWD/build/selfserve" python3 -m pytest -q tests/e2e
 fi

@@ -47,6 +47,10 @@ struct ServeArgs {
   double shutdown_timeout = 30;
   double watchdog = 60;
   double max_body_mib = 4;
+  int max_connections = 1024;
+  double max_buffered_body_mib = 256;
+  double header_timeout = 10;
+  bool metrics_require_key = false;
   bool no_prefix_caching = false;
   bool log_requests = false;
   bool quiet = false;
@@ -76,6 +80,10 @@ void run_serve(const ServeArgs& a) {
   so.shutdown_timeout_s = a.shutdown_timeout;
   so.watchdog_s = a.watchdog;
   so.max_body_bytes = static_cast<size_t>(a.max_body_mib * 1048576.0);
+  so.max_connections = a.max_connections;
+  so.max_buffered_body_bytes = static_cast<size_t>(a.max_buffered_body_mib * 1048576.0);
+  so.header_timeout_s = a.header_timeout;
+  so.metrics_require_key = a.metrics_require_key;
   so.log_requests = a.log_requests;
   auto srv = server::Server::create(so);
   if (!srv.ok()) return fail(srv.message());
@@ -223,7 +231,8 @@ void register_serve(CLI::App& app) {
   c->add_option("--served-model-name", a->served_name, "Model id clients pass as \"model\" (default: the file name)");
   c->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   c->add_option("--port", a->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
-  c->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on /v1 and (de)tokenize routes");
+  c->add_option("--api-key", a->api_key,
+                "Require 'Authorization: Bearer KEY' on every route but /health (and /metrics: --metrics-require-key)");
   c->add_option("--threads", a->threads, "CPU threads for the forward pass (default: all cores)");
   c->add_option("--max-num-seqs", a->max_num_seqs, "Sequences per engine step")
       ->check(CLI::Range(1, 4096))->capture_default_str();
@@ -251,6 +260,15 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   c->add_option("--max-body-mib", a->max_body_mib, "Largest request body; larger ones get 413")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--max-connections", a->max_connections, "Open HTTP connections; more get 503 + Retry-After")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  c->add_option("--max-buffered-body-mib", a->max_buffered_body_mib,
+                "Request bodies held over all connections; a body past it gets 503 + Retry-After")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--header-timeout", a->header_timeout,
+                "Seconds for a request's headers to arrive (from its first byte; on a new connection, from accept)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_flag("--metrics-require-key", a->metrics_require_key, "With --api-key, /metrics needs the key too");
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
   c->add_flag("--log-requests", a->log_requests, "Log each request on stderr");
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
@@ -258,6 +276,7 @@ void register_serve(CLI::App& app) {
   c->callback([a] {
     if (a->max_num_batched_tokens < a->max_num_seqs)
       return fail("--max-num-batched-tokens must be >= --max-num-seqs");
+    if (a->max_buffered_body_mib < a->max_body_mib) return fail("--max-buffered-body-mib must be >= --max-body-mib");
     run_serve(*a);
   });
 }

@@ -1,18 +1,25 @@
 #include "server/server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <random>
+#include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "server/choice_stream.h"
 
@@ -42,6 +49,76 @@ bool same_secret(const std::string& a, const std::string& b) {  // constant time
   return diff == 0;
 }
 
+// RFC 9110 §11.4: `Authorization: <scheme> 1*SP <credentials>`, the scheme case-insensitive.
+bool bearer_matches(std::string_view v, const std::string& key) {
+  const size_t sp = v.find(' ');
+  if (sp == std::string_view::npos || !beast::iequals(v.substr(0, sp), "bearer")) return false;
+  v.remove_prefix(sp);
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return !v.empty() && same_secret(std::string(v), key);
+}
+
+// uri-host [":" port] (RFC 3986 reg-name, IPv4 or an IP literal in brackets); empty is allowed.
+bool valid_host(std::string_view h) {
+  constexpr std::string_view kOther = "-._~!$&'()*+,;=:%[]";
+  for (const char c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && kOther.find(c) == std::string_view::npos) return false;
+  return true;
+}
+
+// RFC 9112 §6.1/§6.3 and §3.2, checked on the headers before any body byte is read. A request that
+// fails them cannot be delimited with confidence (its body could be parsed as the next request: a
+// smuggling primitive behind a proxy), so the answer always closes the connection.
+std::optional<ApiError> framing_error(const HttpRequest& h) {
+  ApiError e;
+  e.code = "bad_request";
+  const auto fail = [&](int status, std::string msg) {
+    e.status = status;
+    e.message = std::move(msg);
+    return std::optional<ApiError>(e);
+  };
+  const auto hosts = h.equal_range(http::field::host);
+  const auto num_hosts = std::distance(hosts.first, hosts.second);
+  if (h.version() >= 11 && num_hosts == 0) return fail(400, "an HTTP/1.1 request needs a Host header");
+  if (num_hosts > 1) return fail(400, "more than one Host header");
+  if (num_hosts == 1) {
+    const auto v = hosts.first->value();
+    if (!valid_host(std::string_view(v.data(), v.size()))) return fail(400, "invalid Host header");
+  }
+  const auto tes = h.equal_range(http::field::transfer_encoding);
+  if (tes.first == tes.second) return std::nullopt;
+  if (h.version() < 11) return fail(400, "Transfer-Encoding in an HTTP/1.0 request");
+  if (h.count(http::field::content_length) != 0) return fail(400, "both Transfer-Encoding and Content-Length");
+  std::vector<std::string> codings;  // every field line's list, in order, lower-cased
+  for (auto it = tes.first; it != tes.second; ++it) {
+    const std::string_view v(it->value().data(), it->value().size());
+    size_t p = 0;
+    while (p <= v.size()) {
+      size_t q = v.find(',', p);
+      if (q == std::string_view::npos) q = v.size();
+      std::string_view t = v.substr(p, q - p);
+      while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+      while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+      if (!t.empty()) {
+        std::string c(t);
+        for (char& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        codings.push_back(std::move(c));
+      }
+      p = q + 1;
+    }
+  }
+  if (codings.empty() || codings.back() != "chunked") return fail(400, "Transfer-Encoding must end in chunked");
+  if (std::count(codings.begin(), codings.end(), "chunked") != 1) return fail(400, "chunked is applied more than once");
+  if (codings.size() > 1) {
+    e.code = "not_implemented";
+    return fail(501, "transfer coding '" + codings.front() + "' is not supported");
+  }
+  return std::nullopt;
+}
+
+Clock::duration secs(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+
 }  // namespace
 
 namespace detail {
@@ -51,6 +128,79 @@ struct Waiter {
   explicit Waiter(net::any_io_executor ex) : timer(ex) {}
   net::steady_timer timer;
   bool client_gone = false;
+};
+
+// Watches a connection while its request runs, for the client going away (io thread). A FIN alone
+// is not that: HTTP/1.1 lets a client half-close after a complete request and still read the answer.
+// A reset is (a failed write is too; the writer sees that). A client that closed completely sent a
+// FIN as well; while nothing of the response has been written the watch tells the two apart by
+// sending an interim `100 Continue` (every HTTP/1.1 client skips 1xx, RFC 9110 §15.2): a closed
+// socket answers it with a reset. Pipelined bytes of a next request end the watch (left unread).
+//
+// Two stages: before the FIN, a wait for readability; after it, a wait for an error only (the socket
+// stays readable at EOF, and a read wait would then complete again on every wake-up of the socket).
+// recv() reports 0 at EOF even after a reset, so the reset is read from the TCP state.
+class HangupWatch {
+ public:
+  // may_probe: an HTTP/1.1 request whose response starts only after stop().
+  HangupWatch(tcp::socket& sock, std::shared_ptr<Waiter> waiter, bool may_probe)
+      : st_(std::make_shared<State>(State{&sock, std::move(waiter), may_probe})) {
+    on_readable(st_);  // a FIN may have come before the watch did (no new edge for it)
+  }
+  ~HangupWatch() { stop(); }
+  HangupWatch(const HangupWatch&) = delete;
+  HangupWatch& operator=(const HangupWatch&) = delete;
+  // Before the response is written; no probe is sent after this.
+  void stop() {
+    if (st_->stopped) return;
+    st_->stopped = true;
+    beast::error_code ec;
+    st_->sock->cancel(ec);
+  }
+
+ private:
+  struct State {
+    tcp::socket* sock;
+    std::shared_ptr<Waiter> waiter;
+    bool may_probe;
+    bool stopped = false;
+  };
+  static bool reset(int fd) {
+    tcp_info ti{};
+    socklen_t len = sizeof ti;
+    return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 || ti.tcpi_state == TCP_CLOSE;
+  }
+  static void gone(const std::shared_ptr<State>& st) {
+    st->waiter->client_gone = true;
+    st->waiter->timer.cancel();
+  }
+  static void on_readable(const std::shared_ptr<State>& st) {
+    const int fd = st->sock->native_handle();
+    char c;
+    const ssize_t r = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r > 0) return;  // a pipelined request: its bytes wait for the session
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return wait(st, tcp::socket::wait_read);
+    if (r < 0 || reset(fd)) return gone(st);
+    // FIN: half-closed, or closed.
+    if (st->may_probe) {
+      static constexpr char kProbe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      const ssize_t n = ::send(fd, kProbe, sizeof kProbe - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n != static_cast<ssize_t>(sizeof kProbe - 1) && !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+        return gone(st);
+    }
+    wait(st, tcp::socket::wait_error);
+  }
+  // The waits are not speculative: each completes on the socket's next readiness edge.
+  static void wait(const std::shared_ptr<State>& st, tcp::socket::wait_type type) {
+    st->sock->async_wait(type, [st, type](const boost::system::error_code& ec) {
+      if (st->stopped || ec == net::error::operation_aborted) return;
+      if (ec) return gone(st);
+      if (type == tcp::socket::wait_read) return on_readable(st);
+      if (reset(st->sock->native_handle())) return gone(st);
+      wait(st, type);
+    });
+  }
+  std::shared_ptr<State> st_;
 };
 
 // Engine thread -> io thread. push() never blocks on the event loop.
@@ -140,6 +290,31 @@ struct Server::Impl {
   std::mt19937_64 seed_rng{std::random_device{}()};
   std::atomic<int> inflight_choices{0};
 
+  // The HTTP edge's bounds (io thread).
+  static constexpr int kMaxRefusing = 1024;  // refused connections answered at once (each < 1 s)
+  static constexpr size_t kHeaderLimit = 64 * 1024;
+  int open_connections = 0;
+  int refusing = 0;
+  size_t buffered_body_bytes = 0;           // request bodies held, over all connections
+  std::array<char, 16384> discard{};        // lingering closes read into this and drop it
+  // A request's share of buffered_body_bytes, given back when the request is done.
+  struct BodyCharge {
+    Impl& s;
+    size_t bytes = 0;
+    bool add(size_t n) {
+      if (n > s.opts.max_buffered_body_bytes - std::min(s.opts.max_buffered_body_bytes, s.buffered_body_bytes))
+        return false;
+      bytes += n;
+      s.buffered_body_bytes += n;
+      s.m.buffered_body->Set(static_cast<double>(s.buffered_body_bytes));
+      return true;
+    }
+    ~BodyCharge() {
+      s.buffered_body_bytes -= bytes;
+      s.m.buffered_body->Set(static_cast<double>(s.buffered_body_bytes));
+    }
+  };
+
   // Watchdog (io thread).
   int64_t last_steps = -1;
   Clock::time_point last_progress = Clock::now();
@@ -149,7 +324,7 @@ struct Server::Impl {
   // Series the server itself updates; the engine's gauges and totals are read from its snapshot
   // at scrape time (engine_metrics).
   struct {
-    prometheus::Gauge *degrade, *connections, *healthy;
+    prometheus::Gauge *degrade, *connections, *healthy, *buffered_body;
   } m{};
   std::unique_ptr<RequestMetrics> request_metrics;  // the per-request latency series
   std::shared_ptr<prometheus::Collectable> engine_metrics;
@@ -164,6 +339,10 @@ struct Server::Impl {
 
   awaitable<void> accept_loop();
   awaitable<void> session(tcp::socket sock);
+  awaitable<void> refuse(tcp::socket sock);
+  awaitable<void> linger_close(beast::tcp_stream& stream, std::chrono::milliseconds limit = std::chrono::seconds(2));
+  bool needs_key(const HttpRequest& h) const;
+  bool authorized(const HttpRequest& h) const;
   awaitable<bool> dispatch(beast::tcp_stream& stream, HttpRequest& req);
   awaitable<bool> handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep);
   std::optional<ApiError> overload(int num_choices);
@@ -219,6 +398,7 @@ void Server::Impl::init_metrics() {
   m.degrade = &reg.gauge("selfserve_degrade_level", "Load-shedding level (0: full service)");
   m.connections = &reg.gauge("selfserve_http_connections", "Open HTTP connections");
   m.healthy = &reg.gauge("selfserve_healthy", "1 when /health answers 200");
+  m.buffered_body = &reg.gauge("selfserve_http_buffered_body_bytes", "Request body bytes held, over all connections");
   reg.counter("selfserve_requests_rejected_total", "Requests refused before reaching the engine, by reason",
               {{"reason", "overload"}});
   engine_metrics = std::make_shared<EngineMetrics>(*this);
@@ -348,6 +528,15 @@ awaitable<void> Server::Impl::drain() {
 }
 
 awaitable<void> Server::Impl::accept_loop() {
+  const auto log_error = [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "selfserve: connection error: %s\n", ex.what());
+    } catch (...) {
+    }
+  };
   while (!stopped.load()) {
     auto [ec, sock] = co_await acceptor->async_accept(nothrow);
     if (ec) {
@@ -358,48 +547,157 @@ awaitable<void> Server::Impl::accept_loop() {
       continue;
     }
     sock.set_option(tcp::no_delay(true), ec);
-    net::co_spawn(*io, session(std::move(sock)), [](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        std::fprintf(stderr, "selfserve: connection error: %s\n", ex.what());
-      } catch (...) {
-      }
-    });
+    if (open_connections >= opts.max_connections) {
+      reject("too_many_connections");
+      // Answered (and lingered on) by a few at a time; past those a refused socket is just closed.
+      if (refusing < kMaxRefusing) net::co_spawn(*io, refuse(std::move(sock)), log_error);
+      continue;
+    }
+    ++open_connections;
+    m.connections->Increment();
+    net::co_spawn(*io, session(std::move(sock)), log_error);
   }
+}
+
+awaitable<void> Server::Impl::refuse(tcp::socket sock) {
+  ++refusing;
+  struct Dec {
+    int& n;
+    ~Dec() { --n; }
+  } dec{refusing};
+  beast::tcp_stream stream(std::move(sock));
+  HttpRequest dummy;
+  dummy.version(11);
+  ApiError e;
+  e.status = 503;
+  e.type = "service_unavailable";
+  e.code = "too_many_connections";
+  e.message = "the server has " + std::to_string(opts.max_connections) + " connections open; retry shortly";
+  HttpResponse res = make_error(dummy, e);
+  res.keep_alive(false);
+  res.set(http::field::retry_after, "1");
+  co_await write(stream, std::move(res));
+  co_await linger_close(stream, std::chrono::milliseconds(500));  // short: refusals come in bursts
+}
+
+awaitable<void> Server::Impl::linger_close(beast::tcp_stream& stream, std::chrono::milliseconds limit) {
+  beast::error_code ig;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ig);
+  stream.expires_after(limit);
+  const size_t cap = opts.max_body_bytes + (64u << 20);
+  size_t total = 0;
+  for (;;) {
+    auto [ec, got] = co_await stream.async_read_some(net::buffer(discard), nothrow);
+    total += got;
+    if (ec || total > cap) break;
+  }
+  stream.expires_never();
 }
 
 awaitable<void> Server::Impl::session(tcp::socket sock) {
   beast::tcp_stream stream(std::move(sock));
-  beast::flat_buffer buf;
-  m.connections->Increment();
+  // Bounded: it holds the headers (64 KiB at most, below) and a chunk's size line, whose extensions
+  // Beast does not limit; a body passes through it in reads of up to 64 KiB.
+  beast::flat_buffer buf(kHeaderLimit + 64 * 1024);
   struct Dec {
-    prometheus::Gauge* g;
-    ~Dec() { g->Decrement(); }
-  } dec{m.connections};
+    Impl* s;
+    ~Dec() {
+      --s->open_connections;
+      s->m.connections->Decrement();
+    }
+  } dec{this};
+  // One answer on the headers alone, then the connection is closed (after a linger, so that a client
+  // still sending its body reads the answer instead of a reset).
+  const auto answer_and_close = [&](const HttpRequest& h, const ApiError& e) -> awaitable<void> {
+    HttpResponse res = make_error(h, e);
+    res.keep_alive(false);
+    if (e.status == 401) res.set(http::field::www_authenticate, "Bearer");
+    if (e.status == 503) res.set(http::field::retry_after, "1");
+    co_await write(stream, std::move(res));
+    buf.clear();
+    co_await linger_close(stream);
+  };
+  bool first = true;
   while (!stopped.load()) {
-    http::request_parser<http::string_body> parser;
-    parser.body_limit(opts.max_body_bytes);
-    parser.header_limit(64 * 1024);
-    stream.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.idle_timeout_s)));
     beast::error_code ec;
+    if (!first && buf.size() == 0) {
+      // Between keep-alive requests: up to idle_timeout for the next request's first bytes.
+      stream.expires_after(secs(opts.idle_timeout_s));
+      size_t n = 0;
+      std::tie(ec, n) = co_await stream.async_read_some(buf.prepare(4096), nothrow);
+      if (ec) break;  // idle, closed or reset
+      buf.commit(n);
+    }
+    first = false;
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(boost::none);  // checked after the key (a 401 comes before a 413)
+    parser.header_limit(kHeaderLimit);
+    stream.expires_after(secs(opts.header_timeout_s));
     std::tie(ec, std::ignore) = co_await http::async_read_header(stream, buf, parser, nothrow);
-    if (!ec && !parser.is_done()) {
-      // curl and others wait for this before sending a larger body.
-      const auto expect = parser.get()[http::field::expect];
-      if (beast::iequals(expect, "100-continue")) {
-        http::response<http::empty_body> cont{http::status::continue_, parser.get().version()};
-        std::tie(ec, std::ignore) = co_await http::async_write(stream, cont, nothrow);
+    ApiError e;
+    if (!ec) {
+      const HttpRequest& h = parser.get();
+      std::optional<ApiError> early = framing_error(h);
+      if (early) reject("malformed_http");
+      if (!early && needs_key(h) && !authorized(h)) {
+        reject("unauthorized");
+        early = ApiError{};
+        early->status = 401;
+        early->message = h.count(http::field::authorization) == 0 ? "missing API key: send 'Authorization: Bearer <key>'"
+                                                                  : "invalid API key";
+        early->code = "invalid_api_key";
       }
-      if (!ec) std::tie(ec, std::ignore) = co_await http::async_read(stream, buf, parser, nothrow);
+      const auto length = parser.content_length();
+      if (!early && length && *length > opts.max_body_bytes) {
+        reject("too_large");
+        early = ApiError{};
+        early->status = 413;
+        early->message = "the request body exceeds " + std::to_string(opts.max_body_bytes) + " bytes";
+        early->code = "request_too_large";
+      }
+      if (early) {
+        co_await answer_and_close(h, *early);
+        break;
+      }
+    }
+    BodyCharge charge{*this};
+    bool over_budget = false;
+    if (!ec && !parser.is_done()) {
+      // The body is held until the request is answered; the bytes of all of them are capped. A
+      // declared length is charged before reading, a chunked body as it arrives.
+      const auto length = parser.content_length();
+      if (length && !charge.add(*length)) over_budget = true;
+      if (!over_budget) {
+        parser.body_limit(opts.max_body_bytes);
+        // curl and others wait for this before sending a larger body.
+        const auto expect = parser.get()[http::field::expect];
+        if (beast::iequals(expect, "100-continue")) {
+          http::response<http::empty_body> cont{http::status::continue_, parser.get().version()};
+          std::tie(ec, std::ignore) = co_await http::async_write(stream, cont, nothrow);
+        }
+        stream.expires_after(secs(opts.idle_timeout_s));
+        while (!ec && !parser.is_done()) {
+          std::tie(ec, std::ignore) = co_await http::async_read_some(stream, buf, parser, nothrow);
+          const size_t held = parser.get().body().size();
+          if (!length && held > charge.bytes && !charge.add(held - charge.bytes)) {
+            over_budget = true;
+            break;
+          }
+        }
+      }
+      if (over_budget) {
+        reject("body_buffer_full");
+        e.status = 503;
+        e.type = "service_unavailable";
+        e.code = "body_buffer_full";
+        e.message = "the server holds too many request bodies (" + std::to_string(opts.max_buffered_body_bytes) +
+                    " bytes); retry shortly";
+        co_await answer_and_close(parser.get(), e);
+        break;
+      }
     }
     stream.expires_never();
     if (ec) {
-      HttpRequest dummy;
-      dummy.version(11);
-      dummy.keep_alive(false);
-      ApiError e;
       if (ec == http::error::body_limit) {
         reject("too_large");
         e.status = 413;
@@ -415,20 +713,11 @@ awaitable<void> Server::Impl::session(tcp::socket sock) {
         reject("malformed_http");
         e.message = "malformed HTTP request: " + ec.message();
       } else {
-        break;  // closed, reset or idle
+        break;  // closed, reset, idle or too slow
       }
-      co_await write(stream, make_error(dummy, e));
-      // Read and drop what the client is still sending so it sees our answer, not a reset.
-      beast::error_code ig;
-      stream.socket().shutdown(tcp::socket::shutdown_send, ig);
-      stream.expires_after(std::chrono::seconds(2));
-      size_t total = 0;
-      for (;;) {
-        auto [rec, got] = co_await stream.async_read_some(buf.prepare(64 * 1024), nothrow);
-        buf.consume(buf.size());
-        total += got;
-        if (rec || total > (256u << 20)) break;
-      }
+      HttpRequest dummy;
+      dummy.version(11);
+      co_await answer_and_close(dummy, e);
       break;
     }
     HttpRequest req = parser.release();
@@ -439,6 +728,22 @@ awaitable<void> Server::Impl::session(tcp::socket sock) {
   stream.socket().shutdown(tcp::socket::shutdown_send, ec);
 }
 
+bool Server::Impl::needs_key(const HttpRequest& h) const {
+  if (opts.api_key.empty()) return false;
+  std::string_view target(h.target().data(), h.target().size());
+  target = target.substr(0, target.find('?'));
+  if (target == "/health") return false;  // probes
+  if (target == "/metrics") return opts.metrics_require_key;
+  return true;  // every other path, known or not: no route is discoverable without the key
+}
+
+bool Server::Impl::authorized(const HttpRequest& h) const {
+  const auto r = h.equal_range(http::field::authorization);
+  if (std::distance(r.first, r.second) != 1) return false;
+  const auto v = r.first->value();
+  return bearer_matches(std::string_view(v.data(), v.size()), opts.api_key);
+}
+
 awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& req) {
   std::string_view target(req.target().data(), req.target().size());
   target = target.substr(0, target.find('?'));
@@ -447,16 +752,15 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
     std::string_view path;
     http::verb method;
     R r;
-    bool auth;
   };
   static constexpr Route routes[] = {
-      {"/health", http::verb::get, R::Health, false},
-      {"/metrics", http::verb::get, R::Metrics, false},
-      {"/v1/models", http::verb::get, R::Models, true},
-      {"/v1/completions", http::verb::post, R::Completions, true},
-      {"/v1/chat/completions", http::verb::post, R::Chat, true},
-      {"/tokenize", http::verb::post, R::Tokenize, true},
-      {"/detokenize", http::verb::post, R::Detokenize, true},
+      {"/health", http::verb::get, R::Health},
+      {"/metrics", http::verb::get, R::Metrics},
+      {"/v1/models", http::verb::get, R::Models},
+      {"/v1/completions", http::verb::post, R::Completions},
+      {"/v1/chat/completions", http::verb::post, R::Chat},
+      {"/tokenize", http::verb::post, R::Tokenize},
+      {"/detokenize", http::verb::post, R::Detokenize},
   };
   const Route* route = nullptr;
   for (const Route& r : routes)
@@ -482,21 +786,7 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
     res.set(http::field::allow, http::to_string(route->method));
     co_return co_await write(stream, std::move(res));
   }
-  if (route->auth && !opts.api_key.empty()) {
-    std::string_view h(req[http::field::authorization].data(), req[http::field::authorization].size());
-    const std::string_view prefix = "Bearer ";
-    const bool okay = h.size() > prefix.size() && h.substr(0, prefix.size()) == prefix &&
-                      same_secret(std::string(h.substr(prefix.size())), opts.api_key);
-    if (!okay) {
-      reject("unauthorized");
-      e.status = 401;
-      e.message = h.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "invalid API key";
-      e.code = "invalid_api_key";
-      HttpResponse res = make_error(req, e);
-      res.set(http::field::www_authenticate, "Bearer");
-      co_return co_await write(stream, std::move(res));
-    }
-  }
+  // The API key was checked on the headers (session), before the body was read.
   const bool is_ready = ready.load(std::memory_order_acquire);
   switch (route->r) {
     case R::Health: {
@@ -579,27 +869,8 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     co_return co_await write(stream, make_error(req, *err));
   }
 
-  // Watch for the client going away (EOF or reset) while we generate; pipelined data is left alone.
-  {
-    const int fd = stream.socket().native_handle();
-    stream.socket().async_wait(tcp::socket::wait_read, [w = job->waiter, fd](const boost::system::error_code& ec) {
-      if (ec == net::error::operation_aborted) return;
-      if (!ec) {
-        char c;
-        const ssize_t r = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) return;
-      }
-      w->client_gone = true;
-      w->timer.cancel();
-    });
-  }
-  struct StopWatch {
-    beast::tcp_stream& s;
-    ~StopWatch() {
-      beast::error_code ec;
-      s.socket().cancel(ec);
-    }
-  } stop_watch{stream};
+  // Watch for the client going away (a reset; a FIN only when it closed, not half-closed).
+  HangupWatch hangup(stream.socket(), job->waiter, /*may_probe=*/!g.stream && req.version() >= 11);
 
   const bool chat = ep == Endpoint::ChatCompletions;
   const std::string id = std::string(chat ? "chatcmpl-" : "cmpl-") + [&] {
@@ -676,6 +947,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     co_await job->waiter->timer.async_wait(nothrow);
   }
 
+  hangup.stop();
   std::vector<ChoiceOutput> outs;
   outs.reserve(choices.size());
   for (const ChoiceStream& cs : choices) outs.push_back(cs.output());
@@ -765,6 +1037,10 @@ Server::~Server() = default;
 Expected<std::unique_ptr<Server>> Server::create(const ServerOptions& opts) {
   if (opts.port < 0 || opts.port > 65535) return ss::make_error("port must be in [0, 65535], got " + std::to_string(opts.port));
   if (opts.max_waiting < 0) return ss::make_error("max_waiting must be >= 0");
+  if (opts.max_connections < 1) return ss::make_error("max_connections must be >= 1");
+  if (!(opts.header_timeout_s > 0)) return ss::make_error("header_timeout_s must be > 0");
+  if (opts.max_buffered_body_bytes < opts.max_body_bytes)
+    return ss::make_error("the buffered-body cap must be at least the largest body");
   auto impl = std::make_unique<Impl>(opts);
   impl->io = std::make_unique<net::io_context>(1);
   impl->pool = std::make_unique<net::thread_pool>(1);

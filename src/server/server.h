@@ -4,6 +4,11 @@
 // mailboxes that wake the connection's coroutine. Request parsing and tokenization run on a small
 // worker pool so a large body never stalls the event loop.
 //
+// The HTTP edge (RFC 9112): framing is checked on the headers (a Transfer-Encoding that is not a
+// single final `chunked`, one together with Content-Length, a missing or repeated Host: 400 and the
+// connection closed), then the API key, before any body byte is read (401, closed); connections and
+// buffered body bytes are capped (503 + Retry-After). docs/server.md lists the rules.
+//
 // Lifecycle: create() binds the port; run() serves (from then on /health answers 503 "loading")
 // until shutdown() or SIGTERM/SIGINT; set_ready() turns the API on once the model is warm. On
 // shutdown new requests get 503, in-flight ones finish or are cancelled after shutdown_timeout_s,
@@ -32,7 +37,14 @@ struct ServerOptions {
   double shutdown_timeout_s = 30;       // drain time before in-flight requests are cancelled
   double watchdog_s = 60;               // /health turns 503 when the engine has work but no step
                                         // finished for this long
-  double idle_timeout_s = 120;          // keep-alive connections idle this long are closed
+  double idle_timeout_s = 120;          // keep-alive connections idle this long are closed; also the
+                                        // limit for reading one request's body
+  double header_timeout_s = 10;         // a request's headers must be complete this long after its
+                                        // first byte (a new connection's first request: after accept)
+  int max_connections = 1024;           // open connections; one more gets 503 + Retry-After, closed
+  size_t max_buffered_body_bytes = 256u << 20;  // request bodies held across all connections; a body
+                                                // that would pass it gets 503 + Retry-After, closed
+  bool metrics_require_key = false;     // with api_key: /metrics needs the key too (/health never)
   bool handle_signals = true;           // SIGTERM / SIGINT start a graceful shutdown
   bool log_requests = false;            // one line per request on stderr
 };

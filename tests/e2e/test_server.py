@@ -935,6 +935,49 @@ def test_bad_inputs(srv):
     assert greedy_completion(srv, "Still alive?", 4)
 
 
+# --- the HTTP edge (issue 23): the reproductions over raw sockets against the real binary -------
+
+def _raw(srv, data, half_close=False, timeout=30):
+    """Sends bytes, reads until the server closes; returns everything it answered."""
+    host, port = srv.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_http_edge_reproductions(srv):
+    auth = f"Authorization: Bearer {API_KEY}\r\n".encode()
+    smuggled = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    # A Transfer-Encoding that is not a single final chunked: one 400, the body never read as a request.
+    for te in (b"gzip", b"identity", b"chunked, chunked"):
+        out = _raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: " + te +
+                   b"\r\n\r\n" + smuggled)
+        assert out.startswith(b"HTTP/1.1 400") and out.count(b"HTTP/1.1 ") == 1, (te, out)
+    out = _raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: identity\r\n"
+               b"Content-Length: 15\r\n\r\n{\"prompt\":\"hi\"}")
+    assert out.startswith(b"HTTP/1.1 400"), out
+    assert _raw(srv, b"GET /health HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400"), "no Host"
+    # The key on the headers: a 401 without the declared 4 MB body, at once.
+    t0 = time.time()
+    out = _raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4194304\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 401") and time.time() - t0 < 10, out
+    assert _raw(srv, b"GET /nothing-here HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 401"), "401 before 404"
+    ok = _raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: bearer " + API_KEY.encode() +
+              b"\r\nConnection: close\r\nContent-Length: 15\r\n\r\n{\"prompt\":\"hi\"}")
+    assert ok.startswith(b"HTTP/1.1 200"), "the scheme is case-insensitive"
+    # A client that half-closes after a complete POST gets its answer (after an interim 100).
+    body = json.dumps({"model": srv.model, "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+    out = _raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: " +
+               str(len(body)).encode() + b"\r\n\r\n" + body, half_close=True)
+    final = out[out.rfind(b"HTTP/1.1 "):]
+    assert final.startswith(b"HTTP/1.1 200") and b"\"choices\"" in final, out
+
+
 # --- a tiny KV cache: preemption, and every request still completes with the right text -------
 
 def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):

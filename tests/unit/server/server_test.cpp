@@ -10,81 +10,18 @@
 #include <future>
 #include <thread>
 
-#include "../engine/fake_backend.h"
-#include "test_util.h"
+#include "server_harness.h"
 
 using namespace ss;
 using namespace ss::server;
 using namespace std::chrono_literals;
 using nlohmann::json;
+using test_support::Harness;
 using test_support::http;
 using test_support::HttpResult;
 using test_support::sse_payloads;
 
 namespace {
-
-struct Harness {
-  std::unique_ptr<tok::Tokenizer> tok = test_support::test_tokenizer();
-  std::unique_ptr<engine::testing::FakeBackend> be;
-  std::unique_ptr<engine::Engine> engine;
-  std::unique_ptr<Server> server;
-  std::thread io;
-  ModelInfo mi;
-  int port = 0;
-  std::atomic<int> step_delay_ms{0};
-
-  explicit Harness(ServerOptions so = {}, engine::SchedulerConfig sc = {}, int num_blocks = 256, bool ready = true) {
-    so.port = 0;
-    so.handle_signals = false;
-    if (so.shutdown_timeout_s == ServerOptions{}.shutdown_timeout_s) so.shutdown_timeout_s = 5;
-    const int vocab = tok->vocab_size();
-    be = std::make_unique<engine::testing::FakeBackend>(num_blocks, 16, vocab);
-    be->on_batch = [this](const backend::StepBatch&) {
-      if (int d = step_delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(d));
-    };
-    engine::EngineConfig ec;
-    ec.scheduler = sc;
-    engine = std::move(engine::Engine::create(*be, ec)).value();
-    EXPECT_TRUE(engine->start().ok());
-    auto s = Server::create(so);
-    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.message());
-    server = std::move(s).value();
-    port = server->port();
-    mi.id = "test-model";
-    mi.max_model_len = std::min(256, num_blocks * 16);
-    mi.vocab_size = vocab;
-    mi.tokenizer = tok.get();
-    mi.chat_template = tok->chat_template();
-    mi.created = 1;
-    io = std::thread([this] { (void)server->run(); });
-    if (ready) set_ready();
-  }
-  void set_ready() { server->set_ready(*engine, mi); }
-  void stop() {
-    if (io.joinable()) {
-      server->shutdown();
-      io.join();
-    }
-    if (engine) engine->stop();
-    engine.reset();
-    server.reset();
-  }
-  ~Harness() { stop(); }
-
-  HttpResult post(const std::string& target, const json& body, const std::vector<std::string>& headers = {}) {
-    return http(port, "POST", target, body.dump(), headers);
-  }
-  std::string metrics() { return http(port, "GET", "/metrics").body; }
-  bool wait_idle(std::chrono::milliseconds limit = 3000ms) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < end) {
-      const auto s = engine->stats();
-      if (!engine->has_work() && s.kv_blocks_used == 0) return true;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-};
 
 json body_json(const HttpResult& r) { return json::parse(r.body, nullptr, false); }
 
