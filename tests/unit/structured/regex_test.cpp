@@ -8,11 +8,11 @@
 #include <regex>
 
 #include "all_strings.h"
-#include "engine/grammar.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
+#include "structured/grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex.h"
 
-using namespace ss::engine;
+using namespace ss::structured;
 using ss::test::all_strings;
 
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/regex.h"
+#include "structured/regex.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace ss::engine {
+namespace ss::structured {
 
 namespace {
 
@@ -42,24 +42,6 @@ void normalize(Ranges& r) {
 
 }  // namespace
 
-bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp) {
-  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-  if (i >= s.size()) return false;
-  const uint8_t c = b(i);
-  const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (len == 0 || i + static_cast<size_t>(len) > s.size()) return false;
-  uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
-  for (int k = 1; k < len; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return false;
-    v = v << 6 | (b(i + k) & 0x3Fu);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (v < kMin[len] || v > kMaxCp || (v >= 0xD800 && v <= 0xDFFF)) return false;
-  cp = v;
-  i += static_cast<size_t>(len);
-  return true;
-}
-
 bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v) {
   uint32_t out = 0;
   for (int k = 0; k < digits; ++k) {
@@ -71,26 +53,6 @@ bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v) {
   v = out;
   i += static_cast<size_t>(digits);
   return true;
-}
-
-std::string encode_utf8(uint32_t cp) {
-  std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | cp >> 6);
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | cp >> 12);
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | cp >> 18);
-    out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return out;
 }
 
 CodePointRanges complement_code_points(CodePointRanges r) {
@@ -701,4 +663,4 @@ Expected<Grammar> regex_grammar(std::string_view pattern) {
   return g;
 }
 
-}  // namespace ss::engine
+}  // namespace ss::structured
