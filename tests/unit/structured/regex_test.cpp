@@ -208,6 +208,18 @@ TEST(Regex, WhatAGrammarCannotFollowIsAClearError) {
   ASSERT_FALSE(s.ok());
 }
 
+TEST(Regex, LongConcatenationsDoNotRecursePerElement) {
+  // A group of 200,000 literals (a 200 KB guided_regex) overflowed the stack, one call per literal.
+  const std::string run(200000, 'a');
+  for (const std::string& p : {"(" + run + ")?b", "(" + run + ")+"}) {
+    auto g = regex_grammar(p);
+    ASSERT_TRUE(g.ok()) << g.message();
+    const std::string want = p.back() == 'b' ? run + "b" : run + run;
+    EXPECT_TRUE(matches(*g, want));
+    EXPECT_FALSE(matches(*g, want.substr(1)));
+  }
+}
+
 TEST(Regex, LargeCountsStayLinearAndMatchExactly) {
   auto g = regex_grammar("(ab{1,1000}){3}");
   ASSERT_TRUE(g.ok()) << g.message();
