@@ -38,7 +38,7 @@ struct Env {
     m.vocab_size = tok->vocab_size();
     m.tokenizer = tok.get();
     m.chat_template = tok->chat_template();
-    m.vocab_trie = ss::engine::TokenTrie::build(*tok);
+    m.vocab_trie = ss::structured::TokenTrie::build(*tok);
   }
 };
 
@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // "auto": the replayed text through the call parser, as the last chunk after a streamed part.
     if (g.tool_choice == GenerationRequest::ToolChoice::Auto)
       (void)dump_json(chat_tool_chunk(g, env.m, "id", 0, 0, outs[0].text, &outs[0].logprobs, "stop",
-                                      ss::tok::tool_content_prefix(g.tool_format, outs[0].text)));
+                                      ss::chat::tool_content_prefix(g.tool_format, outs[0].text)));
   }
   auto t = tokenize_request(body, env.m);
   if (t.ok()) (void)dump_json(t.value());

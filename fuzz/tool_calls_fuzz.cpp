@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/tool_calls.h"
+#include "chat/chat.h"
 
 namespace {
 
 using ojson = nlohmann::ordered_json;
-using ss::tok::ToolFormat;
+using ss::chat::ToolFormat;
 
 void check(bool ok) {
   if (!ok) __builtin_trap();
@@ -23,7 +23,7 @@ void check(bool ok) {
 
 void parsers(std::string_view text) {
   for (ToolFormat f : {ToolFormat::Hermes, ToolFormat::Llama3Json}) {
-    const ss::tok::ParsedToolOutput out = ss::tok::parse_tool_calls(f, text);
+    const ss::chat::ParsedToolOutput out = ss::chat::parse_tool_calls(f, text);
     if (out.calls.empty()) {
       check(out.content == text);
     } else {
@@ -37,9 +37,9 @@ void parsers(std::string_view text) {
     // Every prefix up to 512 bytes, then a few more: the streamed part only grows and holds no call.
     size_t last = 0;
     for (size_t len = 0; len <= text.size(); len = len < 512 ? len + 1 : len + 1 + len / 8) {
-      const size_t k = ss::tok::tool_content_prefix(f, text.substr(0, len));
+      const size_t k = ss::chat::tool_content_prefix(f, text.substr(0, len));
       check(k <= len && k >= last);
-      check(ss::tok::tool_content_prefix(f, text.substr(0, len), last) == k);  // resuming gives the same
+      check(ss::chat::tool_content_prefix(f, text.substr(0, len), last) == k);  // resuming gives the same
       if (!out.calls.empty()) check(k <= out.content.size());
       last = k;
     }
@@ -50,7 +50,7 @@ void dumps_and_templates(std::string_view text) {
   const ojson v = ojson::parse(text, nullptr, false);
   if (v.is_discarded()) return;
   for (int indent : {-1, 4}) {
-    const ojson back = ojson::parse(ss::tok::py_json_dumps(v, indent), nullptr, false);
+    const ojson back = ojson::parse(ss::chat::py_json_dumps(v, indent), nullptr, false);
     check(!back.is_discarded() && back == v);
   }
   if (!v.is_array()) return;
@@ -61,9 +61,9 @@ void dumps_and_templates(std::string_view text) {
   static const std::string llama =
       "<|start_header_id|> Cutting Knowledge Date Environment: ipython Given the following functions, please respond "
       "with a JSON for a function call";
-  std::vector<ss::tok::ChatMessage> msgs{{"system", "s", {}}, {"user", "u", {}}, {"tool", "r", {}}};
+  std::vector<ss::chat::ChatMessage> msgs{{"system", "s", {}}, {"user", "u", {}}, {"tool", "r", {}}};
   if (!v.empty()) msgs.push_back({"assistant", "", {{"f", v[0].dump()}}});
-  for (const std::string* t : {&qwen, &llama}) (void)ss::tok::render_chat(*t, msgs, true, nullptr, "1 Jan 2025", text);
+  for (const std::string* t : {&qwen, &llama}) (void)ss::chat::render_chat(*t, msgs, true, nullptr, "1 Jan 2025", text);
 }
 
 }  // namespace

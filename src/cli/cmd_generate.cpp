@@ -8,12 +8,11 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "chat/chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
-#include "engine/gbnf.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
+#include "structured/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ss::cli {
@@ -49,10 +48,10 @@ void run_generate(const GenerateArgs& a) {
 
   std::string text = a.prompt;
   if (a.chat) {
-    std::vector<tok::ChatMessage> msgs;
+    std::vector<chat::ChatMessage> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system});
     msgs.push_back({"user", a.prompt});
-    auto rendered = tok::render_chat(model.chat_template, msgs, true, &tk);
+    auto rendered = chat::render_chat(model.chat_template, msgs, true, &tk);
     if (!rendered.ok()) return fail(rendered.message());
     text = *rendered;
   }
@@ -107,24 +106,20 @@ void run_generate(const GenerateArgs& a) {
       out.assign(std::istreambuf_iterator<char>(f), {});
       return true;
     };
-    std::string text;
-    Expected<engine::Grammar> g = make_error("");
-    if (!a.regex.empty()) {
-      g = engine::regex_grammar(a.regex);
-      if (!g.ok()) return fail("--regex: " + g.message());
-    } else if (!a.grammar.empty() || !a.grammar_file.empty()) {
+    std::string text = a.regex, flag = "--regex";
+    structured::Kind kind = structured::Kind::Regex;
+    if (!a.grammar.empty() || !a.grammar_file.empty()) {
       if (!read(a.grammar, a.grammar_file, text)) return fail(a.grammar_file + ": cannot read");
-      g = engine::gbnf_grammar(text);
-      if (!g.ok()) return fail("--grammar: " + g.message());
-    } else {
+      kind = structured::Kind::Gbnf;
+      flag = "--grammar";
+    } else if (a.regex.empty()) {
       if (!read(a.json_schema, a.json_schema_file, text)) return fail(a.json_schema_file + ": cannot read");
-      auto schema = nlohmann::ordered_json::parse(text, nullptr, false);
-      if (schema.is_discarded()) return fail("--json-schema: not JSON");
-      g = engine::json_schema_grammar(schema);
-      if (!g.ok()) return fail("--json-schema: " + g.message());
+      kind = structured::Kind::JsonSchema;
+      flag = "--json-schema";
     }
-    auto compiled = std::make_shared<const engine::CompiledGrammar>(std::move(g).value(), engine::TokenTrie::build(tk));
-    req.constraint = std::make_shared<engine::GrammarConstraint>(compiled, req.stop_ids);
+    auto compiled = structured::compile(kind, text, {}, {.tokenizer = &tk});
+    if (!compiled.ok()) return fail(flag + ": " + compiled.message());
+    req.constraint = std::make_shared<structured::GrammarConstraint>(*compiled, req.stop_ids);
   }
   tok::StreamDecoder dec(tk);
   auto st = run_one_request(**be, std::move(req), 512, [&](int32_t id) {

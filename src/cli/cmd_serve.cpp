@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "server/server.h"
+#include "structured/structured.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ss::cli {
@@ -206,8 +207,8 @@ void run_serve(const ServeArgs& a) {
   mi.max_model_len = max_len;
   mi.vocab_size = mc.vocab_size;
   mi.tokenizer = model->tokenizer.get();
-  mi.vocab_trie = engine::TokenTrie::build(*model->tokenizer);  // structured outputs walk it per state
-  mi.grammar_cache = std::make_shared<server::GrammarCache>();
+  mi.vocab_trie = structured::TokenTrie::build(*model->tokenizer);  // structured outputs walk it per state
+  mi.grammar_cache = std::make_shared<structured::GrammarCache>();
   mi.chat_template = !model->chat_template.empty() ? model->chat_template : model->tokenizer->chat_template();
   mi.created = static_cast<int64_t>(std::time(nullptr));
   server->set_ready(*engine, mi);

@@ -12,7 +12,6 @@
 #include <mutex>
 
 #include "backend/backend.h"
-#include "engine/token_constraint.h"
 
 namespace ss::engine {
 
@@ -23,6 +22,8 @@ using backend::PromptLogprob;
 using backend::SamplingParams;
 using backend::to_string;
 using TokenEvent = backend::SeqEvent;
+using TokenConstraint = backend::TokenMask;  // structured outputs (structured/ implements it)
+using backend::kConstraintErrorPrefix;
 
 // Called on the engine thread, without engine locks held: keep it short and non-blocking. It may
 // call Engine::abort / stop_request / add_request.

@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "chat/chat.h"
 #include "engine/engine.h"
-#include "engine/grammar.h"
+#include "structured/structured.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/tool_calls.h"
 
 namespace ss::server {
 
@@ -39,8 +39,6 @@ class ApiResult {
   ApiError e_;
 };
 
-class GrammarCache;  // structured_params.h
-
 // What the parser needs to know about the served model.
 struct ModelInfo {
   std::string id;                          // the name clients pass as "model"
@@ -55,8 +53,8 @@ struct ModelInfo {
   size_t max_stop_bytes = 256;             // per stop string
   // The vocabulary's byte trie for structured outputs (built once at start-up; built on demand
   // from `tokenizer` when missing).
-  std::shared_ptr<const engine::TokenTrie> vocab_trie;
-  std::shared_ptr<GrammarCache> grammar_cache;  // optional
+  std::shared_ptr<const structured::TokenTrie> vocab_trie;
+  std::shared_ptr<structured::GrammarCache> grammar_cache;  // optional
 };
 
 enum class Endpoint { Completions, ChatCompletions };
@@ -89,14 +87,14 @@ struct GenerationRequest {
   std::string cache_salt;  // vLLM's: prefix-cache isolation (non-empty when given)
   // Structured outputs (response_format, vLLM's structured_outputs / guided_*, llama.cpp's grammar /
   // json_schema, tool choices): every choice's text is kept inside this grammar. Null: free text.
-  std::shared_ptr<const engine::CompiledGrammar> grammar;
+  std::shared_ptr<const structured::CompiledGrammar> grammar;
   // OpenAI tools (chat): with tool_choice "required" or a named function the grammar holds the
   // calls, and the answer's text becomes message.tool_calls.
   // With "auto" the model writes calls in its own format (tool_format, from its chat template) or
   // answers in text; the calls are parsed out afterwards, as vLLM's tool-call parsers do.
   enum class ToolChoice { None, Named, Required, Auto } tool_choice = ToolChoice::None;
   std::string tool_name;  // Named: the function
-  tok::ToolFormat tool_format = tok::ToolFormat::None;  // Auto
+  chat::ToolFormat tool_format = chat::ToolFormat::None;  // Auto
   std::string tools_json;  // the tools (declared key order) for the chat template; empty: none
   bool parallel_tool_calls = true;  // false: at most one call ("auto" keeps the first it parses)
 

@@ -72,7 +72,7 @@ const char* finish_name(engine::FinishReason r) {
 
 ApiError generation_error(const std::string& why) {
   ApiError e;
-  if (why.rfind(engine::kConstraintErrorPrefix, 0) == 0) {
+  if (why.rfind(backend::kConstraintErrorPrefix, 0) == 0) {
     e.status = 400;
     e.type = "invalid_request_error";
     e.param = "response_format";
@@ -148,7 +148,7 @@ std::string ChoiceStream::apply(Delta&& d) {
     const std::vector<TokenLogprob>* pending = g_.logprobs >= 0 ? &o.logprobs : nullptr;
     if (done) {
       payload += chunk(chat_tool_chunk(g_, m_, id_, created_, c, o.text, pending, finish_name(d.finish), streamed_));
-    } else if (const size_t safe = tok::tool_content_prefix(g_.tool_format, o.text, streamed_); safe > streamed_) {
+    } else if (const size_t safe = chat::tool_content_prefix(g_.tool_format, o.text, streamed_); safe > streamed_) {
       const std::string piece = o.text.substr(streamed_, safe - streamed_);
       payload += chunk(chat_chunk(g_, m_, id_, created_, c, nullptr, &piece, pending, nullptr));
       o.logprobs.clear();

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_depth.h"
 #include "server/api_types.h"
 
 namespace ss::server::detail {
@@ -128,7 +129,7 @@ class Fields {
 // The value at `path` (object keys from the root) of a JSON text, as ordered_json (key order kept),
 // everything else skipped; nullopt when the path is missing, an object there has more than
 // kMaxSchemaKeys keys (ordered_json inserts in linear time: a huge object would take quadratic time)
-// or it nests deeper than tok::kMaxJsonDepth (serializing, compiling and printing it recurse per
+// or it nests deeper than kMaxJsonDepth (serializing, compiling and printing it recurse per
 // level: a 200,000-deep array inside a schema or a tool overflowed the stack and killed the server).
 inline constexpr size_t kMaxSchemaKeys = 2048;
 class OrderedSubtree final : public nlohmann::json_sax<ojson> {
@@ -190,7 +191,7 @@ class OrderedSubtree final : public nlohmann::json_sax<ojson> {
     return true;
   }
   bool open(ojson container, bool object) {
-    if (build_.size() >= tok::kMaxJsonDepth) {
+    if (build_.size() >= kMaxJsonDepth) {
       too_deep = true;
       return false;
     }

@@ -95,10 +95,10 @@ std::vector<int32_t> encode_text(const tok::Tokenizer& tk, const std::string& te
 // Messages -> rendered chat text -> ids. prompt_text receives the rendered text.
 std::optional<ApiError> render_messages(const json& msgs, bool add_generation_prompt, const ModelInfo& m,
                                          std::vector<int32_t>& ids, std::string& text, std::string_view tools_json = {}) {
-  const bool native_calls = tok::tool_format(m.chat_template) != tok::ToolFormat::None;
+  const bool native_calls = chat::tool_format(m.chat_template) != chat::ToolFormat::None;
   if (!msgs.is_array()) return bad(std::string("'messages' must be an array, got ") + type_name(msgs), "messages");
   if (msgs.empty()) return bad("'messages' must contain at least one message", "messages");
-  std::vector<tok::ChatMessage> conv;
+  std::vector<chat::ChatMessage> conv;
   conv.reserve(msgs.size());
   for (size_t i = 0; i < msgs.size(); ++i) {
     const json& msg = msgs[i];
@@ -112,7 +112,7 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
       return bad(where + ".role must be one of system, developer, user, assistant, tool; got '" + role + "'",
                  where + ".role");
     std::string content;
-    std::vector<tok::ChatToolCall> calls;
+    std::vector<chat::ChatToolCall> calls;
     auto c = msg.find("content");
     // An assistant turn that called tools: in the template's own format when it has one, else as the
     // text tool_choice "required" generates, so the model sees what it asked for before the answers.
@@ -124,9 +124,9 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
           return bad(where + ".tool_calls[]: each needs function.name and function.arguments (strings)", where + ".tool_calls");
         if (!json::accept(fn["arguments"].get_ref<const std::string&>()))
           return bad(where + ".tool_calls[]: function.arguments must be a JSON text", where + ".tool_calls");
-        if (tok::json_max_depth(fn["arguments"].get_ref<const std::string&>()) > tok::kMaxJsonDepth)
+        if (json_max_depth(fn["arguments"].get_ref<const std::string&>()) > kMaxJsonDepth)
           return bad(where + ".tool_calls[]: function.arguments nests deeper than " +
-                         std::to_string(tok::kMaxJsonDepth) + " levels",
+                         std::to_string(kMaxJsonDepth) + " levels",
                      where + ".tool_calls");
         calls.push_back({fn["name"].get<std::string>(), fn["arguments"].get<std::string>()});
       }
@@ -154,7 +154,7 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
     }
     if (!calls.empty() && !native_calls) {
       ojson arr = ojson::array();
-      for (const tok::ChatToolCall& k : calls)
+      for (const chat::ChatToolCall& k : calls)
         arr.push_back(ojson{{"name", k.name}, {"parameters", ojson::parse(k.arguments)}});
       content += content.empty() ? arr.dump() : "\n" + arr.dump();
       calls.clear();
@@ -162,7 +162,7 @@ std::optional<ApiError> render_messages(const json& msgs, bool add_generation_pr
     conv.push_back({std::move(role), std::move(content), std::move(calls)});
   }
   const tok::Tokenizer& tk = *m.tokenizer;
-  auto rendered = tok::render_chat(m.chat_template, conv, add_generation_prompt, &tk, {}, tools_json);
+  auto rendered = chat::render_chat(m.chat_template, conv, add_generation_prompt, &tk, {}, tools_json);
   if (!rendered.ok()) return bad("cannot apply the chat template: " + rendered.message(), "messages");
   text = std::move(rendered).value();
   // A template that already begins with the BOS text must not get a second BOS.
@@ -463,7 +463,7 @@ engine::Request to_engine_request(const GenerationRequest& g, int choice, const 
   // Completions' echo + logprobs scores the prompt too (OpenAI's legacy semantics, vLLM's too).
   if (g.echo && g.logprobs >= 0) r.prompt_logprobs = g.logprobs;
   r.cache_salt = g.cache_salt;
-  if (g.grammar) r.constraint = std::make_shared<engine::GrammarConstraint>(g.grammar, r.stop_ids);
+  if (g.grammar) r.constraint = std::make_shared<structured::GrammarConstraint>(g.grammar, r.stop_ids);
   return r;
 }
 
@@ -486,7 +486,7 @@ ApiResult<nlohmann::json> tokenize_request(std::string_view body, const ModelInf
         if (!t->is_array()) return bad(std::string("'tools' must be an array, got ") + type_name(*t), "tools");
         OrderedSubtree sax({"tools"});
         if (!ojson::sax_parse(body, &sax) || !sax.result || sax.too_many_keys || sax.too_deep)
-          return bad(sax.too_deep ? "'tools' nests deeper than " + std::to_string(tok::kMaxJsonDepth) + " levels"
+          return bad(sax.too_deep ? "'tools' nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"
                                   : "'tools': an object has more than " + std::to_string(kMaxSchemaKeys) + " keys",
                      "tools");
         tools_json = sax.result->dump();

@@ -157,15 +157,15 @@ ToolAnswer tool_answer(const GenerationRequest& g, const std::string& text) {
   a.content = text;
   if (g.tool_choice == TC::None) return a;
   if (g.tool_choice == TC::Auto) {
-    tok::ParsedToolOutput p = tok::parse_tool_calls(g.tool_format, text);
+    chat::ParsedToolOutput p = chat::parse_tool_calls(g.tool_format, text);
     if (p.calls.empty()) return a;
     if (!g.parallel_tool_calls) p.calls.resize(1);  // as vLLM: the first call only
-    for (tok::ParsedToolCall& c : p.calls) a.calls.push_back(tool_call(c.name, std::move(c.arguments)));
+    for (chat::ParsedToolCall& c : p.calls) a.calls.push_back(tool_call(c.name, std::move(c.arguments)));
     a.called = true;
     a.content = std::move(p.content);
     return a;
   }
-  if (tok::json_max_depth(text) > tok::kMaxJsonDepth) return a;  // (re-serialized below: recursion per level)
+  if (json_max_depth(text) > kMaxJsonDepth) return a;  // (re-serialized below: recursion per level)
   const ojson v = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (v.is_discarded()) return a;  // cut by max_tokens: not a whole call
   if (g.tool_choice == TC::Named) {

@@ -5,9 +5,6 @@
 #include <functional>
 #include <set>
 
-#include "engine/gbnf.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
 
 namespace ss::server {
 
@@ -19,9 +16,10 @@ using namespace detail;
 // ordered_json so their properties keep the declared order (the generation order).
 std::optional<ApiError> parse_structured(const Fields& f, std::string_view body, const ModelInfo& m,
                                          GenerationRequest& g) {
-  // What was asked for: the parameter, a cache key, and how to build the grammar (only on a miss).
-  std::string param, key;
-  std::function<Expected<engine::Grammar>()> build;
+  // What was asked for: the parameter and what structured::compile makes of it.
+  std::string param, spec;
+  std::optional<structured::Kind> kind;
+  structured::Options opt;
   // The schema again, from the text, with its key order (the request was parsed into std::map objects).
   std::optional<ApiError> order_error;
   auto ordered = [&](std::string_view text, std::vector<std::string> path, const char* name) -> ojson {
@@ -29,7 +27,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     const bool parsed = ojson::sax_parse(text, &sax);
     if (!parsed || !sax.result || sax.too_many_keys || sax.too_deep) {
       order_error = bad(std::string("'") + name + "': " +
-                            (sax.too_deep ? "it nests deeper than " + std::to_string(tok::kMaxJsonDepth) + " levels"
+                            (sax.too_deep ? "it nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"
                              : sax.too_many_keys ? "an object in the schema has more than " + std::to_string(kMaxSchemaKeys) + " keys"
                                                : std::string("the schema is not valid JSON")),
                         name);
@@ -37,17 +35,15 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
     }
     return std::move(*sax.result);
   };
-  auto take = [&](const char* name, std::string k, std::function<Expected<engine::Grammar>()> b) -> std::optional<ApiError> {
-    if (build)
+  auto take = [&](const char* name, structured::Kind k, std::string sp, structured::Options o = {}) -> std::optional<ApiError> {
+    if (kind)
       return bad(std::string("'") + name + "' cannot be combined with '" + param + "': give one structured-output constraint",
                  name);
     param = name;
-    key = std::move(k);
-    build = std::move(b);
+    kind = k;
+    spec = std::move(sp);
+    opt = o;
     return std::nullopt;
-  };
-  auto schema = [](ojson s, bool compact = false) {
-    return [s = std::move(s), compact] { return engine::json_schema_grammar(s, {.compact = compact}); };
   };
   // OpenAI tools (chat): tool_choice "required" or a named function is kept inside a grammar, as vLLM
   // does without a tool-call parser; "none" ignores the tools. "auto" (the default with tools) lets the
@@ -98,8 +94,8 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       }
       if (mode == "auto") {
         // The model chooses between text and calls in its own format; the calls are parsed afterwards.
-        g.tool_format = tok::tool_format(m.chat_template);
-        if (g.tool_format == tok::ToolFormat::None)
+        g.tool_format = chat::tool_format(m.chat_template);
+        if (g.tool_format == chat::ToolFormat::None)
           return bad("tool_choice \"auto\" needs a chat template with a tool-call format (Qwen2.5's <tool_call>, "
                      "Llama 3.1+'s JSON calls); this model's has none: use \"required\", a named function, or \"none\"",
                      "tool_choice", "unsupported_parameter");
@@ -111,32 +107,29 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         const ojson tools_o = ordered(body, {"tools"}, "tools");
         if (order_error) return order_error;
         g.tools_json = tools_o.dump();
-        std::vector<engine::ToolSchema> specs;
+        ojson specs = ojson::array();  // [{"name", "parameters"}]: structured::Kind::ToolCalls' spec
         for (const ojson& t : tools_o) {  // the same tools as validated above, read a second time
           const ojson fn = t.is_object() ? t.value("function", ojson()) : ojson();
           if (!fn.is_object() || !fn.value("name", ojson()).is_string()) return bad("'tools' changed on a second read", "tools");
           auto p = fn.find("parameters");
-          specs.push_back({fn["name"].get<std::string>(),
-                           p != fn.end() && !p->is_null() ? *p : ojson{{"type", "object"}, {"properties", ojson::object()},
-                                                                       {"additionalProperties", false}}});
+          specs.push_back({{"name", fn["name"]},
+                           {"parameters", p != fn.end() && !p->is_null() ? *p : ojson{{"type", "object"}, {"properties", ojson::object()},
+                                                                                      {"additionalProperties", false}}}});
         }
         if (mode == "auto") {
           // no grammar: text or calls, as the model likes
         } else if (mode == "named") {
-          auto it = std::find_if(specs.begin(), specs.end(), [&](const engine::ToolSchema& t) { return t.name == named; });
+          auto it = std::find_if(specs.begin(), specs.end(), [&](const ojson& t) { return t["name"] == named; });
           if (it == specs.end()) return bad("tool_choice names '" + named + "', which is not in 'tools'", "tool_choice");
           g.tool_choice = GenerationRequest::ToolChoice::Named;
           g.tool_name = named;
           // Compact: arguments are data, and a small model otherwise pads them with newlines.
-          std::string k = "schema-compact " + it->parameters.dump();
-          if (auto e = take("tool_choice", std::move(k), schema(it->parameters, true))) return e;
+          if (auto e = take("tool_choice", structured::Kind::JsonSchema, (*it)["parameters"].dump(), {.compact = true}))
+            return e;
         } else {
           g.tool_choice = GenerationRequest::ToolChoice::Required;
-          ojson key = ojson::array();
-          for (const auto& t : specs) key.push_back({t.name, t.parameters});
-          std::string k = std::string("tools-compact ") + (parallel ? "parallel " : "single ") + key.dump();
-          if (auto e = take("tool_choice", std::move(k),
-                            [specs, parallel] { return engine::tool_calls_grammar(specs, parallel, {.compact = true}); }))
+          if (auto e = take("tool_choice", structured::Kind::ToolCalls, specs.dump(),
+                            {.compact = true, .parallel_calls = parallel}))
             return e;
         }
       }
@@ -148,8 +141,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       return bad("'response_format' must be an object with a 'type'", "response_format");
     const std::string& type = t->get_ref<const std::string&>();
     if (type == "json_object") {
-      if (auto e = take("response_format", "object", [] { return Expected<engine::Grammar>(engine::json_object_grammar()); }))
-        return e;
+      if (auto e = take("response_format", structured::Kind::JsonObject, "")) return e;
     } else if (type == "json_schema") {
       auto js = rf->find("json_schema");
       if (js == rf->end() || !js->is_object())
@@ -159,8 +151,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         return bad("'response_format.json_schema.schema' must be a JSON Schema object", "response_format");
       ojson sc_o = ordered(body, {"response_format", "json_schema", "schema"}, "response_format");
       if (order_error) return order_error;
-      std::string k = "schema " + sc_o.dump();
-      if (auto e = take("response_format", std::move(k), schema(std::move(sc_o)))) return e;
+      if (auto e = take("response_format", structured::Kind::JsonSchema, sc_o.dump())) return e;
     } else if (type != "text") {
       return bad("response_format '" + type + "' is not supported (text, json_object, json_schema)", "response_format",
                  "unsupported_parameter");
@@ -174,8 +165,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       return bad(std::string("'") + name + "' must be a JSON Schema (object or string), got " + type_name(v), name);
     ojson sc_o = v.is_string() ? ordered(v.get_ref<const std::string&>(), {}, name) : ordered(body, std::move(path), name);
     if (order_error) return order_error;
-    std::string k = (compact ? "schema-compact " : "schema ") + sc_o.dump();
-    return take(name, std::move(k), schema(std::move(sc_o), compact));
+    return take(name, structured::Kind::JsonSchema, sc_o.dump(), {.compact = compact});
   };
   auto choice = [&](const json& v, const char* name) -> std::optional<ApiError> {
     std::vector<std::string> choices;
@@ -184,18 +174,15 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
         if (c.is_string()) choices.push_back(c.get<std::string>());
     if (!v.is_array() || choices.size() != v.size() || choices.empty())
       return bad(std::string("'") + name + "' must be a non-empty array of strings", name);
-    std::string k = "choice " + json(choices).dump();
-    return take(name, std::move(k), [choices] { return engine::choice_grammar(choices); });
+    return take(name, structured::Kind::Choice, json(choices).dump());
   };
   auto regex = [&](const json& v, const char* name) -> std::optional<ApiError> {
     if (!v.is_string()) return bad(std::string("'") + name + "' must be a string (a regular expression)", name);
-    std::string p = v.get<std::string>();
-    return take(name, "regex " + p, [p] { return engine::regex_grammar(p); });
+    return take(name, structured::Kind::Regex, v.get<std::string>());
   };
   auto grammar = [&](const json& v, const char* name) -> std::optional<ApiError> {
     if (!v.is_string()) return bad(std::string("'") + name + "' must be a string (a GBNF grammar)", name);
-    std::string t = v.get<std::string>();
-    return take(name, "gbnf " + t, [t] { return engine::gbnf_grammar(t); });
+    return take(name, structured::Kind::Gbnf, v.get<std::string>());
   };
   // llama.cpp's server fields: a GBNF grammar, a JSON Schema.
   if (const json* v = f.get("grammar"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
@@ -231,8 +218,7 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       else if (k == "json_object") {
         if (!v.is_boolean()) e = bad("'structured_outputs.json_object' must be a boolean", "structured_outputs.json_object");
         else if (v.get<bool>())
-          e = take("structured_outputs.json_object", compact ? "object-compact" : "object",
-                   [compact] { return Expected<engine::Grammar>(engine::json_object_grammar({.compact = compact})); });
+          e = take("structured_outputs.json_object", structured::Kind::JsonObject, "", {.compact = compact});
       } else if (k == "disable_fallback" || k == "disable_additional_properties") {
         // No fallback backend to disable; undeclared properties are already refused unless the
         // schema's additionalProperties asks for them.
@@ -243,47 +229,15 @@ std::optional<ApiError> parse_structured(const Fields& f, std::string_view body,
       }
       if (e) return e;
     }
-    if (!build)
+    if (!kind)
       return bad("'structured_outputs' names no constraint (json, regex, choice, grammar or json_object)", "structured_outputs");
   }
-  if (!build) return std::nullopt;
-  // Requests with the same schema share one compiled grammar and its per-state masks.
-  const bool cacheable = m.grammar_cache && key.size() <= 64 * 1024;  // the cache holds its keys
-  if (cacheable)
-    if (auto hit = m.grammar_cache->find(key)) {
-      g.grammar = std::move(hit);
-      return std::nullopt;
-    }
-  Expected<engine::Grammar> gr = build();
-  if (!gr.ok()) return bad(param + ": " + gr.message(), param);
-  auto trie = m.vocab_trie ? m.vocab_trie : engine::TokenTrie::build(*m.tokenizer);
-  g.grammar = std::make_shared<const engine::CompiledGrammar>(std::move(gr).value(), std::move(trie));
-  if (cacheable) m.grammar_cache->insert(key, g.grammar);
+  if (!kind) return std::nullopt;
+  // Requests with the same spec share one compiled grammar and its per-state masks.
+  auto compiled = structured::compile(*kind, spec, opt, {.tokenizer = m.tokenizer, .trie = m.vocab_trie}, m.grammar_cache.get());
+  if (!compiled.ok()) return bad(param + ": " + compiled.message(), param);
+  g.grammar = std::move(compiled).value();
   return std::nullopt;
-}
-
-std::shared_ptr<const engine::CompiledGrammar> GrammarCache::find(const std::string& key) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = items_.find(key);
-  if (it == items_.end()) return nullptr;
-  it->second.first = ++clock_;
-  return it->second.second;
-}
-
-void GrammarCache::insert(const std::string& key, std::shared_ptr<const engine::CompiledGrammar> g) {
-  std::lock_guard<std::mutex> lk(mu_);
-  items_[key] = {++clock_, std::move(g)};
-  while (items_.size() > capacity_) {
-    auto oldest = items_.begin();
-    for (auto it = items_.begin(); it != items_.end(); ++it)
-      if (it->second.first < oldest->second.first) oldest = it;
-    items_.erase(oldest);
-  }
-}
-
-size_t GrammarCache::size() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return items_.size();
 }
 
 }  // namespace ss::server

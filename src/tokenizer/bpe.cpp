@@ -32,8 +32,8 @@ void BpeModel::add_merges_from_scores(const std::vector<std::string>& tokens, co
     int32_t id = order[r];
     if (!mergeable[id]) continue;
     const std::string& t = tokens[id];
-    for (size_t cut = uni::utf8_len(static_cast<unsigned char>(t[0])); cut < t.size();
-         cut += uni::utf8_len(static_cast<unsigned char>(t[cut]))) {
+    for (size_t cut = utf8_len(static_cast<unsigned char>(t[0])); cut < t.size();
+         cut += utf8_len(static_cast<unsigned char>(t[cut]))) {
       auto a = vocab->find(std::string_view(t).substr(0, cut));
       auto b = vocab->find(std::string_view(t).substr(cut));
       if (a == vocab->end() || b == vocab->end() || !mergeable[a->second] || !mergeable[b->second]) continue;
@@ -45,7 +45,7 @@ void BpeModel::add_merges_from_scores(const std::vector<std::string>& tokens, co
 void BpeModel::finish() {
   for (int b = 0; b < 256; ++b) {
     byte_char_utf8_[b].clear();
-    uni::append_utf8(byte_char_utf8_[b], uni::byte_to_cp(uint8_t(b)));
+    append_utf8(byte_char_utf8_[b], uni::byte_to_cp(uint8_t(b)));
     auto it = vocab->find(byte_char_utf8_[b]);
     byte_char_id_[b] = it == vocab->end() ? -1 : it->second;
     char name[8];
@@ -109,7 +109,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     bool pending_unk = false;
     size_t i = 0;
     while (i < word.size()) {
-      size_t n = std::min<size_t>(uni::utf8_len(static_cast<unsigned char>(word[i])), word.size() - i);
+      size_t n = std::min<size_t>(utf8_len(static_cast<unsigned char>(word[i])), word.size() - i);
       std::string_view ch = word.substr(i, n);
       i += n;
       auto it = vocab->find(ch);

@@ -11,7 +11,7 @@ const char* const kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 void CpText::assign(std::string_view utf8) {
-  uni::decode_utf8(utf8, cps, offsets);
+  decode_utf8(utf8, cps, offsets);
   flags.resize(cps.size());
   for (size_t i = 0; i < cps.size(); ++i) flags[i] = uni::flags(cps[i]);
 }

@@ -53,14 +53,14 @@ uint32_t cp_before(std::string_view s, size_t pos, size_t* len) {
   while (i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80 && pos - i < 3) --i;
   if (i > 0) --i;
   std::vector<uint32_t> cps, offs;
-  uni::decode_utf8(s.substr(i, pos - i), cps, offs);
+  decode_utf8(s.substr(i, pos - i), cps, offs);
   *len = pos - i;
   return cps.empty() ? 0 : cps.back();
 }
 uint32_t cp_at(std::string_view s, size_t pos, size_t* len) {
-  size_t n = std::min<size_t>(uni::utf8_len(static_cast<unsigned char>(s[pos])), s.size() - pos);
+  size_t n = std::min<size_t>(utf8_len(static_cast<unsigned char>(s[pos])), s.size() - pos);
   std::vector<uint32_t> cps, offs;
-  uni::decode_utf8(s.substr(pos, n), cps, offs);
+  decode_utf8(s.substr(pos, n), cps, offs);
   *len = n;
   return cps.empty() ? 0 : cps[0];
 }
@@ -137,7 +137,7 @@ class BpeTokenizer final : public Tokenizer {
     if (dec_byte_level_) {
       std::string out;
       std::vector<uint32_t> cps, offs;
-      uni::decode_utf8(uni::repair_utf8(t), cps, offs);
+      decode_utf8(repair_utf8(t), cps, offs);
       for (uint32_t cp : cps) {
         int b = uni::byte_from_cp(cp);
         if (b < 0) return t;  // HF: a token with a char outside the alphabet decodes as its text
@@ -253,7 +253,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override {
     std::vector<int32_t> out;
     if (add_special) out = prefix_ids_;
-    std::string s = uni::repair_utf8(text);
+    std::string s = repair_utf8(text);
     auto push = [&](int32_t id) { out.push_back(id); };
     split_added(s, raw_index_, parse_special, 0, push, [&](std::string_view seg, size_t off) {
       if (norm_.empty()) {
@@ -711,14 +711,14 @@ bool Tokenizer::is_eog(int32_t id) const {
 
 std::string StreamDecoder::push(int32_t id) {
   if (!(skip_special_ && tok_.is_special(id))) pending_ += tok_.token_to_piece(id);
-  size_t keep = uni::incomplete_utf8_tail(pending_);
-  std::string out = uni::repair_utf8(std::string_view(pending_).substr(0, pending_.size() - keep));
+  size_t keep = incomplete_utf8_tail(pending_);
+  std::string out = repair_utf8(std::string_view(pending_).substr(0, pending_.size() - keep));
   pending_.erase(0, pending_.size() - keep);
   return out;
 }
 
 std::string StreamDecoder::flush() {
-  std::string out = uni::repair_utf8(pending_);
+  std::string out = repair_utf8(pending_);
   pending_.clear();
   return out;
 }

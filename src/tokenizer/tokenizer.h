@@ -1,5 +1,5 @@
 // The tokenizer folder's public header: exact BPE tokenization (byte-level GPT-2 style and
-// SentencePiece style), streaming detokenization, and chat templates.
+// SentencePiece style) and streaming detokenization. Chat templates are chat/chat.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -82,32 +82,5 @@ class StreamDecoder {
   bool skip_special_;
   std::string pending_;
 };
-
-struct ChatToolCall {
-  std::string name;
-  std::string arguments;  // a JSON text (an object)
-};
-struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", "tool"
-  std::string content;
-  std::vector<ChatToolCall> tool_calls{};  // an assistant turn's calls (templates with a tool format)
-};
-
-enum class ChatFamily { ChatML, Llama3, Llama2, Mistral, Unknown };
-ChatFamily detect_chat_family(std::string_view template_text);
-const char* chat_family_name(ChatFamily f);
-
-// Renders with the model's own template (recognised from its text), as transformers'
-// apply_chat_template would (bos_token/eos_token from tok, or the family's usual ones without it).
-// Unknown template → error naming it. An empty template falls back to ChatML only when the
-// vocabulary has <|im_start|>. The rendered text contains the BOS text where the template puts it:
-// encode it with add_special=false. date_string: for templates that print today's date
-// (Llama 3.1+); empty means the template's default, or today when it asks for strftime_now.
-// tools_json: OpenAI's `tools` array as a JSON text (empty: none), written where the template writes
-// tools (tool_format(template) != None; other templates ignore them, as their Jinja does). Assistant
-// turns with tool_calls render in the template's format; they need one (else an error).
-Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt, const Tokenizer* tok = nullptr,
-                                  std::string_view date_string = {}, std::string_view tools_json = {});
 
 }  // namespace ss::tok

@@ -1,11 +1,13 @@
-// Code points for the tokenizer: UTF-8 decoding and repair, the classes the pre-tokenizer regexes
-// use (probed from Hugging Face tokenizers, see tools/gen_tokenizer_unicode.py), NFC, and the
-// GPT-2 byte <-> printable-code-point mapping. Private to src/tokenizer/.
+// Code points for the tokenizer: the classes the pre-tokenizer regexes use (probed from Hugging Face
+// tokenizers, see tools/gen_tokenizer_unicode.py), NFC, and the GPT-2 byte <-> printable-code-point
+// mapping. Private to src/tokenizer/. UTF-8 itself is common/utf8.h.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/utf8.h"  // the UTF-8 helpers the tokenizer uses
 
 namespace ss::tok::uni {
 
@@ -17,27 +19,6 @@ enum : uint8_t {
   kWhitespace = 16,  // Rust char::is_whitespace (added tokens' lstrip/rstrip)
 };
 uint8_t flags(uint32_t cp);
-
-// Length of the UTF-8 sequence a lead byte announces (1 for invalid leads).
-inline int utf8_len(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c & 0xE0) == 0xC0) return 2;
-  if ((c & 0xF0) == 0xE0) return 3;
-  if ((c & 0xF8) == 0xF0) return 4;
-  return 1;
-}
-void append_utf8(std::string& out, uint32_t cp);
-
-// Length of the longest prefix of s that is valid UTF-8.
-size_t valid_utf8_prefix(std::string_view s);
-// s with every ill-formed subsequence replaced by U+FFFD (one per maximal subpart, as Rust's
-// String::from_utf8_lossy and Python's errors="replace" do).
-std::string repair_utf8(std::string_view s);
-// Number of bytes at the end of s that form an incomplete (but so far valid) UTF-8 sequence.
-size_t incomplete_utf8_tail(std::string_view s);
-
-// Decodes valid UTF-8 into code points and their byte offsets (offsets has one extra entry: size).
-void decode_utf8(std::string_view s, std::vector<uint32_t>& cps, std::vector<uint32_t>& offsets);
 
 // Unicode NFC (ICU). Returns s unchanged when it is already NFC.
 std::string nfc(const std::string& s);

@@ -289,7 +289,7 @@ TEST_F(OpenAiApi, ToolChoiceRequiredAndNamedBecomeGrammarsAndToolCalls) {
   m_.chat_template =
       "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-  auto matches = [](const engine::Grammar& g, std::string_view text) { return g.matches(text); };
+  auto matches = [](const structured::Grammar& g, std::string_view text) { return g.matches(text); };
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
   // Declared order "zeta" before "alpha" (the body is parsed into sorted maps; the tools are re-read).
   const std::string tools =
@@ -388,7 +388,7 @@ TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   const GenerationRequest& g = r.value();
   EXPECT_EQ(g.tool_choice, GenerationRequest::ToolChoice::Auto);
-  EXPECT_EQ(g.tool_format, tok::ToolFormat::Hermes);
+  EXPECT_EQ(g.tool_format, chat::ToolFormat::Hermes);
   EXPECT_FALSE(g.grammar);
   // Python's json.dumps of the tool, in its declared key order.
   EXPECT_NE(g.prompts[0].text.find(
@@ -451,7 +451,7 @@ TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
   m_.chat_template = fixtures["templates"]["llama3.2"].get<std::string>();
   auto l = chat(R"({"messages":[{"role":"user","content":"hi"}],)" + tools + "}");
   ASSERT_TRUE(l.ok()) << l.error().message;
-  EXPECT_EQ(l.value().tool_format, tok::ToolFormat::Llama3Json);
+  EXPECT_EQ(l.value().tool_format, chat::ToolFormat::Llama3Json);
   EXPECT_NE(l.value().prompts[0].text.find("Given the following functions"), std::string::npos);
   ToolAnswer la = tool_answer(l.value(), R"({"name": "f", "parameters": {"alpha": true}})");
   ASSERT_TRUE(la.called);
@@ -460,13 +460,13 @@ TEST_F(OpenAiApi, ToolChoiceAutoUsesTheTemplatesFormat) {
   expect_error(two, 400, "messages", "two calls in a Llama 3.2 turn");
 }
 
-// What gets serialized, compiled or printed may not nest past tok::kMaxJsonDepth: those steps recurse
+// What gets serialized, compiled or printed may not nest past kMaxJsonDepth: those steps recurse
 // per level, and a 200,000-deep array in a schema's unknown key crashed the server. Unknown fields
 // may nest as they like (the body parser does not recurse).
 TEST_F(OpenAiApi, DeeplyNestedSchemasAndToolsAreRefused) {
   auto nest = [](size_t n) { return std::string(n, '[') + std::string(n, ']'); };
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
-  const size_t most = tok::kMaxJsonDepth;
+  const size_t most = kMaxJsonDepth;
   // The schema object is one level: a key inside it may nest most - 1 more.
   auto ok = chat("{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","x":)" +
                  nest(most - 1) + "}}}}");
@@ -503,7 +503,7 @@ TEST_F(OpenAiApi, DeeplyNestedSchemasAndToolsAreRefused) {
 TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
   // The request is parsed into std::map objects; the schema is read again with its key order, so
   // "zeta" (declared first) must come first even though it sorts last.
-  auto matches = [](const engine::Grammar& g, std::string_view text) { return g.matches(text); };
+  auto matches = [](const structured::Grammar& g, std::string_view text) { return g.matches(text); };
   const std::string schema =
       R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"}},"required":["zeta","alpha"]})";
   for (const std::string& body :
@@ -580,7 +580,7 @@ TEST_F(OpenAiApi, StructuredOutputsKeepTheSchemasPropertyOrder) {
 }
 
 TEST_F(OpenAiApi, RequestsWithTheSameSchemaShareOneCompiledGrammar) {
-  m_.grammar_cache = std::make_shared<GrammarCache>(2);
+  m_.grammar_cache = std::make_shared<structured::GrammarCache>(2);
   auto body = [](const std::string& schema) { return R"({"prompt":"hi","guided_json":)" + schema + "}"; };
   const std::string a = R"({"type":"object","properties":{"x":{"type":"integer"}}})";
   const std::string b = R"({"type":"array"})", c = R"({"type":"string"})";

@@ -124,27 +124,4 @@ inline TokenizerSpec spec_from_tokenizer_json(const nlohmann::json& j, const std
   return s;
 }
 
-// A vocabulary-free Tokenizer that only names bos/eos, for render_chat.
-class NamesOnly final : public Tokenizer {
- public:
-  NamesOnly(std::string bos, std::string eos) : names_{std::move(bos), std::move(eos)} {}
-  std::vector<int32_t> encode(std::string_view, bool, bool) const override { return {}; }
-  std::string decode(const std::vector<int32_t>&, bool) const override { return {}; }
-  std::string token_to_piece(int32_t) const override { return {}; }
-  int32_t vocab_size() const override { return 2; }
-  int32_t bos_id() const override { return names_[0].empty() ? -1 : 0; }
-  int32_t eos_id() const override { return 1; }
-  bool add_bos() const override { return false; }
-  std::string_view token_text(int32_t id) const override { return names_[id]; }
-  bool is_special(int32_t) const override { return true; }
-  const std::vector<int32_t>& eog_ids() const override { return eog_; }
-  const std::string& chat_template() const override { return tmpl_; }
-  std::string summary() const override { return "names"; }
-
- private:
-  std::string names_[2];
-  std::vector<int32_t> eog_{1};
-  std::string tmpl_;
-};
-
 }  // namespace ss::tok::test

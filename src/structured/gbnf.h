@@ -15,10 +15,10 @@
 #include <string_view>
 
 #include "common/status.h"
-#include "engine/grammar.h"
+#include "structured/grammar.h"
 
-namespace ss::engine {
+namespace ss::structured {
 
 Expected<Grammar> gbnf_grammar(std::string_view text, std::string_view root = "root");
 
-}  // namespace ss::engine
+}  // namespace ss::structured

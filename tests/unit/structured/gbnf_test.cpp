@@ -8,10 +8,10 @@
 #include <regex>
 
 #include "all_strings.h"
-#include "engine/gbnf.h"
-#include "engine/grammar.h"
+#include "structured/gbnf.h"
+#include "structured/grammar.h"
 
-using namespace ss::engine;
+using namespace ss::structured;
 using ss::test::all_strings;
 using nlohmann::json;
 

@@ -8,11 +8,11 @@
 #include <regex>
 
 #include "all_strings.h"
-#include "engine/grammar.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
+#include "structured/grammar.h"
+#include "structured/json_schema.h"
+#include "structured/regex.h"
 
-using namespace ss::engine;
+using namespace ss::structured;
 using ss::test::all_strings;
 
 namespace {
@@ -206,6 +206,18 @@ TEST(Regex, WhatAGrammarCannotFollowIsAClearError) {
   EXPECT_NE(s.message().find("pattern"), std::string::npos) << s.message();
   s = json_schema_grammar(nlohmann::ordered_json::parse(R"({"type": "string", "pattern": 5})"));
   ASSERT_FALSE(s.ok());
+}
+
+TEST(Regex, LongConcatenationsDoNotRecursePerElement) {
+  // A group of 200,000 literals (a 200 KB guided_regex) overflowed the stack, one call per literal.
+  const std::string run(200000, 'a');
+  for (const std::string& p : {"(" + run + ")?b", "(" + run + ")+"}) {
+    auto g = regex_grammar(p);
+    ASSERT_TRUE(g.ok()) << g.message();
+    const std::string want = p.back() == 'b' ? run + "b" : run + run;
+    EXPECT_TRUE(matches(*g, want));
+    EXPECT_FALSE(matches(*g, want.substr(1)));
+  }
 }
 
 TEST(Regex, LargeCountsStayLinearAndMatchExactly) {

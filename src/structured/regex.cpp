@@ -1,4 +1,4 @@
-#include "engine/regex.h"
+#include "structured/regex.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace ss::engine {
+namespace ss::structured {
 
 namespace {
 
@@ -42,24 +42,6 @@ void normalize(Ranges& r) {
 
 }  // namespace
 
-bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp) {
-  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-  if (i >= s.size()) return false;
-  const uint8_t c = b(i);
-  const int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-  if (len == 0 || i + static_cast<size_t>(len) > s.size()) return false;
-  uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1Fu) : len == 3 ? (c & 0x0Fu) : (c & 0x07u);
-  for (int k = 1; k < len; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return false;
-    v = v << 6 | (b(i + k) & 0x3Fu);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (v < kMin[len] || v > kMaxCp || (v >= 0xD800 && v <= 0xDFFF)) return false;
-  cp = v;
-  i += static_cast<size_t>(len);
-  return true;
-}
-
 bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v) {
   uint32_t out = 0;
   for (int k = 0; k < digits; ++k) {
@@ -71,26 +53,6 @@ bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v) {
   v = out;
   i += static_cast<size_t>(digits);
   return true;
-}
-
-std::string encode_utf8(uint32_t cp) {
-  std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | cp >> 6);
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | cp >> 12);
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | cp >> 18);
-    out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return out;
 }
 
 CodePointRanges complement_code_points(CodePointRanges r) {
@@ -503,41 +465,64 @@ class Emitter {
   }
 
   // Cat kids[k..] (nonempty: without ""): L(a R) \ {""} = (a \ {""}) R  u  (a nullable ? R \ {""} : none).
+  // Loops, not a recursion per element: a pattern with a long run of literals overflowed the stack.
   std::optional<Seq> cat_from(const Node& n, size_t k, bool nonempty) {
-    if (k == n.kids.size()) return nonempty ? std::nullopt : std::optional<Seq>(Seq{});
     if (!nonempty) {
-      auto head = emit(n.kids[k]);
-      auto rest = cat_from(n, k + 1, false);
-      if (!head || !rest) return std::nullopt;
-      head->insert(head->end(), rest->begin(), rest->end());
-      return head;
+      Seq out;
+      bool ok = true;
+      for (size_t j = k; j < n.kids.size(); ++j) {
+        auto part = emit(n.kids[j]);
+        if (!part) ok = false;
+        else if (ok) out.insert(out.end(), part->begin(), part->end());
+      }
+      return ok ? std::optional<Seq>(std::move(out)) : std::nullopt;
     }
+    // The first kid that matches something non-empty is kids[j], after nullable kids k..j-1 matched "".
     std::vector<Seq> alts;
-    auto head = emit_nonempty(n.kids[k]);
-    auto rest = suffix(n, k + 1);
-    if (head && rest) {
-      head->insert(head->end(), rest->begin(), rest->end());
-      alts.push_back(*head);
+    for (size_t j = k; j < n.kids.size(); ++j) {
+      auto head = emit_nonempty(n.kids[j]);
+      auto rest = suffix(n, j + 1);
+      if (head && rest) {
+        head->insert(head->end(), rest->begin(), rest->end());
+        alts.push_back(*head);
+      }
+      if (!nullable(n.kids[j])) break;
     }
-    if (nullable(n.kids[k]))
-      if (auto r2 = cat_from(n, k + 1, true)) alts.push_back(*r2);
     return join(alts);
   }
   // kids[k..] as one rule (memoized), so the "without \"\"" forms of a long concatenation stay linear.
+  // The kids are emitted front to back, then the suffix rules built back to front (no recursion).
   std::optional<Seq> suffix(const Node& n, size_t k) {
-    auto key = std::make_pair(&n, k);
-    if (auto it = suffix_.find(key); it != suffix_.end()) return it->second;
-    std::optional<Seq> out;
-    if (k == n.kids.size()) {
-      out = Seq{};
-    } else if (auto head = emit(n.kids[k])) {
-      if (auto rest = suffix(n, k + 1)) {
-        head->insert(head->end(), rest->begin(), rest->end());
-        out = Seq{Grammar::ref(rule({*head}))};
+    std::vector<Seq> heads;  // emit(kids[k + i]) up to a known suffix, a kid that matches nothing, or the end
+    std::optional<Seq> tail;
+    for (size_t j = k;; ++j) {
+      if (auto it = suffix_.find(std::make_pair(&n, j)); it != suffix_.end()) {
+        tail = it->second;
+        break;
       }
+      if (j == n.kids.size()) {
+        tail = Seq{};
+        suffix_.emplace(std::make_pair(&n, j), tail);
+        break;
+      }
+      auto head = emit(n.kids[j]);
+      if (!head) {
+        suffix_.emplace(std::make_pair(&n, j), std::nullopt);
+        break;
+      }
+      heads.push_back(std::move(*head));
     }
-    suffix_.emplace(key, out);
-    return out;
+    for (size_t i = heads.size(); i-- > 0;) {
+      std::optional<Seq> out;
+      if (tail) {
+        Seq s = std::move(heads[i]);
+        s.insert(s.end(), tail->begin(), tail->end());
+        out = Seq{Grammar::ref(rule({s}))};
+      }
+      suffix_.emplace(std::make_pair(&n, k + i), out);
+      tail = std::move(out);
+    }
+    return tail;
   }
   std::optional<Seq> join(const std::vector<Seq>& alts) {
     if (alts.empty()) return std::nullopt;
@@ -701,4 +686,4 @@ Expected<Grammar> regex_grammar(std::string_view pattern) {
   return g;
 }
 
-}  // namespace ss::engine
+}  // namespace ss::structured

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/grammar.h"
+#include "structured/grammar.h"
 
-namespace ss::engine {
+namespace ss::structured {
 
 struct JsonOptions {
   // No blanks between the JSON text's tokens (vLLM's disable_any_whitespace; tool calls): a small
@@ -45,4 +45,4 @@ Grammar json_object_grammar(const JsonOptions& opt = {});  // response_format {"
 // vLLM's guided_choice: exactly one of the strings (non-empty list of non-empty strings).
 Expected<Grammar> choice_grammar(const std::vector<std::string>& choices);
 
-}  // namespace ss::engine
+}  // namespace ss::structured

@@ -18,9 +18,10 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/grammar.h"
+#include "common/utf8.h"  // decode_utf8 / encode_utf8, for the regex and GBNF parsers
+#include "structured/grammar.h"
 
-namespace ss::engine {
+namespace ss::structured {
 
 struct RegexOptions {
   // How the matched text is written: as is (UTF-8), or as the inside of a JSON string (`"` and `\`
@@ -32,10 +33,6 @@ struct RegexOptions {
   bool search = false;
 };
 
-// One UTF-8 scalar value of s at i (i advances past it); false when ill-formed (truncated,
-// overlong, a surrogate, past U+10FFFF, a stray continuation byte).
-bool decode_utf8(std::string_view s, size_t& i, uint32_t& cp);
-std::string encode_utf8(uint32_t cp);  // cp: a scalar value
 // Exactly `digits` hex digits of s at i into v (i advances past them); false if fewer are there.
 bool parse_hex(std::string_view s, size_t& i, int digits, uint32_t& v);
 
@@ -62,4 +59,4 @@ Expected<int> regex_rule(Grammar& g, std::string_view pattern, const RegexOption
 // A grammar whose whole text matches `pattern` (vLLM's structured_outputs.regex / guided_regex).
 Expected<Grammar> regex_grammar(std::string_view pattern);
 
-}  // namespace ss::engine
+}  // namespace ss::structured

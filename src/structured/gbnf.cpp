@@ -1,4 +1,4 @@
-#include "engine/gbnf.h"
+#include "structured/gbnf.h"
 
 #include <algorithm>
 #include <cctype>
@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/regex.h"
+#include "structured/regex.h"
 
-namespace ss::engine {
+namespace ss::structured {
 
 namespace {
 
@@ -292,4 +292,4 @@ Expected<Grammar> gbnf_grammar(std::string_view text, std::string_view root) {
   return g;
 }
 
-}  // namespace ss::engine
+}  // namespace ss::structured

@@ -1,4 +1,4 @@
-#include "engine/grammar.h"
+#include "structured/grammar.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "tokenizer/tokenizer.h"
 
-namespace ss::engine {
+namespace ss::structured {
 
 namespace {
 bool has(const Grammar::ByteSet& s, uint8_t c) { return (s[c >> 6] >> (c & 63)) & 1; }
@@ -521,8 +521,8 @@ bool GrammarConstraint::must_end() const { return broken_ || GrammarMatcher::mus
 
 std::string GrammarConstraint::error() const {
   if (!m_.overflowed()) return {};
-  return std::string(kConstraintErrorPrefix) + "the schema or pattern is too ambiguous to follow (more than " +
+  return std::string(backend::kConstraintErrorPrefix) + "the schema or pattern is too ambiguous to follow (more than " +
          std::to_string(GrammarMatcher::kMaxStacks) + " alternatives alive at once)";
 }
 
-}  // namespace ss::engine
+}  // namespace ss::structured

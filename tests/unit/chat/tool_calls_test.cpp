@@ -4,11 +4,11 @@
 // tools/gen_chat_tool_cases.py).
 #include <gtest/gtest.h>
 
+#include "chat/chat.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/tool_calls.h"
 
-namespace ss::tok {
+namespace ss::chat {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -191,4 +191,4 @@ TEST(ToolParsers, Variants) {
 }
 
 }  // namespace
-}  // namespace ss::tok
+}  // namespace ss::chat

@@ -1,12 +1,12 @@
 // Tool-call formats: Python's json.dumps for templates, and parsers of generated calls.
-#include "tokenizer/tool_calls.h"
+#include "chat/chat.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
-namespace ss::tok {
+namespace ss::chat {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -127,37 +127,11 @@ size_t skip_ws(std::string_view s, size_t i) {
   return i;
 }
 
-// Brackets outside JSON strings from s[i] on: the deepest nesting, and where the value that opens
-// at s[i] closes (npos if it does not; only with stop_at_close, which ends the walk there).
-struct Brackets {
-  size_t most = 0, end = std::string_view::npos;
-};
-Brackets scan_brackets(std::string_view s, size_t i, bool stop_at_close) {
-  Brackets b;
-  size_t depth = 0;
-  bool in_str = false;
-  for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_str) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_str = false;
-    } else if (c == '"') {
-      in_str = true;
-    } else if (c == '{' || c == '[') {
-      b.most = std::max(b.most, ++depth);
-    } else if ((c == '}' || c == ']') && depth > 0 && --depth == 0 && stop_at_close) {
-      b.end = i + 1;
-      return b;
-    }
-  }
-  return b;
-}
-
 // One call object at s[i]: {"name": "...", <args_key>: {...}} (either key name for the arguments).
 // On success i moves past it.
 bool read_call(std::string_view s, size_t& i, ParsedToolCall& call) {
   if (i >= s.size() || s[i] != '{') return false;
-  const Brackets b = scan_brackets(s, i, /*stop_at_close=*/true);
+  const JsonBrackets b = scan_json_brackets(s, i, /*stop_at_close=*/true);
   if (b.end == std::string_view::npos || b.most > kMaxJsonDepth) return false;
   const size_t end = b.end;
   const ojson v = ojson::parse(s.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
@@ -219,8 +193,6 @@ ParsedToolOutput parse_llama3_json(std::string_view text) {
 
 }  // namespace
 
-size_t json_max_depth(std::string_view s) { return scan_brackets(s, 0, /*stop_at_close=*/false).most; }
-
 std::string py_json_dumps(const nlohmann::ordered_json& v, int indent) {
   std::string out;
   dumps(out, v, indent, 0);
@@ -277,4 +249,4 @@ size_t tool_content_prefix(ToolFormat f, std::string_view text, size_t known) {
   return text.size();
 }
 
-}  // namespace ss::tok
+}  // namespace ss::chat

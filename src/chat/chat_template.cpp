@@ -5,10 +5,10 @@
 #include <ctime>
 #include <string>
 
-#include "tokenizer/tokenizer.h"
-#include "tokenizer/tool_calls.h"
+#include "chat/chat.h"
+#include "common/utf8.h"
 
-namespace ss::tok {
+namespace ss::chat {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -29,15 +29,15 @@ bool py_space(uint32_t cp) {
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
          cp == 0x3000;
 }
-// Decodes the code point starting at s[i] (valid UTF-8 assumed; a stray byte decodes as itself).
+// The code point starting at s[i] (valid UTF-8 assumed; a stray byte decodes as itself).
 uint32_t cp_at(std::string_view s, size_t i, size_t* n) {
-  auto c = static_cast<unsigned char>(s[i]);
-  int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-  if (i + len > s.size()) len = 1;
-  *n = size_t(len);
-  if (len == 1) return c;
-  uint32_t cp = c & (0x7F >> len);
-  for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  size_t j = i;
+  uint32_t cp = 0;
+  if (!decode_utf8(s, j, cp)) {
+    *n = 1;
+    return static_cast<unsigned char>(s[i]);
+  }
+  *n = j - i;
   return cp;
 }
 std::string py_strip(std::string_view s) {
@@ -79,7 +79,7 @@ std::string chatml_default_system(std::string_view t) {
   return {};
 }
 
-std::string token_or(const Tokenizer* tok, int32_t id, const char* fallback) {
+std::string token_or(const tok::Tokenizer* tok, int32_t id, const char* fallback) {
   if (tok && id >= 0) return std::string(tok->token_text(id));
   return tok ? std::string() : std::string(fallback);
 }
@@ -275,7 +275,7 @@ const char* chat_family_name(ChatFamily f) {
 }
 
 Expected<std::string> render_chat(std::string_view template_text, const std::vector<ChatMessage>& messages,
-                                  bool add_generation_prompt, const Tokenizer* tok, std::string_view date_string,
+                                  bool add_generation_prompt, const tok::Tokenizer* tok, std::string_view date_string,
                                   std::string_view tools_json) {
   std::string_view t = template_text;
   ojson tools = ojson::array();
@@ -318,4 +318,4 @@ Expected<std::string> render_chat(std::string_view template_text, const std::vec
                     (t.size() > 80 ? "...\"" : "\""));
 }
 
-}  // namespace ss::tok
+}  // namespace ss::chat

@@ -2,7 +2,8 @@
 // through it, and the per-step token mask (which vocabulary tokens keep the text inside the
 // grammar). The shape is llama.cpp's GBNF engine: rules of alternatives, each alternative a
 // sequence of byte sets and rule references, matched by a set of pushdown stacks; no left
-// recursion. json_schema.h compiles JSON Schema into such a grammar.
+// recursion. json_schema.h compiles JSON Schema into such a grammar. Private to src/structured/:
+// others include structured/structured.h, which brings this header along.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -14,13 +15,13 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/request.h"
+#include "backend/backend.h"  // backend::TokenMask, the interface a constraint implements
 
 namespace ss::tok {
 class Tokenizer;
 }
 
-namespace ss::engine {
+namespace ss::structured {
 
 class Grammar {
  public:
@@ -171,7 +172,7 @@ class CompiledGrammar {
 
 // One request's constraint: the grammar's state after the text generated so far. The end ids
 // (end-of-generation and the client's stop ids) are allowed exactly when the text is a whole match.
-class GrammarConstraint final : public TokenConstraint {
+class GrammarConstraint final : public backend::TokenMask {
  public:
   GrammarConstraint(std::shared_ptr<const CompiledGrammar> g, std::vector<int32_t> end_ids);
   bool allows(int32_t token) override;
@@ -191,4 +192,4 @@ class GrammarConstraint final : public TokenConstraint {
   bool broken_ = false;  // a token outside the grammar was accepted (never happens when masked)
 };
 
-}  // namespace ss::engine
+}  // namespace ss::structured

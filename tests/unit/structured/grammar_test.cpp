@@ -12,11 +12,11 @@
 #include <set>
 #include <sstream>
 
-#include "engine/grammar.h"
-#include "engine/json_schema.h"
+#include "structured/grammar.h"
+#include "structured/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
-using namespace ss::engine;
+using namespace ss::structured;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;  // schemas: key order is the generation order
 
@@ -445,7 +445,7 @@ TEST(Grammar, ATooAmbiguousSchemaStopsTheMatcherNotTheEngine) {
   const auto t0 = std::chrono::steady_clock::now();
   c.mask(logits.data(), tok->vocab_size());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  EXPECT_EQ(c.error().rfind(std::string(kConstraintErrorPrefix), 0), 0u) << c.error();
+  EXPECT_EQ(c.error().rfind(std::string(ss::backend::kConstraintErrorPrefix), 0), 0u) << c.error();
   EXPECT_NE(c.error().find("too ambiguous"), std::string::npos) << c.error();
 }
 

@@ -1,6 +1,7 @@
-#include "engine/json_schema.h"
+#include "structured/json_schema.h"
 
-#include "engine/regex.h"
+#include "common/json_depth.h"
+#include "structured/regex.h"
 
 #include <cmath>
 #include <limits>
@@ -8,7 +9,7 @@
 #include <optional>
 #include <set>
 
-namespace ss::engine {
+namespace ss::structured {
 
 // Schemas keep their key order: declared properties are generated in the order written.
 using json = nlohmann::ordered_json;
@@ -308,7 +309,7 @@ class Compiler {
 
   int compile(const json& s, const std::string& where) {
     if (!err_.empty()) return alt_rule({});
-    if (++depth_ > 256) return fail(where, "nested too deeply");
+    if (++depth_ > static_cast<int>(kMaxJsonDepth)) return fail(where, "nested too deeply");
     struct Dec {
       int& d;
       ~Dec() { --d; }
@@ -618,4 +619,4 @@ Expected<Grammar> choice_grammar(const std::vector<std::string>& choices) {
   return g;
 }
 
-}  // namespace ss::engine
+}  // namespace ss::structured
