@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/sampling_rng.h"
 #include "common/status.h"
 
 namespace ss::backend {
@@ -32,21 +33,6 @@ struct SamplingParams {
   Status validate() const;
   bool greedy() const { return temperature <= 0.0f; }
 };
-
-// The uniform in [0, 1) of a request's draw number `counter`: SplitMix64's output at that index of
-// the stream seeded with `seed`, so a draw depends on (seed, counter) alone — not on the batch, the
-// step, a preemption or the device. A token's draws are counters 2n and 2n + 1 (n: the number of
-// output tokens before it; the second draw only when a grammar refused the first).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline double sampling_uniform(uint64_t seed, uint64_t counter) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (counter + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
 
 // Structured outputs: which tokens may come next (structured/ implements it for grammars, regexes
 // and JSON Schema). A backend consults it while sampling a row, never concurrently for one

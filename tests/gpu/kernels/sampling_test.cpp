@@ -87,13 +87,8 @@ int32_t host_sample(const float* logits, int V, const RowSampling& p, const std:
   return draw(n);
 }
 
-TEST(GpuSampling, SplitMixIsTheHostSamplersUniform) {
-  for (uint64_t seed : {0ull, 1ull, 42ull, 0xdeadbeefcafef00dull}) {
-    for (uint64_t c = 0; c < 1000; c += 7) {
-      EXPECT_EQ(splitmix_uniform(seed, c), ss::backend::sampling_uniform(seed, c));
-    }
-  }
-}
+// (The device and the host share one sampling_uniform, backend/sampling_rng.h, whose values
+// tests/unit/backend/step_batch_test.cpp checks against SplitMix64's published outputs.)
 
 // Disabled: on the H200 (2026-12-04, docs/perf/gpu.md) the device draw returned id 0 where the host
 // reference drew another; the backend does not use the device sampler yet (greedy rows: argmax; the

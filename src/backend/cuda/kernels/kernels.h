@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/sampling_rng.h"
 #include "common/status.h"
 
 namespace ss::cuda::kern {
@@ -168,16 +169,7 @@ Status sample(const float* logits, int n_rows, int V, const RowSampling* params,
 Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
                 const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s);
 
-// SplitMix64 uniform of draw `counter` of stream `seed` (backend/sampling.h's sampling_uniform).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline double splitmix_uniform(uint64_t seed, uint64_t counter) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (counter + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
+// SplitMix64 uniform of draw `counter` of stream `seed`: the host sampler's own function.
+using backend::sampling_uniform;
 
 }  // namespace ss::cuda::kern

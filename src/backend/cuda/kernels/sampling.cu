@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* log
     if (threadIdx.x == 0) ids[row] = t;
     return;
   }
-  const double u = splitmix_uniform(p.seed, p.counter);
+  const double u = sampling_uniform(p.seed, p.counter);
   const bool truncate = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
   if (!truncate) {
     // Inverse CDF in id order: each thread owns a contiguous run of ids; one scan over the runs'
