@@ -103,6 +103,8 @@ class CudaBackend final : public Backend {
   Status upload_vector(const model::Tensor& t, float** out);
   Status gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16_bits* x, int n, float* y);
   Status forward(int n_tok, int n_rows);
+  // Batch <= 8 (decode, small prefill chunks): the fused PDL-chained layer of kernels/decode.cu.
+  Status forward_fused(int n_tok, int n_rows);
   // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
   Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
   Status upload_table_edits(const StepBatch& b);
@@ -151,6 +153,10 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0, max_splits_ = 32;
   float* attn_ws_ = nullptr;
   int32_t* d_ctx_ = nullptr;  // positions + 1
+  // The fused small-batch path (kernels/decode.cu): split attention shapes without per-head q/k norms.
+  bool fused_ = false;
+  unsigned* attn_counters_ = nullptr;  // [kFusedMaxBatch][n_kv], zero between launches
+  static constexpr int kFusedMaxBatch = 8;
 
  public:
   ~CudaBackend() override;
@@ -275,12 +281,19 @@ Status CudaBackend::init() {
                                padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
   split_attention_ = kv_.block_size == cuda::kern::kBlockTokens && (hd_ == 64 || hd_ == 128 || hd_ == 256) &&
                      nh_ / nkv_ <= 8;
+  fused_ = split_attention_ && !c_.qk_norm && H_ % 8 == 0 && qd_ % 8 == 0 && I_ % 8 == 0 &&
+           static_cast<size_t>(kFusedMaxBatch) * H_ * 2 <= 200 * 1024;
   int64_t attn_ws_floats = 0;
-  if (split_attention_)
+  if (split_attention_) {
     for (int n = 1; n <= cap_tokens_; ++n)
       attn_ws_floats = std::max(attn_ws_floats, cuda::kern::attention_workspace_floats(
                                                     n, nh_, hd_, cuda::kern::attention_splits(n, nkv_, sm_count_, max_splits_)));
-  const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T);
+    if (fused_)
+      attn_ws_floats = std::max(attn_ws_floats, cuda::kern::attention_workspace_floats(
+                                                    std::min(cap_tokens_, kFusedMaxBatch), nh_, hd_, max_splits_));
+  }
+  const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T) +
+                            padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_);
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
                           static_cast<double>(scratch_bytes + attn_bytes);
@@ -319,6 +332,11 @@ Status CudaBackend::init() {
   rope_cs_ = scratch_.take<float>(static_cast<size_t>(max_position_) * rope_dim_);
   d_ctx_ = scratch_.take<int32_t>(T);
   if (attn_ws_floats > 0) attn_ws_ = scratch_.take<float>(static_cast<size_t>(attn_ws_floats));
+  if (fused_) {
+    attn_counters_ = scratch_.take<unsigned>(static_cast<size_t>(kFusedMaxBatch) * nkv_);
+    if (!attn_counters_) return make_error("cuda backend: scratch estimate too small (a bug)");
+    SS_CUDA(cudaMemsetAsync(attn_counters_, 0, sizeof(unsigned) * kFusedMaxBatch * nkv_, stream_));
+  }
   if (!d_ctx_ || (attn_ws_floats > 0 && !attn_ws_)) return make_error("cuda backend: scratch estimate too small (a bug)");
   if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
@@ -416,7 +434,37 @@ Status CudaBackend::gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16
   return {};
 }
 
+Status CudaBackend::forward_fused(int T, int R) {
+  namespace k = cuda::kern;
+  const float eps = c_.rms_norm_eps;
+  constexpr bool pdl = true;
+  cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
+  for (int l = 0; l < L_; ++l) {
+    const Layer& d = layers_[static_cast<size_t>(l)];
+    bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
+    k::RopeKv rk{};
+    rk.rope_cs = rope_cs_, rk.rope_dim = rope_dim_, rk.interleaved = c_.rope_style == model::RopeStyle::Interleaved;
+    rk.n_heads = nh_, rk.n_kv = nkv_, rk.hd = hd_, rk.positions = d_pos_, rk.seq_of_token = d_tok_table_;
+    rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.cache = layer_cache, rk.bias = d.bqkv;
+    rk.norm_eps = eps;
+    SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
+    k::Attention a{q_,       layer_cache,    nh_,         nkv_,        hd_,  1.0f / std::sqrt(static_cast<float>(hd_)),
+                   d_ctx_,   d_tok_table_,   d_tables_,   max_blocks_, att_, attn_ws_,
+                   max_splits_, attn_counters_};
+    a.pdl = pdl;
+    // The split count of the largest batch at every batch size: a row's result then depends on its
+    // own context only (batch invariance); splits past the context exit at once.
+    SS_TRY(k::attention(a, T, max_splits_, stream_));
+    SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+    SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
+    SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+  }
+  if (R == 0) return {};
+  return k::dec_norm_gemv(out_w_, x_, d_rows_, out_norm_, eps, logits_, V_, H_, R, pdl, stream_);
+}
+
 Status CudaBackend::forward(int T, int R) {
+  if (fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch) return forward_fused(T, R);
   const float eps = c_.rms_norm_eps;
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   for (int l = 0; l < L_; ++l) {
@@ -431,9 +479,10 @@ Status CudaBackend::forward(int T, int R) {
                         nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
     cuda::qkv_epilogue(e, T, stream_);
     if (split_attention_) {
+      const int splits = cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_);
       const cuda::kern::Attention a{q_,  layer_cache, nh_,  nkv_,     hd_,     1.0f /* q is pre-scaled */,
-                                    d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, max_splits_, nullptr};
-      SS_TRY(cuda::kern::attention(a, T, cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_), stream_));
+                                    d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, splits, nullptr};
+      SS_TRY(cuda::kern::attention(a, T, splits, stream_));
     } else {
       cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
       cuda::attention(a, T, stream_);

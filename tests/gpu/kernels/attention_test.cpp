@@ -4,6 +4,7 @@
 // the cache, so a read beyond a context faults instead of passing quietly.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "gpu_test_util.h"
@@ -157,6 +158,44 @@ TEST(GpuAttention, PrefillOverCachedPrefixIsCausal) {
     run_case(rng, c, {prefix + n}, seq, ctx, 3, /*merge_in_place=*/true);
     if (HasFatalFailure()) return;
   }
+}
+
+// What the fused decode path relies on: with the split count fixed, a row's output is bit-for-bit
+// the same alone and among seven others of other lengths (PDL launch, splits merged in place).
+TEST(GpuAttention, RowResultDoesNotDependOnTheBatch) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(26);
+  const Case c{32, 8, 128};
+  const std::vector<int> lens = {1, 17, 64, 65, 300, 1000, 4095, 2048};
+  const int n_q = static_cast<int>(lens.size()), splits = 32, max_splits = 32;
+  const Paged p = make_paged(rng, lens, c.n_kv, c.hd);
+  const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
+  const auto q = random_f32(rng, row * n_q, -2, 2);
+  std::vector<int32_t> seq(n_q), ctx(lens.begin(), lens.end());
+  std::iota(seq.begin(), seq.end(), 0);
+  DeviceBuf<float> dq(q), dws(static_cast<size_t>(attention_workspace_floats(n_q, c.n_heads, c.hd, max_splits)));
+  DeviceBuf<uint16_t> dcache(p.cache), dout(row * n_q), dout1(row);
+  DeviceBuf<int32_t> dctx(ctx), dseq(seq), dtab(p.tables);
+  DeviceBuf<unsigned> counters(static_cast<size_t>(n_q) * c.n_kv);
+  CUDA_OK(cudaMemset(counters.get(), 0, counters.size() * sizeof(unsigned)));
+  dout.poison();
+  Attention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, 1.0f / std::sqrt(128.0f), dctx.get(), dseq.get(),
+              dtab.get(), p.max_blocks, dout.get(), dws.get(), max_splits, counters.get()};
+  a.pdl = true;
+  LAUNCH_OK(attention(a, n_q, splits, nullptr));
+  const auto all = dout.download();
+  for (int i = 0; i < n_q; ++i) {
+    Attention one = a;
+    one.q = dq.get() + row * i, one.ctx_len = dctx.get() + i, one.seq_of_query = dseq.get() + i, one.out = dout1.get();
+    dout1.poison();
+    LAUNCH_OK(attention(one, 1, splits, nullptr));
+    const auto alone = dout1.download();
+    ASSERT_EQ(0, std::memcmp(alone.data(), all.data() + row * i, row * sizeof(uint16_t))) << "row " << i << " ctx " << ctx[i];
+    const auto ref = host_attention(p, q.data() + row * i, i, ctx[i], c, a.scale);
+    for (size_t j = 0; j < ref.size(); ++j)
+      ASSERT_NEAR(from_bf16(alone[j]), ref[j], std::abs(ref[j]) / 256 + 1e-5) << "row " << i << " elem " << j;
+  }
+  for (unsigned v : counters.download()) ASSERT_EQ(v, 0u);
 }
 
 TEST(GpuAttention, RejectsUnsupportedShapes) {

@@ -33,14 +33,70 @@ __device__ __forceinline__ void load_bf(const uint16_t* p, float (&v)[EPL]) {
   }
 }
 
-// The keys of split `split` of `splits` over a context of ctx: whole 16-key blocks, at least
-// kMinSplitKeys, so short contexts leave the later splits empty.
-__device__ __forceinline__ void split_range(int ctx, int split, int splits, int& begin, int& end) {
+// Keys per split for a context of ctx over `splits` splits: whole 16-key blocks, at least
+// kMinSplitKeys, so short contexts leave the later splits empty. Depends on ctx and splits only.
+__device__ __forceinline__ int split_keys(int ctx, int splits) {
   int per = (ctx + splits - 1) / splits;
   per = (per + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
-  per = max(per, kMinSplitKeys);
-  begin = min(ctx, split * per);
-  end = min(ctx, begin + per);
+  return max(per, kMinSplitKeys);
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Workspace: (max, sum) pairs [n_q][n_heads][max_splits][2], then the unnormalised outputs
+// [n_q][n_heads][max_splits][hd] (16-byte aligned rows, so a merge reads them with vector loads).
+__device__ __forceinline__ float* ws_ml(const Attention& a, int qi, int h, int split) {
+  return a.workspace + ((static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits + split) * 2;
+}
+__device__ __forceinline__ float* ws_acc(const Attention& a, int n_q, int qi, int h, int split) {
+  return a.workspace + static_cast<int64_t>(n_q) * a.n_heads * a.max_splits * 2 +
+         ((static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits + split) * a.hd;
+}
+
+// Merges the ns partial softmaxes of each head of the group: warp w takes heads w, w + 4, ...;
+// lane s holds split s's (and s + 32's) weight, each lane its EPL output dims.
+template <int HD>
+__device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi, int kvh, int G, int ns) {
+  constexpr int EPL = HD / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int g = warp; g < G; g += kAttnWarps) {
+    const int h = kvh * G + g;
+    const float* ml0 = ws_ml(a, qi, h, 0);
+    const float m0 = lane < ns ? __ldcg(ml0 + 2 * lane) : -INFINITY;
+    const float m1 = lane + 32 < ns ? __ldcg(ml0 + 2 * (lane + 32)) : -INFINITY;
+    const float l0 = lane < ns ? __ldcg(ml0 + 2 * lane + 1) : 0.0f;
+    const float l1 = lane + 32 < ns ? __ldcg(ml0 + 2 * (lane + 32) + 1) : 0.0f;
+    const float M = warp_max(fmaxf(m0, m1));
+    const float f0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - M), f1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - M);
+    const float L = warp_sum(l0 * f0 + l1 * f1);
+    float A[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) A[e] = 0.0f;
+    const float* acc0 = ws_acc(a, n_q, qi, h, 0) + lane * EPL;
+#pragma unroll 4
+    for (int sp = 0; sp < ns; ++sp) {
+      const float f = __shfl_sync(0xffffffffu, sp < 32 ? f0 : f1, sp & 31);
+      const float* p = acc0 + static_cast<int64_t>(sp) * HD;
+#pragma unroll
+      for (int e = 0; e < EPL; e += 2) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(p + e));
+        A[e] = fmaf(f, v.x, A[e]);
+        A[e + 1] = fmaf(f, v.y, A[e + 1]);
+      }
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + lane * EPL + e] = f2bf(A[e] * inv);
+  }
 }
 
 template <int HD>
@@ -49,9 +105,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = a.n_heads / a.n_kv;
+  pdl_wait();
+  pdl_trigger();
   const int ctx = a.ctx_len[qi];
-  int begin, end;
-  split_range(ctx, split, splits, begin, end);
+  const int per = split_keys(ctx, splits);
+  const int ns = (ctx + per - 1) / per;  // splits holding keys: the others have nothing to do
+  if (split >= ns) return;
+  const int begin = split * per, end = min(ctx, begin + per);
 
   // q in registers, pre-scaled by scale * log2(e) so the softmax runs on exp2.
   float q[kMaxGroup][EPL];
@@ -141,75 +201,59 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       }
     }
     const int h = kvh * G + g;
-    if (splits == 1) {
+    if (ns == 1) {
       a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
     } else {
-      float* ws = a.workspace + ((static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits + split) * (HD + 2);
-      if (d == 0) ws[0] = M, ws[1] = L;
-      ws[2 + d] = A;
+      if (d == 0) {
+        float* ml = ws_ml(a, qi, h, split);
+        ml[0] = M, ml[1] = L;
+      }
+      ws_acc(a, gridDim.x, qi, h, split)[d] = A;
     }
   }
-  if (splits == 1 || !a.split_counters) return;
-  // The last split CTA of this (row, KV head) merges every split (their partials read from L2).
+  if (ns == 1 || !a.split_counters) return;
+  // The last split CTA of this (row, KV head) merges the splits (their partials read from L2).
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   unsigned* counter = a.split_counters + static_cast<int64_t>(qi) * a.n_kv + kvh;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(ns - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-    const int g = i / HD, d = i % HD, h = kvh * G + g;
-    const float* ws = a.workspace + (static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits * (HD + 2);
-    float M = -INFINITY;
-    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(ws + sp * (HD + 2)));
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int sp = 0; sp < splits; ++sp) {
-        const float* p = ws + sp * (HD + 2);
-        const float pm = __ldcg(p);
-        if (pm == -INFINITY) continue;
-        const float f = exp2f(pm - M);
-        L += __ldcg(p + 1) * f;
-        A += __ldcg(p + 2 + d) * f;
-      }
-    }
-    a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
-  }
+  merge_splits<HD>(a, gridDim.x, qi, kvh, G, ns);
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
 }
 
-// One CTA per (query row, head), one thread per dim: merges the splits' partial softmaxes.
-__global__ void attn_combine_k(Attention a, int splits) {
-  const int qi = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const int hd = a.hd;
-  const float* ws = a.workspace + (static_cast<int64_t>(qi) * a.n_heads + h) * a.max_splits * (hd + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws[s * (hd + 2)]);
-  float L = 0.0f, A = 0.0f;
-  if (M != -INFINITY) {
-    for (int s = 0; s < splits; ++s) {
-      const float* p = ws + s * (hd + 2);
-      if (p[0] == -INFINITY) continue;
-      const float f = exp2f(p[0] - M);
-      L += p[1] * f;
-      A += p[2 + d] * f;
-    }
-  }
-  a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * hd + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+// One CTA (4 warps) per (query row, KV head): merges the splits' partial softmaxes.
+template <int HD>
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_combine_k(Attention a, int splits) {
+  const int qi = blockIdx.x, kvh = blockIdx.y;
+  const int ctx = a.ctx_len[qi];
+  const int per = split_keys(ctx, splits);
+  const int ns = (ctx + per - 1) / per;
+  if (ns > 1) merge_splits<HD>(a, gridDim.x, qi, kvh, a.n_heads / a.n_kv, ns);
 }
 
 template <int HD>
 void launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
-  attn_split_k<HD><<<dim3(n_q, a.n_kv, splits), kAttnWarps * 32, 0, s>>>(a, splits);
-  if (splits > 1 && !a.split_counters) attn_combine_k<<<dim3(n_q, a.n_heads), HD, 0, s>>>(a, splits);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(n_q, a.n_kv, splits);
+  cfg.blockDim = dim3(kAttnWarps * 32);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, attn_split_k<HD>, a, splits);
+  if (splits > 1 && !a.split_counters) attn_combine_k<HD><<<dim3(n_q, a.n_kv), kAttnWarps * 32, 0, s>>>(a, splits);
 }
 
 }  // namespace
 
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits) {
-  return max_splits <= 1 ? 0 : static_cast<int64_t>(n_q) * n_heads * max_splits * (hd + 2);
+  return max_splits <= 1 ? 0 : static_cast<int64_t>(n_q) * n_heads * max_splits * (hd + 2);  // (max, sum) + hd
 }
 
 int attention_splits(int n_q, int n_kv, int sm_count, int max_splits) {

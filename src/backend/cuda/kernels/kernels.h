@@ -98,6 +98,26 @@ enum class QuantType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K };
 Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, int N, int K, int batch,
                   bool accumulate, cudaStream_t s);
 
+// --- the decode layer at batch 1..8 (decode.cu) ---------------------------------------------------
+// Five kernels a layer, each launched (pdl true) with programmatic dependent launch: it loads its
+// first weight vectors, then waits for the previous kernel (griddepcontrol.wait) and computes. The
+// norm ops take the fp32 residual `resid` [batch][K] and normalise it themselves (RMSNorm with
+// norm_w, eps) into shared memory; batch x K <= 100 Ki. The arithmetic of a row is the same at every
+// batch size (batch invariance). W 16-byte aligned, K % 8 == 0.
+// QKV: W_qkv [(n_heads + 2 n_kv) * hd][K]; RoPE, the bias (rk.bias) and the KV store as
+// gemv_bf16_qkv_rope (rk.qkv unused; no per-head q/k norms); q unscaled.
+Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
+               const RopeKv& rk, bool pdl, cudaStream_t s);
+// resid[b][n] += sum_k W[n][k] x[b][k] (o_proj, down).
+Status dec_add(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
+               cudaStream_t s);
+// act[b][i] = bf16(silu(gate_i . xn_b) * (up_i . xn_b)), W_gate_up [2F][K], xn_b = rmsnorm(resid[b]).
+Status dec_gate_up(const bf16_bits* W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
+                   int F, int K, int batch, bool pdl, cudaStream_t s);
+// y[b][n] = W[n] . rmsnorm(resid[rows[b]]) (rows null: row b): the final norm and lm_head.
+Status dec_norm_gemv(const bf16_bits* W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
+                     float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
+
 // Tensor-core GEMM through cuBLASLt for larger token batches: y[M][N] fp32 = x[M][K] bf16 * W[N][K]^T.
 // One handle and workspace per stream owner; create once, reuse (graph capture: no allocation inside).
 struct LtGemm;
@@ -118,7 +138,9 @@ Status swiglu(const float* gu, int n_tok, int inter, bf16_bits* act, cudaStream_
 // prefill: one row per prompt token (ctx_len = position + 1), the prefix already cached.
 // q: [n_q][n_heads*hd] fp32 (unscaled), out: [n_q][n_heads*hd] bf16; hd in {64, 128, 256}, group <= 8.
 // The split count depends on max_splits and the row count only, never on ctx_len, so one captured
-// graph serves every context length.
+// graph serves every context length. A split covers max(64, ctx / splits) keys rounded up to whole
+// blocks, so only the first ceil(ctx / that) splits hold keys (the rest exit at once) and a row's
+// result depends on its context and `splits` only; max_splits is the workspace's stride (>= splits).
 struct Attention {
   const float* q;
   const bf16_bits* cache;
@@ -134,6 +156,9 @@ struct Attention {
   // [n_q * n_kv] uints, zero before the first launch and left zero by each: the last split CTA of a
   // (row, KV head) merges the splits itself (no combine launch). Null: a separate combine kernel.
   unsigned* split_counters;
+  // Launched with programmatic dependent launch (see the decode layer below): the CTAs may start
+  // while the previous kernel runs and wait for it before reading anything.
+  bool pdl = false;
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.

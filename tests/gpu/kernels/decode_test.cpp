@@ -1,0 +1,233 @@
+// The fused decode layer's kernels (kernels/decode.cu) against host references in double over the
+// same bf16 inputs, launched with programmatic dependent launch as the backend launches them, outputs
+// poisoned first; and the property the backend relies on for batch invariance: a row's result is
+// bit-for-bit the same whatever batch it is computed in.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "gpu_test_util.h"
+
+namespace ss::cuda::test {
+namespace {
+
+using namespace ss::cuda::kern;
+
+// The kernel's staged input: bf16(x * inv * w) with inv = 1 / rms in fp32. The host computes the
+// same in double; where a product lies within 1e-5 (relative) of a bf16 rounding midpoint the two
+// may round apart, and that element's full ulp enters the tolerance (`slack`).
+struct Normed {
+  std::vector<double> xn;     // [K]
+  std::vector<double> slack;  // [K]: 0, or one bf16 ulp of xn
+};
+Normed host_norm(const float* x, const std::vector<float>& w, int K, double eps) {
+  double ss = 0;
+  for (int k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
+  const double inv = 1.0 / std::sqrt(ss / K + eps);
+  Normed n{std::vector<double>(K), std::vector<double>(K, 0.0)};
+  for (int k = 0; k < K; ++k) {
+    const double t = x[k] * inv * w[k];
+    const float r = from_bf16(to_bf16(static_cast<float>(t)));
+    n.xn[k] = r;
+    // distance to the nearest rounding midpoint: half an ulp either side of r
+    const double ulp = std::abs(static_cast<double>(from_bf16(static_cast<uint16_t>(to_bf16(r) + 1))) - r);
+    const double mid_dist = std::abs(std::abs(t - r) - ulp / 2);
+    if (mid_dist < 1e-5 * std::abs(t) + 1e-30) n.slack[k] = ulp;
+  }
+  return n;
+}
+
+struct Dot {
+  double v, mag, slack;
+};
+Dot host_dot(const float* w, const Normed& n, int K) {
+  Dot d{0, 0, 0};
+  for (int k = 0; k < K; ++k) {
+    const double t = static_cast<double>(w[k]) * n.xn[k];
+    d.v += t, d.mag += std::abs(t), d.slack += std::abs(static_cast<double>(w[k])) * n.slack[k];
+  }
+  return d;
+}
+
+TEST(GpuDecode, AddAccumulatesIntoTheResidual) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(31);
+  for (auto [N, K] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}, std::pair{1, 8}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
+    DeviceBuf<uint16_t> dW(W);
+    for (int batch : {1, 3, 8}) {
+      std::vector<float> xf;
+      auto x = random_bf16(rng, static_cast<size_t>(batch) * K, -1, 1, &xf);
+      const auto r0 = random_f32(rng, static_cast<size_t>(batch) * N, -2, 2);
+      DeviceBuf<uint16_t> dx(x);
+      DeviceBuf<float> dr(r0);
+      LAUNCH_OK(dec_add(dW.get(), dx.get(), dr.get(), N, K, batch, true, nullptr));
+      const auto r = dr.download();
+      for (int b = 0; b < batch; ++b)
+        for (int n = 0; n < N; ++n) {
+          double acc = r0[static_cast<size_t>(b) * N + n], m = std::abs(acc);
+          for (int k = 0; k < K; ++k) {
+            const double t = static_cast<double>(wf[static_cast<size_t>(n) * K + k]) * xf[static_cast<size_t>(b) * K + k];
+            acc += t, m += std::abs(t);
+          }
+          ASSERT_NEAR(r[static_cast<size_t>(b) * N + n], acc, 1e-5 * m + 1e-6) << "N=" << N << " K=" << K << " b=" << b << " n=" << n;
+        }
+    }
+  }
+  EXPECT_FALSE(dec_add(nullptr, nullptr, nullptr, 16, 12, 1, true, nullptr).ok());
+  EXPECT_FALSE(dec_add(nullptr, nullptr, nullptr, 16, 16, 9, true, nullptr).ok());
+}
+
+TEST(GpuDecode, NormGemvMatchesHostAndIsBatchInvariant) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(32);
+  for (auto [N, K] : {std::pair{1001, 576}, std::pair{515, 2048}, std::pair{33, 4096}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
+    const auto nw = random_f32(rng, K, 0.5f, 1.5f);
+    const int n_resid = 11;
+    const auto resid = random_f32(rng, static_cast<size_t>(n_resid) * K, -3, 3);
+    DeviceBuf<uint16_t> dW(W);
+    DeviceBuf<float> dnw(nw), dres(resid);
+    std::vector<int32_t> rows = {7, 0, 10, 3, 3, 9, 1, 5};
+    DeviceBuf<int32_t> drows(rows);
+    DeviceBuf<float> dy(8 * static_cast<size_t>(N)), dy1(static_cast<size_t>(N));
+    dy.poison();
+    LAUNCH_OK(dec_norm_gemv(dW.get(), dres.get(), drows.get(), dnw.get(), 1e-5f, dy.get(), N, K, 8, true, nullptr));
+    const auto y = dy.download();
+    for (int b = 0; b < 8; ++b) {
+      const Normed xn = host_norm(resid.data() + static_cast<size_t>(rows[b]) * K, nw, K, 1e-5);
+      for (int n = 0; n < N; ++n) {
+        const Dot d = host_dot(wf.data() + static_cast<size_t>(n) * K, xn, K);
+        ASSERT_NEAR(y[static_cast<size_t>(b) * N + n], d.v, 1e-5 * d.mag + d.slack + 1e-6) << "N=" << N << " b=" << b << " n=" << n;
+      }
+    }
+    // The same rows one at a time and three at a time: bit-identical results.
+    for (int b = 0; b < 8; ++b) {
+      dy1.poison();
+      LAUNCH_OK(dec_norm_gemv(dW.get(), dres.get(), drows.get() + b, dnw.get(), 1e-5f, dy1.get(), N, K, 1, true, nullptr));
+      const auto y1 = dy1.download();
+      ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + static_cast<size_t>(b) * N, sizeof(float) * N)) << "row " << b;
+    }
+    DeviceBuf<float> dy3(3 * static_cast<size_t>(N));
+    LAUNCH_OK(dec_norm_gemv(dW.get(), dres.get(), drows.get() + 2, dnw.get(), 1e-5f, dy3.get(), N, K, 3, true, nullptr));
+    const auto y3 = dy3.download();
+    ASSERT_EQ(0, std::memcmp(y3.data(), y.data() + 2 * static_cast<size_t>(N), sizeof(float) * 3 * N));
+  }
+  EXPECT_FALSE(dec_norm_gemv(nullptr, nullptr, nullptr, nullptr, 1e-5f, nullptr, 16, 16 * 1024 * 1024, 8, true, nullptr).ok());
+}
+
+TEST(GpuDecode, GateUpMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(33);
+  for (auto [F, K] : {std::pair{1536, 576}, std::pair{1001, 2048}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(2 * F) * K, -1, 1, &wf);
+    const auto nw = random_f32(rng, K, 0.5f, 1.5f);
+    DeviceBuf<uint16_t> dW(W);
+    DeviceBuf<float> dnw(nw);
+    for (int batch : {1, 3, 8}) {
+      const auto resid = random_f32(rng, static_cast<size_t>(batch) * K, -2, 2);
+      DeviceBuf<float> dres(resid);
+      DeviceBuf<uint16_t> dact(static_cast<size_t>(batch) * F);
+      dact.poison();
+      LAUNCH_OK(dec_gate_up(dW.get(), dres.get(), dnw.get(), 1e-6f, dact.get(), F, K, batch, true, nullptr));
+      const auto act = dact.download();
+      for (int b = 0; b < batch; ++b) {
+        const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
+        for (int i = 0; i < F; ++i) {
+          const Dot g = host_dot(wf.data() + static_cast<size_t>(i) * K, xn, K);
+          const Dot u = host_dot(wf.data() + static_cast<size_t>(F + i) * K, xn, K);
+          const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
+          const double eg = 1e-5 * g.mag + g.slack, eu = 1e-5 * u.mag + u.slack;
+          // bf16 rounding of the result, plus the dot products' error carried through silu * up
+          const double tol = std::abs(ref) / 256 + eg * std::abs(u.v) * 1.1 + std::abs(sg) * eu + 1e-6;
+          ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << "F=" << F << " b=" << b << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuDecode, QkvRotatesAndStoresFromTheNormalisedResidual) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(34);
+  struct Shape { int n_heads, n_kv, hd, rope_dim, K; };
+  for (Shape sh : {Shape{9, 3, 64, 64, 576}, Shape{8, 2, 128, 128, 2048}, Shape{4, 2, 128, 64, 256}}) {
+    for (bool inter : {false, true}) {
+      for (int batch : {1, 3, 8}) {
+        const int max_pos = 2048, max_blocks = max_pos / kBlockTokens, rows = (sh.n_heads + 2 * sh.n_kv) * sh.hd;
+        std::vector<float> wf;
+        auto W = random_bf16(rng, static_cast<size_t>(rows) * sh.K, -1, 1, &wf);
+        const auto nw = random_f32(rng, sh.K, 0.5f, 1.5f);
+        const auto resid = random_f32(rng, static_cast<size_t>(batch) * sh.K, -2, 2);
+        std::vector<float> cs(static_cast<size_t>(max_pos) * sh.rope_dim);
+        for (int p = 0; p < max_pos; ++p)
+          for (int i = 0; i < sh.rope_dim / 2; ++i) {
+            const double a = p * std::pow(10000.0, -2.0 * i / sh.rope_dim);
+            cs[p * sh.rope_dim + i] = static_cast<float>(std::cos(a));
+            cs[p * sh.rope_dim + sh.rope_dim / 2 + i] = static_cast<float>(std::sin(a));
+          }
+        std::vector<int32_t> tables(static_cast<size_t>(batch) * max_blocks);
+        std::iota(tables.begin(), tables.end(), 0);
+        std::shuffle(tables.begin(), tables.end(), rng);
+        std::vector<int32_t> pos(batch), seq(batch);
+        std::uniform_int_distribution<int> pd(0, max_pos - 1);
+        for (int b = 0; b < batch; ++b) pos[b] = b == 0 ? max_pos - 1 : pd(rng), seq[b] = b;
+        const size_t cache_sz = static_cast<size_t>(batch) * max_blocks * 2 * sh.n_kv * kBlockTokens * sh.hd;
+        DeviceBuf<uint16_t> dW(W), dcache(cache_sz);
+        DeviceBuf<float> dcs(cs), dq(static_cast<size_t>(batch) * sh.n_heads * sh.hd), dnw(nw), dres(resid);
+        DeviceBuf<int32_t> dpos(pos), dseq(seq), dtab(tables);
+        dq.poison();
+        dcache.poison();
+        const bool with_bias = batch == 3;
+        const auto bias = random_f32(rng, rows, -0.5f, 0.5f);
+        DeviceBuf<float> dbias(bias);
+        RopeKv a{nullptr, dcs.get(), sh.rope_dim, inter, sh.n_heads, sh.n_kv, sh.hd, dpos.get(), dseq.get(),
+                 dtab.get(), max_blocks, dq.get(), dcache.get(), with_bias ? dbias.get() : nullptr, nullptr, nullptr, 0.0f};
+        LAUNCH_OK(dec_qkv(dW.get(), dres.get(), dnw.get(), 1e-5f, sh.K, batch, a, true, nullptr));
+        const auto q = dq.download();
+        const auto cache = dcache.download();
+        for (int b = 0; b < batch; ++b) {
+          const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * sh.K, nw, sh.K, 1e-5);
+          std::vector<double> y(rows), err(rows);
+          for (int r = 0; r < rows; ++r) {
+            const Dot d = host_dot(wf.data() + static_cast<size_t>(r) * sh.K, xn, sh.K);
+            y[r] = d.v + (with_bias ? bias[r] : 0.0), err[r] = 1e-5 * (d.mag + (with_bias ? std::abs(bias[r]) : 0)) + d.slack;
+          }
+          for (int hh = 0; hh < sh.n_heads + 2 * sh.n_kv; ++hh) {
+            const bool is_v = hh >= sh.n_heads + sh.n_kv;
+            const double* src = y.data() + hh * sh.hd;
+            const double* e = err.data() + hh * sh.hd;
+            for (int i = 0; i < sh.hd; ++i) {
+              double ref = src[i], tol = e[i] + 1e-6;
+              if (!is_v && i < sh.rope_dim) {
+                const int half = sh.rope_dim / 2;
+                int p, j0, j1;
+                if (inter) p = i / 2, j0 = 2 * p, j1 = 2 * p + 1;
+                else p = i % half, j0 = p, j1 = p + half;
+                const double c = cs[pos[b] * sh.rope_dim + p], s = cs[pos[b] * sh.rope_dim + half + p];
+                ref = i == j0 ? src[j0] * c - src[j1] * s : src[j1] * c + src[j0] * s;
+                tol = e[j0] + e[j1] + 1e-6;
+              }
+              if (hh < sh.n_heads) {
+                ASSERT_NEAR(q[(static_cast<size_t>(b) * sh.n_heads + hh) * sh.hd + i], ref, tol) << "q b=" << b << " h=" << hh << " i=" << i;
+              } else {
+                const int kvh = is_v ? hh - sh.n_heads - sh.n_kv : hh - sh.n_heads;
+                const int blk = tables[seq[b] * max_blocks + pos[b] / kBlockTokens];
+                const size_t at = ((static_cast<size_t>(blk) * 2 + is_v) * sh.n_kv + kvh) * kBlockTokens * sh.hd +
+                                  static_cast<size_t>(pos[b] % kBlockTokens) * sh.hd + i;
+                ASSERT_NEAR(from_bf16(cache[at]), ref, std::abs(ref) / 256 + tol) << "kv b=" << b << " h=" << hh << " i=" << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ss::cuda::test
