@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -94,6 +96,12 @@ class CudaBackend final : public Backend {
   int vocab_size() const override { return V_; }
   int max_slots() const override { return tables_.size(); }
   Status step(const StepBatch& b, StepOutput& out) override;
+  // Stage times for bench decode, only with SS_CUDA_PROFILE=1 in the environment: the step then
+  // runs eagerly with an event after every kernel (no graphs, no PDL overlap across the events), so
+  // each kernel's own time is measured; the per-kernel table goes to stderr when profiling stops.
+  void set_profiling(bool on, bool) override;
+  StepProfile profile() const override;
+  void reset_profile() override;
 
  private:
   CudaBackend(const model::Model& m, const BackendOptions& o)
@@ -108,6 +116,9 @@ class CudaBackend final : public Backend {
   // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
   Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
   Status upload_table_edits(const StepBatch& b);
+  enum Stage { kEmbed, kQkv, kAttn, kOProj, kGateUp, kDown, kNormQkvEtc, kLmHead, kSample, kStages };
+  void mark(Stage st);   // the kernels since the previous mark belong to stage st
+  void collect_marks();  // after the step's sync: adds the marked intervals to stage_ms_
 
   const model::Model& model_;
   const model::ModelConfig& c_;
@@ -150,19 +161,27 @@ class CudaBackend final : public Backend {
   // Paged attention: the split (flash-decoding) kernel of kernels/ where the shape allows (16-token
   // blocks, head_dim 64/128/256, GQA group <= 8), else basic_ops' one CTA per (token, head).
   bool split_attention_ = false;
-  int sm_count_ = 0, max_splits_ = 32;
+  int sm_count_ = 0, max_splits_ = 64;
   float* attn_ws_ = nullptr;
   int32_t* d_ctx_ = nullptr;  // positions + 1
   // The fused small-batch path (kernels/decode.cu): split attention shapes without per-head q/k norms.
   bool fused_ = false;
   unsigned* attn_counters_ = nullptr;  // [kFusedMaxBatch][n_kv], zero between launches
   static constexpr int kFusedMaxBatch = 8;
+  // Profiling (SS_CUDA_PROFILE=1): events in stream order and the stage each interval ends.
+  bool profile_env_ = false, profiling_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<Stage> marked_;
+  double stage_ms_[kStages] = {};
+  int64_t prof_forwards_ = 0, prof_tokens_ = 0;
+  bool prof_active() const { return profile_env_ && profiling_; }
 
  public:
   ~CudaBackend() override;
 };
 
 CudaBackend::~CudaBackend() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (cudaGraphExec_t g : graphs_)
     if (g) cudaGraphExecDestroy(g);
   if (blas_) cublasDestroy(blas_);
@@ -178,6 +197,8 @@ Status CudaBackend::init() {
   cudaDeviceProp prop{};
   SS_CUDA(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
+  const char* pe = std::getenv("SS_CUDA_PROFILE");
+  profile_env_ = pe && std::string(pe) == "1";
   sm_count_ = prop.multiProcessorCount;
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
@@ -281,8 +302,8 @@ Status CudaBackend::init() {
                                padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
   split_attention_ = kv_.block_size == cuda::kern::kBlockTokens && (hd_ == 64 || hd_ == 128 || hd_ == 256) &&
                      nh_ / nkv_ <= 8;
-  fused_ = split_attention_ && !c_.qk_norm && H_ % 8 == 0 && qd_ % 8 == 0 && I_ % 8 == 0 &&
-           static_cast<size_t>(kFusedMaxBatch) * H_ * 2 <= 200 * 1024;
+  fused_ = split_attention_ && !c_.qk_norm && H_ % 32 == 0 && qd_ % 32 == 0 && I_ % 32 == 0 && hd_ % 16 == 0 &&
+           static_cast<size_t>(kFusedMaxBatch) * H_ * 2 <= 160 * 1024;
   int64_t attn_ws_floats = 0;
   if (split_attention_) {
     for (int n = 1; n <= cap_tokens_; ++n)
@@ -438,7 +459,9 @@ Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
   constexpr bool pdl = true;
+  mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
+  mark(kEmbed);
   for (int l = 0; l < L_; ++l) {
     const Layer& d = layers_[static_cast<size_t>(l)];
     bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
@@ -448,6 +471,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.cache = layer_cache, rk.bias = d.bqkv;
     rk.norm_eps = eps;
     SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
+    mark(kQkv);
     k::Attention a{q_,       layer_cache,    nh_,         nkv_,        hd_,  1.0f / std::sqrt(static_cast<float>(hd_)),
                    d_ctx_,   d_tok_table_,   d_tables_,   max_blocks_, att_, attn_ws_,
                    max_splits_, attn_counters_};
@@ -455,12 +479,74 @@ Status CudaBackend::forward_fused(int T, int R) {
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
     SS_TRY(k::attention(a, T, max_splits_, stream_));
+    mark(kAttn);
     SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+    mark(kOProj);
     SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
+    mark(kGateUp);
     SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+    mark(kDown);
   }
   if (R == 0) return {};
-  return k::dec_norm_gemv(out_w_, x_, d_rows_, out_norm_, eps, logits_, V_, H_, R, pdl, stream_);
+  SS_TRY(k::dec_norm_gemv(out_w_, x_, d_rows_, out_norm_, eps, logits_, V_, H_, R, pdl, stream_));
+  mark(kLmHead);
+  return {};
+}
+
+void CudaBackend::mark(Stage st) {
+  if (!prof_active()) return;
+  if (marked_.size() == events_.size()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    events_.push_back(e);
+  }
+  cudaEventRecord(events_[marked_.size()], stream_);
+  marked_.push_back(st);
+}
+
+void CudaBackend::collect_marks() {
+  if (!prof_active()) return;
+  mark(kSample);
+  cudaEventSynchronize(events_[marked_.size() - 1]);
+  for (size_t i = 1; i < marked_.size(); ++i) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, events_[i - 1], events_[i]) == cudaSuccess) stage_ms_[marked_[i]] += ms;
+  }
+  marked_.clear();
+  ++prof_forwards_;
+}
+
+void CudaBackend::set_profiling(bool on, bool) {
+  if (!profile_env_) return;
+  if (profiling_ && !on && prof_forwards_ > 0) {
+    static const char* names[kStages] = {"embed", "qkv", "attn", "o_proj", "gate_up", "down", "norm/rope (unfused)",
+                                         "lm_head", "copies+sample"};
+    double tot = 0;
+    for (double v : stage_ms_) tot += v;
+    std::fprintf(stderr, "cuda profile (%lld forwards, %.4f ms each):", static_cast<long long>(prof_forwards_),
+                 tot / prof_forwards_);
+    for (int i = 0; i < kStages; ++i)
+      if (stage_ms_[i] > 0) std::fprintf(stderr, " %s %.4f", names[i], stage_ms_[i] / prof_forwards_);
+    std::fprintf(stderr, " (ms per forward)\n");
+  }
+  profiling_ = on;
+}
+
+StepProfile CudaBackend::profile() const {
+  StepProfile p;
+  p.matmul_s = (stage_ms_[kQkv] + stage_ms_[kOProj] + stage_ms_[kGateUp] + stage_ms_[kDown]) * 1e-3;
+  p.lm_head_s = stage_ms_[kLmHead] * 1e-3;
+  p.attention_s = stage_ms_[kAttn] * 1e-3;
+  p.rope_kv_s = 0;  // in the QKV projection's epilogue (matmul)
+  p.other_s = (stage_ms_[kEmbed] + stage_ms_[kNormQkvEtc] + stage_ms_[kSample]) * 1e-3;
+  p.forwards = prof_forwards_;
+  p.tokens = prof_tokens_;
+  return p;
+}
+
+void CudaBackend::reset_profile() {
+  for (double& v : stage_ms_) v = 0;
+  prof_forwards_ = prof_tokens_ = 0;
 }
 
 Status CudaBackend::forward(int T, int R) {
@@ -525,7 +611,7 @@ Status CudaBackend::upload_table_edits(const StepBatch& b) {
 Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done) {
   *done = false;
   const int T = static_cast<int>(b.tokens.size());
-  if (opts_.enforce_eager || T == 0 || b.seq_slot.size() != static_cast<size_t>(T) || !b.score_rows.empty() ||
+  if (opts_.enforce_eager || prof_active() || T == 0 || b.seq_slot.size() != static_cast<size_t>(T) || !b.score_rows.empty() ||
       !b.logits_rows.empty() || b.sample_rows.size() != static_cast<size_t>(T))
     return {};
   for (int i = 0; i < T; ++i)
@@ -645,6 +731,7 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
                             sizeof(float) * static_cast<size_t>(host_rows) * V_, cudaMemcpyDeviceToHost, stream_));
   SS_CUDA(cudaStreamSynchronize(stream_));
   SS_CUDA(cudaGetLastError());
+  collect_marks();
   const size_t raw0 = static_cast<size_t>(ns + static_cast<int>(b.score_rows.size()) - first) * V_;
   out.logits.assign(h_logits_ + raw0, h_logits_ + static_cast<size_t>(host_rows) * V_);
   if (device_greedy) {

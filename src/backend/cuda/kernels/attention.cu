@@ -15,7 +15,7 @@ using namespace dev;
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxGroup = 8;
-constexpr int kMinSplitKeys = 64;  // a split shorter than this costs more than it saves
+
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int EPL>
@@ -33,9 +33,13 @@ __device__ __forceinline__ void load_bf(const uint16_t* p, float (&v)[EPL]) {
   }
 }
 
-// Keys per split for a context of ctx over `splits` splits: whole 16-key blocks, at least
-// kMinSplitKeys, so short contexts leave the later splits empty. Depends on ctx and splits only.
+// Keys per split for a context of ctx over `splits` splits: whole 16-key blocks, at least one batch
+// of keys for every warp (kAttnWarps x 32 / (HD / 32): 64 at head dim 64, 32 at 128, 16 at 256; a
+// shorter split takes as long and only adds merging), so short contexts leave the later splits
+// empty. Depends on ctx, splits and the head dim only.
+template <int HD>
 __device__ __forceinline__ int split_keys(int ctx, int splits) {
+  constexpr int kMinSplitKeys = kAttnWarps * (32 / (HD / 32)) < kBlockTokens ? kBlockTokens : kAttnWarps * (32 / (HD / 32));
   int per = (ctx + splits - 1) / splits;
   per = (per + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
   return max(per, kMinSplitKeys);
@@ -108,7 +112,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   pdl_wait();
   pdl_trigger();
   const int ctx = a.ctx_len[qi];
-  const int per = split_keys(ctx, splits);
+  const int per = split_keys<HD>(ctx, splits);
   const int ns = (ctx + per - 1) / per;  // splits holding keys: the others have nothing to do
   if (split >= ns) return;
   const int begin = split * per, end = min(ctx, begin + per);
@@ -230,7 +234,7 @@ template <int HD>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_combine_k(Attention a, int splits) {
   const int qi = blockIdx.x, kvh = blockIdx.y;
   const int ctx = a.ctx_len[qi];
-  const int per = split_keys(ctx, splits);
+  const int per = split_keys<HD>(ctx, splits);
   const int ns = (ctx + per - 1) / per;
   if (ns > 1) merge_splits<HD>(a, gridDim.x, qi, kvh, a.n_heads / a.n_kv, ns);
 }

@@ -11,10 +11,18 @@
 // CTA reads the fp32 residual rows (L2-resident, a few KiB), reduces their sums of squares and stages
 // bf16(x * rms * w) in shared memory. That is redundant across CTAs but has no serial tail.
 //
-// The arithmetic per output is the same at every batch size: a row's dot product runs over the
-// same lanes in the same order whatever B is (S, the warps splitting K, depends on K only), the
-// norm's reduction tree is fixed, so a sequence's logits do not depend on what shares its step.
+// The products run on the tensor cores: a warp feeds 16 weight rows straight from global memory
+// into mma.m16n8k16 as the A operand and the batch (up to 8 rows) as the 8 columns of B, so the
+// arithmetic and the activation traffic no longer grow with the batch (the CUDA-core GEMV spent
+// B x 8 FMAs and B activation loads per 16 bytes of weights).
+//
+// A row's result is the same at every batch size: its dot product runs over the same chunks in
+// the same order whatever B is (S, the warps splitting K, depends on the matrix and the GPU only;
+// batch columns do not interact in an mma), and the norm's reduction tree is fixed, so a
+// sequence's logits do not depend on what shares its step.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/kernels/common.cuh"
@@ -24,11 +32,11 @@ namespace {
 
 using namespace dev;
 
-constexpr int kThreads = 128;  // 4 warps a CTA
-constexpr int kWarpsPerCta = kThreads / 32;
-constexpr int kU = 4;          // 16-byte weight loads in flight per row per lane
-constexpr int kR = 2;          // rows per group (a RoPE pair; gate and up row; two plain rows)
-constexpr int kCtasPerSm = 4;  // grid cap: CTAs loop over groups beyond it
+constexpr int kWarps = 8;       // a CTA
+constexpr int kThreads = kWarps * 32;
+// Chunks (32 K wide) in flight per warp: kU x 2 x 16-byte loads a lane. kU 4 fits 80 registers a
+// thread (three CTAs a SM: two of this kernel, one of the next, under PDL); kU 8 needs 128 (two).
+// Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas> overrides both for tuning.
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -41,13 +49,24 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// d += A (16 x 16, bf16, row) * B (16 x 8, bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 enum class Op { Qkv, Add, GateUp, Logits };
 
 struct DecArgs {
   const uint16_t* W;
   int K;
-  int groups;
+  int tiles;             // 16-row tiles
   int N;                 // Add / Logits: rows of W; GateUp: F (W has 2F rows)
+  int B;                 // batch rows (<= 8: the mma's N dimension)
+  int S;                 // warps splitting K for one tile (1, 2, 4, 8)
   const uint16_t* x;     // Add: the input [B][K] bf16
   const float* resid;    // the norm ops: the fp32 residual, rows of K
   const int32_t* rows;   // Logits: the residual row of each batch row (null: row b)
@@ -58,18 +77,20 @@ struct DecArgs {
   RopeKv rk;             // Qkv
 };
 
-// The two rows of group g (clamped into the matrix; `second` false when the group has one row).
+// Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,
+// so the tiles pair what an epilogue needs together: a RoPE pair (i0, i1) of one head, gate row i
+// and up row i; plain rows otherwise.
 template <Op OP>
-__device__ __forceinline__ void group_rows(const DecArgs& a, int g, int64_t (&row)[kR], int& pair_p, bool& rotate) {
+__device__ __forceinline__ int64_t tile_row(const DecArgs& a, int tile, int lr) {
   if constexpr (OP == Op::Qkv) {
     const RopeKv& k = a.rk;
+    const int pair = tile * 8 + (lr & 7);
     const int pph = k.hd / 2;
-    const int hh = g / pph, p = g % pph;
+    const int hh = pair / pph, p = pair % pph;
     const bool is_v = hh >= k.n_heads + k.n_kv;
     const int half = k.rope_dim / 2;
-    rotate = !is_v && p < half;
     int i0, i1;
-    if (rotate) {
+    if (!is_v && p < half) {
       i0 = k.interleaved ? 2 * p : p;
       i1 = k.interleaved ? 2 * p + 1 : p + half;
     } else if (!is_v) {
@@ -77,40 +98,43 @@ __device__ __forceinline__ void group_rows(const DecArgs& a, int g, int64_t (&ro
     } else {
       i0 = 2 * p, i1 = 2 * p + 1;
     }
-    row[0] = static_cast<int64_t>(hh) * k.hd + i0;
-    row[1] = static_cast<int64_t>(hh) * k.hd + i1;
-    pair_p = p;
+    return static_cast<int64_t>(hh) * k.hd + (lr < 8 ? i0 : i1);
   } else if constexpr (OP == Op::GateUp) {
-    row[0] = g;
-    row[1] = static_cast<int64_t>(a.N) + g;
+    const int i = tile * 8 + (lr & 7);
+    if (i >= a.N) return -1;
+    return lr < 8 ? i : static_cast<int64_t>(a.N) + i;
   } else {
-    row[0] = 2 * static_cast<int64_t>(g);
-    row[1] = min(2 * static_cast<int64_t>(g) + 1, static_cast<int64_t>(a.N) - 1);
+    const int64_t r = static_cast<int64_t>(tile) * 16 + lr;
+    return r < a.N ? r : -1;
   }
 }
 
-template <Op OP, int B>
-__device__ __forceinline__ void epilogue(const DecArgs& a, int g, const float (&v)[B][kR]) {
-  int64_t row[kR];
-  int p = 0;
-  bool rotate = false;
-  group_rows<OP>(a, g, row, p, rotate);
+// Thread (g = lane / 4, t = lane % 4) holds rows g and g + 8 of the tile for batch rows 2t, 2t + 1:
+// c[0] (g, 2t), c[1] (g, 2t+1), c[2] (g+8, 2t), c[3] (g+8, 2t+1).
+template <Op OP>
+__device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int t, const float (&c)[4]) {
   if constexpr (OP == Op::Qkv) {
     const RopeKv& k = a.rk;
-    const int hh = static_cast<int>(row[0] / k.hd);
-    const int i0 = static_cast<int>(row[0] % k.hd), i1 = static_cast<int>(row[1] % k.hd);
+    const int pair = tile * 8 + g;
+    const int pph = k.hd / 2;
+    const int hh = pair / pph, p = pair % pph;
     const bool is_v = hh >= k.n_heads + k.n_kv;
     const int half = k.rope_dim / 2;
+    const bool rotate = !is_v && p < half;
+    const int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
+    const int i0 = static_cast<int>(r0 - static_cast<int64_t>(hh) * k.hd), i1 = static_cast<int>(r1 - static_cast<int64_t>(hh) * k.hd);
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      float v0 = v[b][0], v1 = v[b][1];
-      if (k.bias) v0 += k.bias[row[0]], v1 += k.bias[row[1]];
+    for (int j = 0; j < 2; ++j) {
+      const int b = 2 * t + j;
+      if (b >= a.B) break;
+      float v0 = c[j], v1 = c[2 + j];
+      if (k.bias) v0 += k.bias[r0], v1 += k.bias[r1];
       const int pos = k.positions[b];
       if (rotate) {
         const float* cs = k.rope_cs + static_cast<int64_t>(pos) * k.rope_dim;
-        const float c = cs[p], sn = cs[half + p];
-        const float r0 = v0 * c - v1 * sn, r1 = v1 * c + v0 * sn;
-        v0 = r0, v1 = r1;
+        const float cn = cs[p], sn = cs[half + p];
+        const float x0 = v0 * cn - v1 * sn, x1 = v1 * cn + v0 * sn;
+        v0 = x0, v1 = x1;
       }
       if (hh < k.n_heads) {
         float* q = k.q_out + (static_cast<int64_t>(b) * k.n_heads + hh) * k.hd;
@@ -124,81 +148,97 @@ __device__ __forceinline__ void epilogue(const DecArgs& a, int g, const float (&
       }
     }
   } else if constexpr (OP == Op::GateUp) {
+    const int i = tile * 8 + g;
+    if (i >= a.N) return;
 #pragma unroll
-    for (int b = 0; b < B; ++b) {
-      const float gt = v[b][0], up = v[b][1];
-      a.act[static_cast<int64_t>(b) * a.N + g] = f2bf(gt / (1.0f + __expf(-gt)) * up);
+    for (int j = 0; j < 2; ++j) {
+      const int b = 2 * t + j;
+      if (b >= a.B) break;
+      const float gt = c[j], up = c[2 + j];
+      a.act[static_cast<int64_t>(b) * a.N + i] = f2bf(gt / (1.0f + __expf(-gt)) * up);
     }
   } else {
-    const bool second = 2 * static_cast<int64_t>(g) + 1 < a.N;
 #pragma unroll
-    for (int b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = static_cast<int64_t>(tile) * 16 + g + 8 * h;
+      if (row >= a.N) continue;
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        if (r == 1 && !second) continue;
-        float* o = a.y + static_cast<int64_t>(b) * a.N + row[r];
-        if constexpr (OP == Op::Add) *o += v[b][r];
-        else *o = v[b][r];
+      for (int j = 0; j < 2; ++j) {
+        const int b = 2 * t + j;
+        if (b >= a.B) break;
+        float* o = a.y + static_cast<int64_t>(b) * a.N + row;
+        if constexpr (OP == Op::Add) *o += c[2 * h + j];
+        else *o = c[2 * h + j];
       }
+    }
   }
 }
 
-__device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
-  acc = fmaf(lo_bf(w.x), lo_bf(x.x), acc);
-  acc = fmaf(hi_bf(w.x), hi_bf(x.x), acc);
-  acc = fmaf(lo_bf(w.y), lo_bf(x.y), acc);
-  acc = fmaf(hi_bf(w.y), hi_bf(x.y), acc);
-  acc = fmaf(lo_bf(w.z), lo_bf(x.z), acc);
-  acc = fmaf(hi_bf(w.z), hi_bf(x.z), acc);
-  acc = fmaf(lo_bf(w.w), lo_bf(x.w), acc);
-  acc = fmaf(hi_bf(w.w), hi_bf(x.w), acc);
-}
-
-// S warps split K for a group of kR rows; 4 / S groups a CTA per iteration; CTAs loop over groups.
-template <Op OP, int B, int S>
-__global__ void __launch_bounds__(kThreads) dec_k(DecArgs a) {
+// W (16 rows a tile) times x (B <= 8 columns) on the tensor cores: one m16n8k16 per 16 K, the
+// A fragment loaded straight from global memory. A lane loads 16 bytes (8 consecutive K) of rows
+// g and g + 8 and feeds them to two mmas as K slots (2t, 2t+1, 2t+8, 2t+9); its B fragment is
+// the same 8 K of batch row g, so the permutation cancels in the dot product. S warps split a
+// tile's K (fixed order reduction through shared memory); CTAs loop over tiles, and the next
+// tile's first chunks are in flight while the current one reduces.
+template <Op OP, int kU>
+__global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ float red[kWarpsPerCta][B][kR];
-  __shared__ float part[32];
-  constexpr int GPC = kWarpsPerCta / S;
-  constexpr int KS = 32 * S;  // stride between a lane's vectors
   constexpr bool kNorm = OP != Op::Add;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S, gw = warp / S;
-  const int K = a.K, K8 = K / 8;
-  const int kl = sub * 32 + lane;
+  const int g = lane >> 2, t = lane & 3;
+  const int S = a.S, TPC = kWarps / S;
+  const int sub = warp % S, tw = warp / S;
+  const int K = a.K, chunks = K / 32;
+  const int cpw = (chunks + S - 1) / S;
+  const int c_begin = min(chunks, sub * cpw), c_end = min(chunks, c_begin + cpw);
+  const size_t xs_bytes = kNorm ? sizeof(uint16_t) * static_cast<size_t>(a.B) * K : 0;
+  float* red = reinterpret_cast<float*>(smem_raw + xs_bytes);  // [kWarps][32][4]
 
-  // Before the wait: the first group's first kU vectors per row (weights only).
-  int g0 = blockIdx.x * GPC;
-  uint4 w[kU][kR];
-  const uint4* wr[kR];
-  {
-    int64_t row[kR];
-    int p;
-    bool rot;
-    group_rows<OP>(a, min(g0 + gw, a.groups - 1), row, p, rot);
-#pragma unroll
-    for (int r = 0; r < kR; ++r) wr[r] = reinterpret_cast<const uint4*>(a.W + row[r] * K);
+  const uint4 *pa = nullptr, *pb = nullptr;
+  uint4 wa[kU], wb[kU];
+  auto set_rows = [&](int tile) {
+    int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
+    r0 = r0 < 0 ? 0 : r0, r1 = r1 < 0 ? 0 : r1;  // a row past the matrix: loads row 0, result dropped
+    pa = reinterpret_cast<const uint4*>(a.W + r0 * K) + t;
+    pb = reinterpret_cast<const uint4*>(a.W + r1 * K) + t;
+  };
+  auto load = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-#pragma unroll
-      for (int r = 0; r < kR; ++r) w[u][r] = kl + u * KS < K8 ? ld_stream(wr[r] + kl + u * KS) : make_uint4(0, 0, 0, 0);
+      if (c0 + u < c_end) wa[u] = ld_stream(pa + 4 * (c0 + u)), wb[u] = ld_stream(pb + 4 * (c0 + u));
+  };
+
+  int tb = blockIdx.x * TPC;
+  const int tstride = gridDim.x * TPC;
+  if (tb + tw < a.tiles) {  // before the wait: weights only
+    set_rows(tb + tw);
+    load(c_begin);
   }
   pdl_wait();
   pdl_trigger();
 
-  // The input: the normalised residual staged in shared memory, or the previous kernel's bf16 output.
   const uint16_t* x;
   if constexpr (kNorm) {
     uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);
-    for (int b = 0; b < B; ++b) {
+    __shared__ float ssq[kWarps][8];
+    // The sums of squares of every batch row, then one barrier for all of them.
+    for (int b = 0; b < a.B; ++b) {
       const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
       float ss = 0.0f;
       for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
         const float4 v = *reinterpret_cast<const float4*>(r + i);
         ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
       }
-      const float inv = rsqrtf(block_sum(ss, part) / static_cast<float>(K) + a.eps);
+      ss = warp_sum(ss);
+      if (lane == 0) ssq[warp][b] = ss;
+    }
+    __syncthreads();
+    for (int b = 0; b < a.B; ++b) {
+      float tot = 0.0f;
+#pragma unroll
+      for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][b];
+      const float inv = rsqrtf(tot / static_cast<float>(K) + a.eps);
+      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
       for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
         const float4 v = *reinterpret_cast<const float4*>(r + i);
         const float4 nw = *reinterpret_cast<const float4*>(a.norm_w + i);
@@ -213,76 +253,40 @@ __global__ void __launch_bounds__(kThreads) dec_k(DecArgs a) {
   } else {
     x = a.x;
   }
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* xp = g < a.B ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g) * K) + t : nullptr;
 
-  bool first = true;
-  for (; g0 < a.groups; g0 += gridDim.x * GPC, first = false) {
-    const int g = g0 + gw;
-    const bool valid = g < a.groups;
-    float acc[B][kR];
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-#pragma unroll
-      for (int r = 0; r < kR; ++r) acc[b][r] = 0.0f;
+  for (; tb < a.tiles; tb += tstride) {
+    const int tile = tb + tw;
+    const bool valid = tile < a.tiles;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
-      if (!first) {
-        int64_t row[kR];
-        int p;
-        bool rot;
-        group_rows<OP>(a, g, row, p, rot);
-#pragma unroll
-        for (int r = 0; r < kR; ++r) wr[r] = reinterpret_cast<const uint4*>(a.W + row[r] * K);
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-#pragma unroll
-          for (int r = 0; r < kR; ++r)
-            w[u][r] = kl + u * KS < K8 ? ld_stream(wr[r] + kl + u * KS) : make_uint4(0, 0, 0, 0);
-      }
-      for (int v0 = kl;; v0 += kU * KS) {
+      for (int c0 = c_begin; c0 < c_end; c0 += kU) {
+        if (c0 != c_begin) load(c0);
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          if (v0 + u * KS >= K8) break;
-#pragma unroll
-          for (int b = 0; b < B; ++b) {
-            const uint4 xb = xv[static_cast<int64_t>(b) * K8 + v0 + u * KS];
-#pragma unroll
-            for (int r = 0; r < kR; ++r) fma8(acc[b][r], w[u][r], xb);
-          }
+          if (c0 + u >= c_end) break;
+          const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
+          mma_bf16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
+          mma_bf16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
         }
-        const int next = v0 + kU * KS;
-        if (next >= K8) break;
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-#pragma unroll
-          for (int r = 0; r < kR; ++r)
-            w[u][r] = next + u * KS < K8 ? ld_stream(wr[r] + next + u * KS) : make_uint4(0, 0, 0, 0);
       }
     }
-#pragma unroll
-    for (int b = 0; b < B; ++b)
-#pragma unroll
-      for (int r = 0; r < kR; ++r) acc[b][r] = warp_sum(acc[b][r]);
-    if constexpr (S == 1) {
-      if (valid && lane == 0) epilogue<OP, B>(a, g, acc);
+    if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
+      set_rows(tile + tstride);
+      load(c_begin);
+    }
+    if (S == 1) {
+      if (valid) epilogue<OP>(a, tile, g, t, c);
     } else {
-      if (lane == 0)
 #pragma unroll
-        for (int b = 0; b < B; ++b)
-#pragma unroll
-          for (int r = 0; r < kR; ++r) red[warp][b][r] = acc[b][r];
+      for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * 4 + i] = c[i];
       __syncthreads();
-      if (valid && sub == 0 && lane == 0) {
-        float v[B][kR];
+      if (valid && sub == 0) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s2 = 0; s2 < S; ++s2)
 #pragma unroll
-        for (int b = 0; b < B; ++b)
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            float t = 0.0f;
-#pragma unroll
-            for (int s2 = 0; s2 < S; ++s2) t += red[gw * S + s2][b][r];
-            v[b][r] = t;
-          }
-        epilogue<OP, B>(a, g, v);
+          for (int i = 0; i < 4; ++i) v[i] += red[((tw * S + s2) * 32 + lane) * 4 + i];
+        epilogue<OP>(a, tile, g, t, v);
       }
       __syncthreads();
     }
@@ -299,17 +303,52 @@ int sm_count() {
   return n;
 }
 
-template <Op OP, int B, int S>
-cudaError_t launch(const DecArgs& a, bool pdl, cudaStream_t s) {
-  constexpr int GPC = kWarpsPerCta / S;
-  const size_t smem = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(B) * a.K;
-  auto* k = dec_k<OP, B, S>;
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+struct Tuning {
+  int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
+};
+const Tuning& tuning() {
+  static Tuning t = [] {
+    Tuning r;
+    if (const char* e = std::getenv("SS_CUDA_DEC")) {
+      int u = 0, c = 0;
+      if (std::sscanf(e, "%d,%d", &u, &c) == 2 && (u == 4 || u == 8) && c >= 1 && c <= 8) r.u = u, r.ctas = c;
+    }
+    return r;
+  }();
+  return t;
+}
+
+template <Op OP>
+Status dispatch(const char* what, DecArgs a, bool pdl, cudaStream_t s) {
+  const int kU = tuning().u, kCtasPerSm = tuning().ctas;
+  if (a.K <= 0 || a.K % 32 != 0 || a.B < 1 || a.B > 8 || a.tiles <= 0)
+    return make_error(std::string(what) + ": needs K a positive multiple of 32, batch 1..8 and rows (K=" +
+                      std::to_string(a.K) + ", batch=" + std::to_string(a.B) + ")");
+  if ((reinterpret_cast<uintptr_t>(a.W) & 15u) != 0 || (a.x && (reinterpret_cast<uintptr_t>(a.x) & 15u) != 0) ||
+      (a.resid && (reinterpret_cast<uintptr_t>(a.resid) & 15u) != 0) ||
+      (a.norm_w && (reinterpret_cast<uintptr_t>(a.norm_w) & 15u) != 0))
+    return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
+  const size_t xs = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
+  if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
+  const size_t smem = xs + sizeof(float) * kWarps * 32 * 4;
+  // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
+  // the batch.
+  // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
+  // of loads: S minimises that (the larger S on a tie, shorter serial chains).
+  const int sms = sm_count();
+  const int64_t slots = static_cast<int64_t>(kWarps) * kCtasPerSm * sms, chunks = a.K / 32;
+  int S = 1;
+  int64_t best = -1;
+  for (int s2 = 1; s2 <= kWarps; s2 *= 2) {
+    const int64_t waves = (a.tiles * static_cast<int64_t>(s2) + slots - 1) / slots;
+    const int64_t rounds = waves * (((chunks + s2 - 1) / s2 + kU - 1) / kU);
+    if (best < 0 || rounds <= best) best = rounds, S = s2;
   }
-  const int64_t want = (static_cast<int64_t>(a.groups) + GPC - 1) / GPC;
-  const int grid = static_cast<int>(std::min<int64_t>(want, static_cast<int64_t>(kCtasPerSm) * sm_count()));
+  a.S = S;
+  const int tpc = kWarps / S;
+  const int grid = static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms));
+  auto* k = kU == 4 ? dec_k<OP, 4> : dec_k<OP, 8>;
+  if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
@@ -320,38 +359,7 @@ cudaError_t launch(const DecArgs& a, bool pdl, cudaStream_t s) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, k, a);
-}
-
-// S: 4 warps split K when rows are long enough that one warp's share would leave loads idle.
-template <Op OP, int B>
-cudaError_t launch_s(const DecArgs& a, bool pdl, cudaStream_t s) {
-  return a.K >= 2048 ? launch<OP, B, 4>(a, pdl, s) : launch<OP, B, 1>(a, pdl, s);
-}
-
-template <Op OP>
-Status dispatch(const char* what, const DecArgs& a, int batch, bool pdl, cudaStream_t s) {
-  if (a.K <= 0 || a.K % 8 != 0 || batch < 1 || batch > 8 || a.groups <= 0)
-    return make_error(std::string(what) + ": needs K a positive multiple of 8, batch 1..8 and rows (K=" +
-                      std::to_string(a.K) + ", batch=" + std::to_string(batch) + ")");
-  if ((reinterpret_cast<uintptr_t>(a.W) & 15u) != 0 || (a.x && (reinterpret_cast<uintptr_t>(a.x) & 15u) != 0) ||
-      (a.resid && (reinterpret_cast<uintptr_t>(a.resid) & 15u) != 0) ||
-      (a.norm_w && (reinterpret_cast<uintptr_t>(a.norm_w) & 15u) != 0))
-    return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
-  if (OP != Op::Add && static_cast<size_t>(batch) * a.K * 2 > 200 * 1024)
-    return make_error(std::string(what) + ": batch x K too large for the staged input");
-  cudaError_t e = cudaSuccess;
-  switch (batch) {
-    case 1: e = launch_s<OP, 1>(a, pdl, s); break;
-    case 2: e = launch_s<OP, 2>(a, pdl, s); break;
-    case 3: e = launch_s<OP, 3>(a, pdl, s); break;
-    case 4: e = launch_s<OP, 4>(a, pdl, s); break;
-    case 5: e = launch_s<OP, 5>(a, pdl, s); break;
-    case 6: e = launch_s<OP, 6>(a, pdl, s); break;
-    case 7: e = launch_s<OP, 7>(a, pdl, s); break;
-    default: e = launch_s<OP, 8>(a, pdl, s); break;
-  }
-  SS_CUDA_TRY(e);
+  SS_CUDA_TRY(cudaLaunchKernelEx(&cfg, k, a));
   SS_CUDA_LAUNCHED();
   return {};
 }
@@ -365,35 +373,37 @@ Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, 
     return make_error("dec_qkv: bad head shape (hd=" + std::to_string(rk.hd) + ", rope_dim=" +
                       std::to_string(rk.rope_dim) + ")");
   if (rk.q_norm || rk.k_norm) return make_error("dec_qkv: per-head q/k norms are not fused (use rope_kv_store)");
+  if (rk.hd % 16 != 0) return make_error("dec_qkv: head_dim must be a multiple of 16");
   DecArgs a{};
-  a.W = W_qkv, a.K = K, a.groups = (rk.n_heads + 2 * rk.n_kv) * rk.hd / 2, a.N = 0;
+  a.W = W_qkv, a.K = K, a.tiles = (rk.n_heads + 2 * rk.n_kv) * rk.hd / 16, a.N = 0, a.B = batch;
   a.resid = resid, a.norm_w = norm_w, a.eps = eps, a.rk = rk;
-  return dispatch<Op::Qkv>("dec_qkv", a, batch, pdl, s);
+  return dispatch<Op::Qkv>("dec_qkv", a, pdl, s);
 }
 
 Status dec_add(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
                cudaStream_t s) {
   if (N <= 0) return make_error("dec_add: N must be positive");
   DecArgs a{};
-  a.W = W, a.K = K, a.N = N, a.groups = (N + 1) / 2, a.x = x, a.y = resid;
-  return dispatch<Op::Add>("dec_add", a, batch, pdl, s);
+  a.W = W, a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.x = x, a.y = resid;
+  return dispatch<Op::Add>("dec_add", a, pdl, s);
 }
 
 Status dec_gate_up(const bf16_bits* W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
                    int F, int K, int batch, bool pdl, cudaStream_t s) {
   if (F <= 0) return make_error("dec_gate_up: F must be positive");
   DecArgs a{};
-  a.W = W_gate_up, a.K = K, a.N = F, a.groups = F, a.resid = resid, a.norm_w = norm_w, a.eps = eps, a.act = act;
-  return dispatch<Op::GateUp>("dec_gate_up", a, batch, pdl, s);
+  a.W = W_gate_up, a.K = K, a.N = F, a.tiles = (F + 7) / 8, a.B = batch, a.resid = resid, a.norm_w = norm_w;
+  a.eps = eps, a.act = act;
+  return dispatch<Op::GateUp>("dec_gate_up", a, pdl, s);
 }
 
 Status dec_norm_gemv(const bf16_bits* W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s) {
   if (N <= 0) return make_error("dec_norm_gemv: N must be positive");
   DecArgs a{};
-  a.W = W, a.K = K, a.N = N, a.groups = (N + 1) / 2, a.resid = resid, a.rows = rows, a.norm_w = norm_w, a.eps = eps;
-  a.y = y;
-  return dispatch<Op::Logits>("dec_norm_gemv", a, batch, pdl, s);
+  a.W = W, a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.resid = resid, a.rows = rows;
+  a.norm_w = norm_w, a.eps = eps, a.y = y;
+  return dispatch<Op::Logits>("dec_norm_gemv", a, pdl, s);
 }
 
 }  // namespace ss::cuda::kern

@@ -101,9 +101,10 @@ Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, i
 // --- the decode layer at batch 1..8 (decode.cu) ---------------------------------------------------
 // Five kernels a layer, each launched (pdl true) with programmatic dependent launch: it loads its
 // first weight vectors, then waits for the previous kernel (griddepcontrol.wait) and computes. The
-// norm ops take the fp32 residual `resid` [batch][K] and normalise it themselves (RMSNorm with
-// norm_w, eps) into shared memory; batch x K <= 100 Ki. The arithmetic of a row is the same at every
-// batch size (batch invariance). W 16-byte aligned, K % 8 == 0.
+// products run on the tensor cores (mma m16n8k16: 16 weight rows x the batch as its 8 columns), so
+// batch 8 costs about what batch 1 does. The norm ops take the fp32 residual `resid` [batch][K] and
+// normalise it themselves (RMSNorm with norm_w, eps) into shared memory; batch x K <= 80 Ki. A row's
+// arithmetic is the same at every batch size (batch invariance). W 16-byte aligned, K % 32 == 0.
 // QKV: W_qkv [(n_heads + 2 n_kv) * hd][K]; RoPE, the bias (rk.bias) and the KV store as
 // gemv_bf16_qkv_rope (rk.qkv unused; no per-head q/k norms); q unscaled.
 Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
