@@ -92,6 +92,7 @@ bool OtlpExporter::shutdown(SteadyClock::time_point deadline) {
     stopping_ = true;
     stop_deadline_ = deadline;
   }
+  stop_deadline_ns_.store(deadline.time_since_epoch().count());
   cv_.notify_one();
   thread_.join();
   return dropped_.load() == dropped_before;
@@ -170,7 +171,16 @@ bool OtlpExporter::post(const std::string& body, SteadyClock::time_point deadlin
       });
     });
   });
-  io.run_for(budget);
+  // In slices, so that a shutdown's deadline also cuts a POST that started before it.
+  for (;;) {
+    auto until = deadline;
+    const int64_t stop_ns = stop_deadline_ns_.load();
+    if (stop_ns != kNoStop) until = std::min(until, SteadyClock::time_point(SteadyClock::duration(stop_ns)));
+    const auto left = until - SteadyClock::now();
+    if (left <= SteadyClock::duration::zero()) break;
+    io.run_for(std::min<SteadyClock::duration>(left, std::chrono::milliseconds(20)));
+    if (io.stopped()) break;
+  }
   if (!io.stopped()) {  // out of time: cancel what is pending and let the handlers see it
     beast::error_code ig;
     resolver.cancel();

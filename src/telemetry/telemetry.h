@@ -161,6 +161,8 @@ class OtlpExporter {
   std::deque<Span> queue_;
   bool stopping_ = false;
   SteadyClock::time_point stop_deadline_{};
+  static constexpr int64_t kNoStop = INT64_MAX;
+  std::atomic<int64_t> stop_deadline_ns_{kNoStop};  // the shutdown deadline, read by a POST in flight
   std::atomic<uint64_t> queued_{0}, exported_{0}, dropped_{0}, requests_{0}, failures_{0};
   std::thread thread_;
 };
