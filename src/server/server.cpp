@@ -681,6 +681,17 @@ awaitable<void> Server::Impl::session(tcp::socket sock) {
     res.keep_alive(false);
     if (e.status == 401) res.set(http::field::www_authenticate, "Bearer");
     if (e.status == 503) res.set(http::field::retry_after, "1");
+    if (opts.access_log) {  // refused on its headers: logged like a routed request
+      AccessRecord rec;
+      rec.method = h.method_string().empty() ? "-" : std::string(h.method_string());
+      const std::string_view target(h.target().data(), h.target().size());
+      rec.path = target.empty() ? "-" : std::string(target.substr(0, target.find('?')));
+      rec.status = e.status;
+      beast::error_code pec;
+      const auto peer = stream.socket().remote_endpoint(pec);
+      if (!pec) rec.client = peer.address().to_string() + ":" + std::to_string(peer.port());
+      log_access(rec);
+    }
     co_await write(stream, std::move(res));
     buf.clear();
     co_await linger_close(stream);

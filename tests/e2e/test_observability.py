@@ -269,10 +269,13 @@ def test_json_logs_parse_and_carry_the_trace_id_and_no_prompt(traced):
     assert acc["prompt_tokens"] == r.json()["usage"]["prompt_tokens"] and acc["completion_tokens"] == 2
     assert acc["latency_s"] > 0 and acc["client"].startswith("127.0.0.1:")
     assert "zebra-umbrella" not in traced.log_text()  # nor from the chat test's prompt
-    # A refused request is logged too, with its status.
+    # Refused requests are logged too: a bad body (routed), and a missing key (refused on the headers).
     assert post(traced, "/v1/completions", {"model": traced.model, "prompt": 5}).status_code == 400
+    assert requests.post(traced.url + "/v1/completions?x=1", json={}, timeout=10).status_code == 401
     time.sleep(0.2)
-    assert any(j.get("status") == 400 for j in map(json.loads, traced.log_text().splitlines()))
+    lines = [json.loads(line) for line in traced.log_text().splitlines()]
+    assert any(j.get("status") == 400 and j.get("path") == "/v1/completions" for j in lines)
+    assert any(j.get("status") == 401 and j.get("path") == "/v1/completions" and j["method"] == "POST" for j in lines)
 
 
 # --- collectors that fail, side by side with the healthy one ----------------------------------------
