@@ -248,6 +248,50 @@ def test_stage_histograms_under_vllm_names(traced):
     assert m["selfserve_otlp_spans_dropped_total"] == 0
 
 
+def test_a_refused_request_is_an_error_span(traced, collector):
+    tid = secrets.token_hex(16)
+    r = post(traced, "/v1/completions", {"model": traced.model, "prompt": "x", "max_tokens": -1},
+             {"traceparent": f"00-{tid}-{secrets.token_hex(8)}-01"})
+    assert r.status_code == 400
+    assert r.headers["traceresponse"].startswith(f"00-{tid}-")
+    [root] = collector.trace(tid, want=1)
+    assert root.name == "llm_request"
+    assert root.status.code == trace_pb2.Status.STATUS_CODE_ERROR
+    assert root.status.message == r.json()["error"]["message"]
+    assert attrs(root.attributes)["http.response.status_code"] == 400
+
+
+def test_preemptions_in_the_timeline_and_the_spans(default_model, tmp_path, collector):
+    # A KV cache too small for the load (as test_server.py's tiny server): requests are preempted.
+    s = Server(tmp_path, "tiny", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "20",
+               "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--otlp-traces-endpoint", collector.url)
+    try:
+        def one(i):
+            tid = secrets.token_hex(16)
+            r = post(s, "/v1/completions",
+                     {"model": s.model, "prompt": f"Story {i}: the little robot walked into the forest and",
+                      "max_tokens": 40, "temperature": 0, "ignore_eos": True, "include_timeline": True},
+                     {"traceparent": f"00-{tid}-{secrets.token_hex(8)}-01"})
+            assert r.status_code == 200, r.text
+            return tid, r.json()["usage"]["timeline"][0]
+
+        import concurrent.futures as cf
+        with cf.ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(one, range(6)))
+        total = s.metric("selfserve_preemptions_total")
+        assert total > 0
+        assert sum(len(tl["preemptions"]) for _, tl in got) == total  # each one reported to its request
+        for tid, tl in got:
+            spans = collector.trace(tid)
+            events = [e for sp in spans if sp.name in ("prefill", "decode") for e in sp.events]
+            assert sum(e.name == "preempted" for e in events) == len(tl["preemptions"])
+            assert sum(e.name == "resumed" for e in events) == len(tl["preemptions"])  # all completed
+            for p in tl["preemptions"]:
+                assert tl["scheduled"] <= p <= tl["finished"]
+    finally:
+        assert s.stop() == 0
+
+
 # --- logs ----------------------------------------------------------------------------------------
 
 def test_json_logs_parse_and_carry_the_trace_id_and_no_prompt(traced):
