@@ -1004,8 +1004,8 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     info.n = g.n;
     info.seed = g.seed;
     info.stream = g.stream;
-    int prompt_tokens = 0;
-    for (const PromptInput& p : g.prompts) prompt_tokens += static_cast<int>(p.ids.size()) * g.n;
+    int prompt_tokens = 0;  // as usage counts them: each prompt once, whatever n
+    for (const PromptInput& p : g.prompts) prompt_tokens += static_cast<int>(p.ids.size());
     info.prompt_tokens = prompt_tokens;
     rec.prompt_tokens = prompt_tokens;
     if (opts.log_prompts)
@@ -1113,7 +1113,11 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   }
 
   hangup.stop();
-  if (engine_error) trace.info.error = *engine_error;
+  if (engine_error) {
+    trace.info.error = *engine_error;
+    telemetry::Logger::global().log(telemetry::LogLevel::Error, "engine", "generation failed: " + *engine_error,
+                                    rec.request_id, rec.trace_id);
+  }
   std::vector<ChoiceOutput> outs;
   outs.reserve(choices.size());
   for (const ChoiceStream& cs : choices) outs.push_back(cs.output());
@@ -1140,12 +1144,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     }
     co_return keep && !write_failed && !stopped.load();
   }
-  if (engine_error) {
-    trace.info.error = *engine_error;
-    telemetry::Logger::global().log(telemetry::LogLevel::Error, "engine", "generation failed: " + *engine_error,
-                                    rec.request_id, rec.trace_id);
-    co_return co_await write(stream, make_error(req, generation_error(*engine_error)));
-  }
+  if (engine_error) co_return co_await write(stream, make_error(req, generation_error(*engine_error)));
   const nlohmann::ordered_json body =
       with_timeline(chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs));
   co_return co_await write(stream, make(req, http::status::ok, dump_json(body)));

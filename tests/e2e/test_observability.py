@@ -220,12 +220,24 @@ def test_new_trace_and_the_timeline_in_the_streamed_usage(traced, collector):
     assert first.time_unix_nano / 1e9 == pytest.approx(tl["arrival_time"] + tl["first_token"], abs=2e-3)
 
 
-def test_timeline_in_a_whole_response_and_not_unless_asked(traced):
+def test_timeline_in_a_whole_response_and_not_unless_asked(traced, collector):
     body = {"model": traced.model, "prompt": "Hello", "max_tokens": 3, "n": 2, "temperature": 1, "seed": 5}
-    r = post(traced, "/v1/completions", {**body, "include_timeline": True}).json()
+    tid = secrets.token_hex(16)
+    r = post(traced, "/v1/completions", {**body, "include_timeline": True},
+             {"traceparent": f"00-{tid}-{secrets.token_hex(8)}-01"}).json()
     assert [t["index"] for t in r["usage"]["timeline"]] == [0, 1]
     for t in r["usage"]["timeline"]:
         assert t["scheduled"] <= t["first_token"] <= t["finished"]
+    # Two choices: one queue/prefill/decode triple each, under one server span that sums them.
+    spans = collector.trace(tid, want=7)
+    [root] = [s for s in spans if s.name == "llm_request"]
+    a = attrs(root.attributes)
+    assert a["gen_ai.usage.prompt_tokens"] == r["usage"]["prompt_tokens"]
+    assert a["gen_ai.usage.completion_tokens"] == r["usage"]["completion_tokens"] == 6
+    assert a["gen_ai.usage.num_sequences"] == 2 and a["gen_ai.request.n"] == 2
+    assert a["gen_ai.response.finish_reasons"] == [c["finish_reason"] for c in r["choices"]]
+    kids = sorted((attrs(s.attributes)["gen_ai.choice.index"], s.name) for s in spans if s.parent_span_id == root.span_id)
+    assert kids == [(0, "decode"), (0, "prefill"), (0, "queue"), (1, "decode"), (1, "prefill"), (1, "queue")]
     assert "timeline" not in post(traced, "/v1/completions", body).json()["usage"]
     bad = post(traced, "/v1/completions", {**body, "include_timeline": "yes"})
     assert bad.status_code == 400 and "include_timeline" in bad.json()["error"]["message"]
