@@ -256,6 +256,9 @@ struct Server::Impl {
     std::vector<std::string> prompts;  // --log-prompts only
   };
   std::unordered_map<const beast::tcp_stream*, AccessRecord*> records;  // io thread
+  // The status logged (and put in the span) for a request whose client left before any answer was
+  // written: nginx's 499 "client closed request".
+  static constexpr int kClientGone = 499;
   void log_access(const AccessRecord& r) const;
 
   // One generation request's trace: filled as the request goes, its spans handed to the exporter
@@ -273,7 +276,8 @@ struct Server::Impl {
     ~RequestTrace() {
       if (!sampled || !s.opts.tracer) return;
       info.end = Clock::now();
-      info.http_status = rec.status;
+      info.http_status = rec.status != 0 ? rec.status : kClientGone;
+      if (rec.status == 0 && info.error.empty()) info.error = "the client went away before the answer";
       for (const auto& c : choices) {
         if (c) {
           info.choices.push_back(*c);
@@ -856,6 +860,7 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
     ~Unrecord() { s->records.erase(k); }
   } unrecord{this, &stream};
   const bool keep = co_await route(stream, req, rec);
+  if (rec.status == 0) rec.status = kClientGone;
   if (opts.access_log) log_access(rec);
   co_return keep;
 }
