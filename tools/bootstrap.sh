@@ -21,7 +21,7 @@ fi
 
 # Python tools for the end-to-end tests (the C++ tests need none: their references are committed).
 if [ "${SELFSERVE_PY_DEPS:-0}" = 1 ]; then
-  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib prometheus-client jsonschema
+  python3 -m pip install -q --disable-pip-version-check pytest numpy gguf openai requests matplotlib prometheus-client jsonschema opentelemetry-proto
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

@@ -66,6 +66,24 @@ struct SeqStart {
   std::vector<int32_t> reserved_blocks;
 };
 
+// What happened to a sequence between its events, for timelines and traces (steady_clock). The
+// executor collects them and hands them out with the sequence's next event (the first token's
+// carries its admission and prefill chunks; a later one a preemption and the resumption).
+struct SeqMark {
+  enum class Kind : uint8_t {
+    Queued,        // handed to the executor
+    Scheduled,     // admitted to run (again, after a preemption); tokens: prompt tokens found cached
+    PrefillChunk,  // a step computed tokens [position, position + tokens) of the prompt (or, after a
+                   // preemption, of prompt + output); at: the step's start, end: its end
+    Preempted,     // its KV blocks were taken back; it waits and is recomputed later
+  };
+  Kind kind = Kind::Queued;
+  Clock::time_point at{};
+  Clock::time_point end{};
+  int32_t position = 0;
+  int32_t tokens = 0;
+};
+
 // One event per sampled token (token >= 0). The last event of a sequence has finish != None; it
 // carries the final token for Length/Stop on a sampled token and token = -1 otherwise.
 struct SeqEvent {
@@ -82,6 +100,7 @@ struct SeqEvent {
   // With prompt_logprobs >= 0, on the first token event only: prompt tokens 1 .. n-1.
   std::vector<PromptLogprob> prompt_logprobs{};
   int32_t kv_blocks_filled = 0;  // KV blocks of this sequence full of computed K/V, after this event
+  std::vector<SeqMark> marks{};  // since the sequence's previous event, oldest first
 };
 
 // What an executor reports of itself (a snapshot after its last step).

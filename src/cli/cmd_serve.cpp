@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 #include "structured/structured.h"
+#include "telemetry/telemetry.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ss::cli {
@@ -54,6 +55,11 @@ struct ServeArgs {
   bool metrics_require_key = false;
   bool no_prefix_caching = false;
   bool log_requests = false;
+  std::string log_format = "text";
+  bool no_access_log = false;
+  bool log_prompts = false;
+  std::string otlp_endpoint;
+  double otlp_sample_ratio = 1.0;
   bool quiet = false;
   DeviceArgs device;
 };
@@ -86,11 +92,26 @@ void run_serve(const ServeArgs& a) {
   so.header_timeout_s = a.header_timeout;
   so.metrics_require_key = a.metrics_require_key;
   so.log_requests = a.log_requests;
+  so.access_log = !a.no_access_log;
+  so.log_prompts = a.log_prompts;
+  so.otlp_sample_ratio = a.otlp_sample_ratio;
+  if (!a.otlp_endpoint.empty()) {
+    telemetry::ExporterOptions eo;
+    eo.endpoint = a.otlp_endpoint;
+    eo.scope_version = SELFSERVE_VERSION;
+    eo.resource = {{"service.name", std::string("selfserve")}, {"service.version", std::string(SELFSERVE_VERSION)}};
+    auto ex = telemetry::OtlpExporter::create(std::move(eo));
+    if (!ex.ok()) return fail(ex.message());
+    so.tracer = std::move(ex).value();
+  }
   auto srv = server::Server::create(so);
   if (!srv.ok()) return fail(srv.message());
   std::unique_ptr<server::Server> server = std::move(srv).value();
-  std::fprintf(stderr, "selfserve: listening on http://%s:%d (loading the model; /health is 503 until ready)\n",
-               a.host.c_str(), server->port());
+  telemetry::log_info("server", "listening on http://" + a.host + ":" + std::to_string(server->port()) +
+                                    " (loading the model; /health is 503 until ready)");
+  if (so.tracer)
+    telemetry::log_info("otlp", "exporting traces to " + so.tracer->endpoint() + " (sample ratio " +
+                                    std::to_string(a.otlp_sample_ratio) + ")");
   std::thread io([&] {
     pthread_setname_np(pthread_self(), "ss-http");  // named so its CPU time can be told apart
     (void)server->run();
@@ -106,7 +127,8 @@ void run_serve(const ServeArgs& a) {
   } join{io, *server};
 
   // Model, backend, engine. Any failure stops the listener and exits 1.
-  auto m = open_model(a.model, {}, a.quiet);
+  // JSON logs: every stderr line is a record, so no progress bar.
+  auto m = open_model(a.model, {}, a.quiet || a.log_format == "json");
   if (!m.ok()) {
     join.failed = true;
     return fail(m.message());
@@ -194,7 +216,7 @@ void run_serve(const ServeArgs& a) {
   }
 
   if (server->shutting_down()) {  // SIGTERM/SIGINT while loading: nothing to serve
-    std::fprintf(stderr, "selfserve: stopped before the model was ready\n");
+    telemetry::log_info("server", "stopped before the model was ready");
     return;
   }
   server::ModelInfo mi;
@@ -212,14 +234,18 @@ void run_serve(const ServeArgs& a) {
   mi.chat_template = !model->chat_template.empty() ? model->chat_template : model->tokenizer->chat_template();
   mi.created = static_cast<int64_t>(std::time(nullptr));
   server->set_ready(*engine, mi);
-  std::fprintf(stderr,
-               "selfserve: serving '%s' on http://%s:%d — %d KV blocks of %d tokens (%s), max_model_len %d, "
-               "max_num_seqs %d, %s; device %s\n",
-               mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
-               backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str(), device.c_str());
+  {
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "serving '%s' on http://%s:%d — %d KV blocks of %d tokens (%s), max_model_len %d, "
+                  "max_num_seqs %d, %s; device %s",
+                  mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
+                  backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str(), device.c_str());
+    telemetry::log_info("server", msg);
+  }
 
   io.join();  // until SIGTERM/SIGINT and the drain
-  std::fprintf(stderr, "selfserve: stopped\n");
+  telemetry::log_info("server", "stopped");
   set_exit_code(0);
 }
 
@@ -271,10 +297,21 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--metrics-require-key", a->metrics_require_key, "With --api-key, /metrics needs the key too");
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
-  c->add_flag("--log-requests", a->log_requests, "Log each request on stderr");
+  c->add_flag("--log-requests", a->log_requests, "Log each request on stderr as it arrives");
+  c->add_option("--log-format", a->log_format, "stderr log lines: text, or json (one object a line: timestamp, level, "
+                                               "component, message, request_id, trace_id, ...)")
+      ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+  c->add_flag("--no-access-log", a->no_access_log, "No access line per answered request");
+  c->add_flag("--log-prompts", a->log_prompts, "Put the prompt text in the access line (off: prompts never reach logs)");
+  c->add_option("--otlp-traces-endpoint", a->otlp_endpoint,
+                "Export a trace per generation request over OTLP/HTTP (protobuf), e.g. http://localhost:4318/v1/traces");
+  c->add_option("--otlp-sample-ratio", a->otlp_sample_ratio,
+                "Fraction of new traces recorded (a caller's traceparent decides for its own)")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
   add_device_options(c, &a->device);
   c->callback([a] {
+    if (auto f = telemetry::parse_log_format(a->log_format); f.ok()) telemetry::Logger::global().set_format(*f);
     if (a->max_num_batched_tokens < a->max_num_seqs)
       return fail("--max-num-batched-tokens must be >= --max-num-seqs");
     if (a->max_buffered_body_mib < a->max_body_mib) return fail("--max-buffered-body-mib must be >= --max-body-mib");

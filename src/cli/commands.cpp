@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "telemetry/telemetry.h"
+
 namespace ss::cli {
 
 namespace {
@@ -11,7 +13,8 @@ int g_exit_code = 0;
 void set_exit_code(int code) { g_exit_code = code; }
 int exit_code() { return g_exit_code; }
 void fail(const std::string& message) {
-  std::fprintf(stderr, "selfserve: %s\n", message.c_str());
+  if (telemetry::Logger::global().format() == telemetry::LogFormat::Json) telemetry::log_error("cli", message);
+  else std::fprintf(stderr, "selfserve: %s\n", message.c_str());
   g_exit_code = 1;
 }
 

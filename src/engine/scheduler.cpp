@@ -91,6 +91,8 @@ void Scheduler::add(SeqStart r) {
   s->lane = s->num_prompt >= cfg_.long_prompt_threshold ? Lane::Long : Lane::Short;
   s->arrival_order = next_arrival_++;
   s->arrival_step = counters_.steps;
+  s->marks.reserve(4);  // queued, scheduled, a chunk or two: no growth on the usual path
+  s->marks.push_back({backend::SeqMark::Kind::Queued, Clock::now()});
   s->queue = s->lane == Lane::Long ? Sequence::Queue::Long : Sequence::Queue::Short;
   (s->lane == Lane::Long ? long_ : short_).push_back(s);
   seqs_.emplace(id, std::move(seq));
@@ -139,6 +141,8 @@ void Scheduler::finish(Sequence* s, FinishReason why, int32_t token, std::vector
   ev.token = token;
   ev.finish = why;
   ev.error = std::move(error);
+  ev.marks = std::move(s->marks);
+  s->marks.clear();
   out.push_back(Emission{s, std::move(ev)});
   finished_.push_back(s);
   ++counters_.finished;
@@ -183,6 +187,7 @@ void Scheduler::preempt(Sequence* victim) {
   victim->queue = Sequence::Queue::Resumed;
   resumed_.push_front(victim);  // the older ones, preempted later, end up first
   ++victim->num_preemptions;
+  victim->marks.push_back({backend::SeqMark::Kind::Preempted, Clock::now()});
   ++counters_.preemptions;
   preempted_this_step_ = true;
 }
@@ -254,6 +259,7 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   decisions_.clear();
   ++counters_.steps;
   preempted_this_step_ = false;
+  step_began_ = Clock::now();
   reap(now, out);
 
   const int max_seqs = cfg_.max_num_seqs;
@@ -318,6 +324,11 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     free_slots_.pop_back();
     s->blocks_sent = 0;
     s->admit_order = ++next_admit_;
+    {
+      backend::SeqMark m{backend::SeqMark::Kind::Scheduled, step_began_};
+      m.tokens = cached;
+      s->marks.push_back(m);
+    }
     if (!s->prefix_counted) {
       s->prefix_counted = true;
       kv_.count_query(s->num_tokens(), cached);
@@ -380,9 +391,16 @@ void Scheduler::build_batch(StepPlan& plan) {
 }
 
 void Scheduler::update(const StepPlan& plan, const backend::StepOutput& res, std::vector<Emission>& out) {
+  const Clock::time_point step_end = plan.num_prefill_tokens > 0 ? Clock::now() : Clock::time_point{};
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& d = plan.seqs[i];
     Sequence* s = d.seq;
+    if (d.num_tokens > 1 || s->num_computed < s->num_prompt) {  // a prefill chunk (or a recomputation's)
+      backend::SeqMark m{backend::SeqMark::Kind::PrefillChunk, step_began_, step_end};
+      m.position = s->num_computed;
+      m.tokens = d.num_tokens;
+      s->marks.push_back(m);
+    }
     s->num_computed += d.num_tokens;
     counters_.computed_tokens += d.num_tokens;
     kv_.publish(s->kv, s->tokens, s->num_computed);
@@ -415,6 +433,10 @@ void Scheduler::update(const StepPlan& plan, const backend::StepOutput& res, std
     }
     SeqEvent& ev = out.back().event;
     ev.kv_blocks_filled = filled;
+    if (!s->marks.empty()) {
+      ev.marks = std::move(s->marks);
+      s->marks.clear();
+    }
     if (s->wants_prompt_lp()) {
       ev.prompt_logprobs = std::move(s->prompt_lp);
       s->prompt_lp_sent = true;

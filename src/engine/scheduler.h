@@ -91,6 +91,7 @@ struct Sequence {
     return wants_prompt_lp() ? std::max(0, std::min(c + n, num_prompt - 1) - c) : 0;
   }
   FinishReason finish = FinishReason::None;
+  std::vector<backend::SeqMark> marks;  // not yet handed out (SeqEvent::marks)
 };
 
 // One sequence's part in a step, in the same order as batch.seq_slot.
@@ -202,6 +203,7 @@ class Scheduler {
   uint64_t next_arrival_ = 0, next_admit_ = 0;
   int budget_ = 0, long_left_ = 0, plp_left_ = 0;
   bool preempted_this_step_ = false;
+  Clock::time_point step_began_{};  // steady_clock, for prefill-chunk marks
   SchedulerCounters counters_;
 };
 

@@ -81,6 +81,9 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;
   bool continuous_usage_stats = false;  // vLLM's stream_options: usage in every chunk (with include_usage)
+  // selfserve's: usage.timeline, each choice's arrival, queueing, scheduling, first token,
+  // preemptions and finish (docs/observability.md); streamed, it needs include_usage.
+  bool include_timeline = false;
   int logprobs = -1;  // < 0: none; k: each token's logprob plus the top k
   bool echo = false;  // completions: prepend the prompt text
   std::optional<double> timeout_s;

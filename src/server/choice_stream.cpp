@@ -14,7 +14,9 @@ ChoiceFeed::ChoiceFeed(const tok::Tokenizer& tk, const GenerationRequest& g, std
     : text_(tk, g.stop, g.skip_special_tokens, g.min_tokens, g.include_stop_str_in_output),
       stop_ids_(std::move(stop_ids)),
       metrics_(metrics),
-      arrival_(arrival) {}
+      arrival_(arrival) {
+  timeline_.arrival = arrival;
+}
 
 std::optional<Delta> ChoiceFeed::on_event(const engine::TokenEvent& e, bool* stop) {
   *stop = false;
@@ -24,6 +26,25 @@ std::optional<Delta> ChoiceFeed::on_event(const engine::TokenEvent& e, bool* sto
   if (surplus && e.finish == engine::FinishReason::None) return std::nullopt;
   Delta d;
   const auto now = Clock::now();
+  for (const backend::SeqMark& m : e.marks) {
+    using K = backend::SeqMark::Kind;
+    telemetry::ChoiceTimeline& t = timeline_;
+    switch (m.kind) {
+      case K::Queued:
+        if (t.queued == Clock::time_point{}) t.queued = m.at;
+        break;
+      case K::Scheduled:
+        if (t.scheduled == Clock::time_point{}) {
+          t.scheduled = m.at;
+          t.cached_tokens = m.tokens;
+        } else {
+          t.resumptions.push_back(m.at);
+        }
+        break;
+      case K::PrefillChunk: t.prefill_chunks.push_back({m.at, m.end, m.position, m.tokens}); break;
+      case K::Preempted: t.preemptions.push_back(m.at); break;
+    }
+  }
   if (e.token >= 0 && !surplus) {
     d.has_token = true;
     if (++tokens_ == 1) {
@@ -54,6 +75,21 @@ std::optional<Delta> ChoiceFeed::on_event(const engine::TokenEvent& e, bool* sto
     d.error = e.error;
     if (text_.stopped()) d.stop_reason = text_.matched_stop();
     metrics_.finished(fin, seconds(now - arrival_), tokens_, seconds(last_token_ - first_token_));
+    telemetry::ChoiceTimeline& t = timeline_;
+    if (tokens_ > 0) {
+      t.first_token = first_token_;
+      t.last_token = last_token_;
+    }
+    t.finished = now;
+    t.completion_tokens = tokens_;
+    t.finish_reason = finish_name(fin);
+    // vLLM's stage histograms, over the stages this request went through.
+    const Clock::time_point zero{};
+    metrics_.stages(t.queued != zero && t.scheduled != zero ? seconds(t.scheduled - t.queued) : -1,
+                    t.scheduled != zero && tokens_ > 0 ? seconds(first_token_ - t.scheduled) : -1,
+                    tokens_ > 0 ? seconds(last_token_ - first_token_) : -1,
+                    t.scheduled != zero && tokens_ > 0 ? seconds(last_token_ - t.scheduled) : -1);
+    d.timeline = std::make_shared<telemetry::ChoiceTimeline>(std::move(timeline_));
   }
   return d;
 }

@@ -16,6 +16,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/text_output.h"
+#include "telemetry/telemetry.h"
 
 namespace ss::server {
 
@@ -30,6 +31,8 @@ struct Delta {
   engine::FinishReason finish = engine::FinishReason::None;
   std::optional<std::string> stop_reason;
   std::string error;
+  // With the finish: the choice's life in the engine (timeline in usage, trace spans).
+  std::shared_ptr<telemetry::ChoiceTimeline> timeline;
 };
 
 class ChoiceFeed {
@@ -47,6 +50,7 @@ class ChoiceFeed {
   RequestMetrics& metrics_;
   int tokens_ = 0;  // token events passed on
   Clock::time_point arrival_, first_token_, last_token_;
+  telemetry::ChoiceTimeline timeline_;  // marks as they come; handed out with the finish
 };
 
 // OpenAI's finish_reason for the engine's.

@@ -87,6 +87,15 @@ void RequestMetrics::set_model(const std::string& model_id) {
                             l);
   v_e2e_ = &reg_.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (vLLM-compatible name)",
                            e2e_b, l);
+  v_queue_ = &reg_.histogram("vllm:request_queue_time_seconds",
+                             "Time in the engine's waiting queue before first scheduled (vLLM-compatible name)",
+                             e2e_b, l);
+  v_prefill_ = &reg_.histogram("vllm:request_prefill_time_seconds",
+                               "Time from first scheduled to the first token (vLLM-compatible name)", e2e_b, l);
+  v_decode_ = &reg_.histogram("vllm:request_decode_time_seconds",
+                              "Time from the first to the last token (vLLM-compatible name)", e2e_b, l);
+  v_inference_ = &reg_.histogram("vllm:request_inference_time_seconds",
+                                 "Time from first scheduled to the last token (vLLM-compatible name)", e2e_b, l);
   const char* fin_help = "Finished requests by reason (vLLM-compatible name)";
   v_stop_ = &reg_.counter("vllm:request_success_total", fin_help, {{"finished_reason", "stop"}, *l.begin()});
   v_length_ = &reg_.counter("vllm:request_success_total", fin_help, {{"finished_reason", "length"}, *l.begin()});
@@ -101,6 +110,14 @@ void RequestMetrics::first_token(double since_arrival) {
 void RequestMetrics::token_gap(double seconds) {
   if (v_itl_) v_itl_->Observe(seconds);
   if (v_tpot_) v_tpot_->Observe(seconds);
+}
+
+void RequestMetrics::stages(double queue, double prefill, double decode, double inference) {
+  if (!v_queue_) return;  // no model yet
+  if (queue >= 0) v_queue_->Observe(queue);
+  if (prefill >= 0) v_prefill_->Observe(prefill);
+  if (decode >= 0) v_decode_->Observe(decode);
+  if (inference >= 0) v_inference_->Observe(inference);
 }
 
 void RequestMetrics::finished(engine::FinishReason why, double since_arrival, int tokens, double first_to_last) {

@@ -63,12 +63,16 @@ class RequestMetrics {
   void token_gap(double seconds);
   // tokens: output tokens; first_to_last: seconds between the first and the last of them.
   void finished(engine::FinishReason why, double since_arrival, int tokens, double first_to_last);
+  // vLLM's per-stage histograms (seconds; a negative value: the stage did not happen): queued in
+  // the engine → scheduled, scheduled → first token, first → last token, scheduled → last token.
+  void stages(double queue, double prefill, double decode, double inference);
 
  private:
   MetricsRegistry& reg_;
   prometheus::Histogram *ttft_, *tpot_, *e2e_;
   prometheus::Histogram *v_ttft_ = nullptr, *v_itl_ = nullptr, *v_tpot_ = nullptr, *v_e2e_ = nullptr;
   prometheus::Counter *v_stop_ = nullptr, *v_length_ = nullptr, *v_abort_ = nullptr;
+  prometheus::Histogram *v_queue_ = nullptr, *v_prefill_ = nullptr, *v_decode_ = nullptr, *v_inference_ = nullptr;
 };
 
 }  // namespace ss::server

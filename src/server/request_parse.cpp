@@ -313,9 +313,11 @@ ApiResult<GenerationRequest> parse_generation_impl(Endpoint ep, std::string_view
       Fields sf(*so);
       sf.boolean("include_usage", g.include_usage);
       sf.boolean("continuous_usage_stats", g.continuous_usage_stats);
+      sf.boolean("include_timeline", g.include_timeline);
       if (sf.failed()) f.fail(sf.error());
     }
   }
+  f.boolean("include_timeline", g.include_timeline);
   f.boolean("ignore_eos", g.ignore_eos);
   f.boolean("return_tokens_as_token_ids", g.return_tokens_as_token_ids);
   f.integer("min_tokens", g.min_tokens, 0, std::numeric_limits<int32_t>::max());

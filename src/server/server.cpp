@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <optional>
@@ -244,6 +245,58 @@ struct Mailbox {
 using namespace detail;
 
 struct Server::Impl {
+  // What the access line of one request says (io thread); write() fills the status and the
+  // traceresponse header from it.
+  struct AccessRecord {
+    Clock::time_point start = Clock::now();
+    std::string method, path, client;
+    int status = 0;
+    int prompt_tokens = -1, completion_tokens = -1;  // generations only
+    std::string request_id, trace_id, traceresponse;
+    std::vector<std::string> prompts;  // --log-prompts only
+  };
+  std::unordered_map<const beast::tcp_stream*, AccessRecord*> records;  // io thread
+  // The status logged (and put in the span) for a request whose client left before any answer was
+  // written: nginx's 499 "client closed request".
+  static constexpr int kClientGone = 499;
+  void log_access(const AccessRecord& r) const;
+
+  // One generation request's trace: filled as the request goes, its spans handed to the exporter
+  // when it ends (whichever way it ends), if sampled.
+  struct RequestTrace {
+    Impl& s;
+    AccessRecord& rec;
+    telemetry::RequestSpanInfo info;
+    telemetry::ClockAnchor anchor;
+    bool sampled = false;
+    std::vector<std::shared_ptr<telemetry::ChoiceTimeline>> choices;  // from each choice's finish
+    RequestTrace(Impl& impl, AccessRecord& r) : s(impl), rec(r) {}
+    RequestTrace(const RequestTrace&) = delete;
+    RequestTrace& operator=(const RequestTrace&) = delete;
+    ~RequestTrace() {
+      if (!sampled || !s.opts.tracer) return;
+      info.end = Clock::now();
+      info.http_status = rec.status != 0 ? rec.status : kClientGone;
+      if (rec.status == 0 && info.error.empty()) info.error = "the client went away before the answer";
+      for (const auto& c : choices) {
+        if (c) {
+          info.choices.push_back(*c);
+        } else {  // the client left before this choice finished
+          telemetry::ChoiceTimeline t;
+          t.arrival = info.start;
+          t.finished = info.end;
+          t.finish_reason = "abort";
+          info.choices.push_back(std::move(t));
+        }
+      }
+      try {
+        s.opts.tracer->submit(telemetry::request_spans(info, anchor));
+      } catch (const std::exception&) {  // out of memory: the trace is lost, serving goes on
+      }
+    }
+  };
+  Clock::time_point drain_started{};
+
   // A request in flight: its engine ids and cancel tokens (io thread).
   struct Job {
     uint64_t id = 0;
@@ -344,7 +397,8 @@ struct Server::Impl {
   bool needs_key(const HttpRequest& h) const;
   bool authorized(const HttpRequest& h) const;
   awaitable<bool> dispatch(beast::tcp_stream& stream, HttpRequest& req);
-  awaitable<bool> handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep);
+  awaitable<bool> route(beast::tcp_stream& stream, HttpRequest& req, AccessRecord& rec);
+  awaitable<bool> handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep, AccessRecord& rec);
   std::optional<ApiError> overload(int num_choices);
   std::optional<ApiError> submit(const GenerationRequest& g, Job& job, const std::shared_ptr<Mailbox>& mb);
   awaitable<bool> handle_simple(beast::tcp_stream& stream, HttpRequest& req, bool tokenize);
@@ -375,6 +429,10 @@ struct Server::Impl {
     return make(req, static_cast<http::status>(e.status), error_body(e));
   }
   awaitable<bool> write(beast::tcp_stream& stream, HttpResponse res) {
+    if (auto it = records.find(&stream); it != records.end()) {
+      it->second->status = static_cast<int>(res.result_int());
+      if (!it->second->traceresponse.empty()) res.set("traceresponse", it->second->traceresponse);
+    }
     const bool keep = res.keep_alive();
     stream.expires_after(std::chrono::seconds(60));
     auto [ec, n] = co_await http::async_write(stream, res, nothrow);
@@ -445,6 +503,17 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
       counter_family("selfserve_engine_decode_step_tokens_total", "Tokens sampled by the steps that only decoded",
                      n(s.decode_step_tokens)),
   };
+  if (opts.tracer) {
+    const telemetry::ExporterStats t = opts.tracer->stats();
+    f.push_back(counter_family("selfserve_otlp_spans_queued_total", "Spans accepted for OTLP export", n(t.spans_queued)));
+    f.push_back(counter_family("selfserve_otlp_spans_exported_total", "Spans the OTLP collector accepted",
+                               n(t.spans_exported)));
+    f.push_back(counter_family("selfserve_otlp_spans_dropped_total",
+                               "Spans dropped: the export queue was full, or their export failed", n(t.spans_dropped)));
+    f.push_back(counter_family("selfserve_otlp_export_requests_total", "OTLP export POSTs tried", n(t.export_requests)));
+    f.push_back(counter_family("selfserve_otlp_export_failures_total",
+                               "OTLP export POSTs that failed (refused, timed out, not 2xx)", n(t.export_failures)));
+  }
   if (is_ready) {  // vLLM's names carry the model's name
     const Labels l = {{"model_name", model.id}};
     f.push_back(gauge_family("vllm:num_requests_running", "Requests running (vLLM-compatible name)", n(s.num_running), l));
@@ -491,13 +560,16 @@ void Server::Impl::begin_shutdown() {
   if (draining.exchange(true)) {  // a second signal: stop waiting
     if (!forced) {
       forced = true;
-      std::fprintf(stderr, "selfserve: cancelling %zu in-flight request(s)\n", jobs.size());
+      telemetry::log_warn("server", "cancelling " + std::to_string(jobs.size()) + " in-flight request(s)");
       cancel_all_jobs();
     }
     return;
   }
-  std::fprintf(stderr, "selfserve: shutting down: draining %zu in-flight request(s) (up to %.0f s)\n", jobs.size(),
-               opts.shutdown_timeout_s);
+  drain_started = Clock::now();
+  char msg[128];
+  std::snprintf(msg, sizeof msg, "shutting down: draining %zu in-flight request(s) (up to %.0f s)", jobs.size(),
+                opts.shutdown_timeout_s);
+  telemetry::log_info("server", msg);
   net::co_spawn(*io, drain(), net::detached);
 }
 
@@ -510,7 +582,7 @@ awaitable<void> Server::Impl::drain() {
     co_await t.async_wait(nothrow);
   }
   if (!jobs.empty()) {
-    if (!forced) std::fprintf(stderr, "selfserve: shutdown timeout: cancelling %zu request(s)\n", jobs.size());
+    if (!forced) telemetry::log_warn("server", "shutdown timeout: cancelling " + std::to_string(jobs.size()) + " request(s)");
     forced = true;
     cancel_all_jobs();
     const auto hard = Clock::now() + std::chrono::seconds(5);  // cancelled requests end within a step
@@ -533,7 +605,7 @@ awaitable<void> Server::Impl::accept_loop() {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      std::fprintf(stderr, "selfserve: connection error: %s\n", ex.what());
+      telemetry::log_warn("http", std::string("connection error: ") + ex.what());
     } catch (...) {
     }
   };
@@ -613,6 +685,17 @@ awaitable<void> Server::Impl::session(tcp::socket sock) {
     res.keep_alive(false);
     if (e.status == 401) res.set(http::field::www_authenticate, "Bearer");
     if (e.status == 503) res.set(http::field::retry_after, "1");
+    if (opts.access_log) {  // refused on its headers: logged like a routed request
+      AccessRecord rec;
+      rec.method = h.method_string().empty() ? "-" : std::string(h.method_string());
+      const std::string_view target(h.target().data(), h.target().size());
+      rec.path = target.empty() ? "-" : std::string(target.substr(0, target.find('?')));
+      rec.status = e.status;
+      beast::error_code pec;
+      const auto peer = stream.socket().remote_endpoint(pec);
+      if (!pec) rec.client = peer.address().to_string() + ":" + std::to_string(peer.port());
+      log_access(rec);
+    }
     co_await write(stream, std::move(res));
     buf.clear();
     co_await linger_close(stream);
@@ -744,7 +827,45 @@ bool Server::Impl::authorized(const HttpRequest& h) const {
   return bearer_matches(std::string_view(v.data(), v.size()), opts.api_key);
 }
 
+void Server::Impl::log_access(const AccessRecord& r) const {
+  nlohmann::ordered_json f;
+  f["method"] = r.method;
+  f["path"] = r.path;
+  f["status"] = r.status;
+  if (r.prompt_tokens >= 0) f["prompt_tokens"] = r.prompt_tokens;
+  if (r.completion_tokens >= 0) f["completion_tokens"] = r.completion_tokens;
+  f["latency_s"] = std::round(seconds(Clock::now() - r.start) * 1e6) / 1e6;
+  f["client"] = r.client;
+  if (opts.log_prompts && !r.prompts.empty()) f["prompt"] = r.prompts.size() == 1 ? nlohmann::ordered_json(r.prompts[0]) : nlohmann::ordered_json(r.prompts);
+  const std::string msg = r.method + " " + r.path + " " + std::to_string(r.status);
+  // A 503 from /health is a probe's answer while loading or draining, not a failure.
+  const bool failed = r.status >= 500 && r.path != "/health";
+  telemetry::Logger::global().log(failed ? telemetry::LogLevel::Warn : telemetry::LogLevel::Info, "access", msg,
+                                  r.request_id, r.trace_id, f);
+}
+
+// Every routed request: an access record that write() completes, logged when it is answered.
 awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& req) {
+  AccessRecord rec;
+  rec.method = std::string(req.method_string());
+  std::string_view path(req.target().data(), req.target().size());
+  rec.path = std::string(path.substr(0, path.find('?')));
+  beast::error_code ec;
+  const auto peer = stream.socket().remote_endpoint(ec);
+  if (!ec) rec.client = peer.address().to_string() + ":" + std::to_string(peer.port());
+  records[&stream] = &rec;
+  struct Unrecord {
+    Impl* s;
+    const beast::tcp_stream* k;
+    ~Unrecord() { s->records.erase(k); }
+  } unrecord{this, &stream};
+  const bool keep = co_await route(stream, req, rec);
+  if (rec.status == 0) rec.status = kClientGone;
+  if (opts.access_log) log_access(rec);
+  co_return keep;
+}
+
+awaitable<bool> Server::Impl::route(beast::tcp_stream& stream, HttpRequest& req, AccessRecord& rec) {
   std::string_view target(req.target().data(), req.target().size());
   target = target.substr(0, target.find('?'));
   enum class R { Health, Metrics, Models, Completions, Chat, Tokenize, Detokenize, None };
@@ -765,9 +886,7 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
   const Route* route = nullptr;
   for (const Route& r : routes)
     if (r.path == target) route = &r;
-  if (opts.log_requests)
-    std::fprintf(stderr, "selfserve: %.*s %.*s\n", static_cast<int>(req.method_string().size()),
-                 req.method_string().data(), static_cast<int>(target.size()), target.data());
+  if (opts.log_requests) telemetry::log_info("http", rec.method + " " + rec.path);
   ApiError e;
   if (!route) {
     reject("not_found");
@@ -812,8 +931,8 @@ awaitable<bool> Server::Impl::dispatch(beast::tcp_stream& stream, HttpRequest& r
   }
   switch (route->r) {
     case R::Models: co_return co_await write(stream, make(req, http::status::ok, dump_json(models_response(model))));
-    case R::Completions: co_return co_await handle_generate(stream, req, Endpoint::Completions);
-    case R::Chat: co_return co_await handle_generate(stream, req, Endpoint::ChatCompletions);
+    case R::Completions: co_return co_await handle_generate(stream, req, Endpoint::Completions, rec);
+    case R::Chat: co_return co_await handle_generate(stream, req, Endpoint::ChatCompletions, rec);
     case R::Tokenize: co_return co_await handle_simple(stream, req, true);
     case R::Detokenize: co_return co_await handle_simple(stream, req, false);
     default: break;
@@ -835,18 +954,71 @@ awaitable<bool> Server::Impl::handle_simple(beast::tcp_stream& stream, HttpReque
 // request per choice (submit) → stream headers and each choice's head → pump Deltas from the mailbox
 // into the choices' streams until every choice finished (or the client left) → the closing chunks,
 // or the whole response.
-awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep) {
+awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpRequest& req, Endpoint ep,
+                                              AccessRecord& rec) {
   const ModelInfo& mi = model;
+  const bool chat = ep == Endpoint::ChatCompletions;
+  const std::string id = std::string(chat ? "chatcmpl-" : "cmpl-") + [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, "%016llx%04llx", static_cast<unsigned long long>(seed_rng()),
+                  static_cast<unsigned long long>(next_job & 0xffff));
+    return std::string(b);
+  }();
+  // The trace: the caller's continued (W3C traceparent), or a new one; sampled or not, its id goes
+  // back in `traceresponse` and into the logs.
+  RequestTrace trace(*this, rec);
+  {
+    const auto tp = req["traceparent"];
+    std::optional<telemetry::TraceContext> parent =
+        tp.empty() ? std::nullopt
+                   : telemetry::parse_traceparent(std::string_view(tp.data(), tp.size()),
+                                                  [&] { const auto ts = req["tracestate"]; return std::string_view(ts.data(), ts.size()); }());
+    telemetry::RequestSpanInfo& info = trace.info;
+    info.ctx.trace_id = parent ? parent->trace_id : telemetry::new_trace_id();
+    info.ctx.span_id = telemetry::new_span_id();
+    if (parent) {
+      info.parent = parent->span_id;
+      info.ctx.tracestate = parent->tracestate;
+    }
+    trace.sampled = opts.tracer && telemetry::sample(info.ctx.trace_id, opts.otlp_sample_ratio, parent);
+    // Flags: ours say whether we record; the caller's other bits are not ours to pass on.
+    info.ctx.flags = trace.sampled ? 1 : 0;
+    info.operation = chat ? "chat" : "text_completion";
+    info.model = mi.id;
+    info.request_id = id;
+    info.http_route = rec.path;
+    info.start = rec.start;
+    rec.trace_id = telemetry::to_hex(info.ctx.trace_id);
+    rec.traceresponse = telemetry::format_traceparent(info.ctx.trace_id, info.ctx.span_id, info.ctx.flags);
+    rec.request_id = id;
+  }
   auto parsed = co_await on_pool([&] { return parse_generation_request(ep, req.body(), mi); });
   if (!parsed.ok()) {
     const ApiError& err = parsed.error();
+    trace.info.error = err.message;
     reject(err.status == 404 ? "model_not_found" : err.code == "context_length_exceeded" ? "context_length" : "invalid_request");
     co_return co_await write(stream, make_error(req, err));
   }
   const GenerationRequest& g = parsed.value();
   const int nc = g.num_choices();
+  {
+    telemetry::RequestSpanInfo& info = trace.info;
+    info.max_tokens = g.max_tokens;
+    info.temperature = g.sampling.temperature;
+    info.top_p = g.sampling.top_p;
+    info.n = g.n;
+    info.seed = g.seed;
+    info.stream = g.stream;
+    int prompt_tokens = 0;  // as usage counts them: each prompt once, whatever n
+    for (const PromptInput& p : g.prompts) prompt_tokens += static_cast<int>(p.ids.size());
+    info.prompt_tokens = prompt_tokens;
+    rec.prompt_tokens = prompt_tokens;
+    if (opts.log_prompts)
+      for (const PromptInput& p : g.prompts) rec.prompts.push_back(p.text);
+  }
   if (auto busy = overload(nc)) {
     reject("overload");
+    trace.info.error = busy->message;
     HttpResponse res = make_error(req, *busy);
     res.set(http::field::retry_after, "1");
     co_return co_await write(stream, std::move(res));
@@ -866,20 +1038,15 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   } unregister{this, job->id};
   if (auto err = submit(g, *job, mb)) {
     reject("invalid_request");
+    trace.info.error = err->message;
     co_return co_await write(stream, make_error(req, *err));
   }
 
   // Watch for the client going away (a reset; a FIN only when it closed, not half-closed).
   HangupWatch hangup(stream.socket(), job->waiter, /*may_probe=*/!g.stream && req.version() >= 11);
 
-  const bool chat = ep == Endpoint::ChatCompletions;
-  const std::string id = std::string(chat ? "chatcmpl-" : "cmpl-") + [&] {
-    char b[32];
-    std::snprintf(b, sizeof b, "%016llx%04llx", static_cast<unsigned long long>(seed_rng()),
-                  static_cast<unsigned long long>(job->id & 0xffff));
-    return std::string(b);
-  }();
   const int64_t created = unix_now();
+  trace.choices.resize(static_cast<size_t>(nc));
   std::vector<ChoiceStream> choices;
   choices.reserve(static_cast<size_t>(nc));
   for (int c = 0; c < nc; ++c) choices.emplace_back(g, mi, id, created, c);
@@ -903,6 +1070,8 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     res.set(http::field::server, "selfserve");
     res.set(http::field::content_type, "text/event-stream");
     res.set(http::field::cache_control, "no-cache");
+    res.set("traceresponse", rec.traceresponse);
+    rec.status = 200;
     res.keep_alive(keep);
     if (chunked) res.chunked(true);
     http::response_serializer<http::empty_body> sr{res};
@@ -922,6 +1091,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     mb->take(batch);
     std::string payload;
     for (Delta& d : batch) {
+      if (d.timeline) trace.choices[static_cast<size_t>(d.choice)] = std::move(d.timeline);
       ChoiceStream& cs = choices[static_cast<size_t>(d.choice)];
       payload += cs.apply(std::move(d));
       if (cs.done() && !job->finished[cs.output().index]) {
@@ -948,12 +1118,27 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
   }
 
   hangup.stop();
+  if (engine_error) {
+    trace.info.error = *engine_error;
+    telemetry::Logger::global().log(telemetry::LogLevel::Error, "engine", "generation failed: " + *engine_error,
+                                    rec.request_id, rec.trace_id);
+  }
   std::vector<ChoiceOutput> outs;
   outs.reserve(choices.size());
   for (const ChoiceStream& cs : choices) outs.push_back(cs.output());
+  rec.completion_tokens = usage_of(g, outs).completion_tokens;
+  const auto with_timeline = [&](nlohmann::ordered_json j) {
+    if (g.include_timeline && j.contains("usage") && j["usage"].is_object()) {
+      nlohmann::ordered_json tl = nlohmann::ordered_json::array();
+      for (size_t c = 0; c < trace.choices.size(); ++c)
+        if (trace.choices[c]) tl.push_back(telemetry::timeline_json(*trace.choices[c], trace.anchor, static_cast<int>(c)));
+      j["usage"]["timeline"] = std::move(tl);
+    }
+    return j;
+  };
   if (g.stream) {
     std::string tail;
-    if (g.include_usage) tail += sse_event(dump_json(usage_chunk(g, mi, id, created, usage_of(g, outs))));
+    if (g.include_usage) tail += sse_event(dump_json(with_timeline(usage_chunk(g, mi, id, created, usage_of(g, outs)))));
     tail += "data: [DONE]\n\n";
     co_await send(tail);
     if (chunked && !write_failed) {
@@ -965,7 +1150,8 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
     co_return keep && !write_failed && !stopped.load();
   }
   if (engine_error) co_return co_await write(stream, make_error(req, generation_error(*engine_error)));
-  const nlohmann::ordered_json body = chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs);
+  const nlohmann::ordered_json body =
+      with_timeline(chat ? chat_response(g, mi, id, created, outs) : completion_response(g, mi, id, created, outs));
   co_return co_await write(stream, make(req, http::status::ok, dump_json(body)));
 }
 
@@ -1102,10 +1288,18 @@ Status Server::run() {
       s.io->run();
       break;
     } catch (const std::exception& e) {  // a handler threw: log it and keep serving
-      std::fprintf(stderr, "selfserve: event loop: %s\n", e.what());
+      telemetry::log_error("http", std::string("event loop: ") + e.what());
     }
   }
   s.stopped = true;
+  if (s.opts.tracer) {
+    // The spans of the drained requests go out within what is left of the drain time.
+    const auto began = s.drain_started != Clock::time_point{} ? s.drain_started : Clock::now();
+    const auto deadline = began + secs(s.opts.shutdown_timeout_s);
+    if (!s.opts.tracer->shutdown(deadline))
+      telemetry::log_warn("otlp", "some spans were not exported before the shutdown deadline (see "
+                                  "selfserve_otlp_spans_dropped_total)");
+  }
   return {};
 }
 

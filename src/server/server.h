@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "telemetry/telemetry.h"
 
 namespace ss::server {
 
@@ -46,7 +47,14 @@ struct ServerOptions {
                                                 // that would pass it gets 503 + Retry-After, closed
   bool metrics_require_key = false;     // with api_key: /metrics needs the key too (/health never)
   bool handle_signals = true;           // SIGTERM / SIGINT start a graceful shutdown
-  bool log_requests = false;            // one line per request on stderr
+  bool log_requests = false;            // one line per request on stderr, as it arrives
+  bool access_log = true;               // one line per answered request (telemetry::Logger)
+  bool log_prompts = false;             // the access line of a generation carries its prompt text
+  // Traces: one span tree per generation request, sampled at otlp_sample_ratio (a caller's
+  // traceparent decides for its trace); exported on the exporter's thread. Null: no spans (the
+  // trace id is still continued or made, returned and logged).
+  std::shared_ptr<telemetry::OtlpExporter> tracer;
+  double otlp_sample_ratio = 1.0;
 };
 
 class Server {

@@ -109,5 +109,69 @@ TEST(ChoiceFeed, AStopIdEndsTheTextWithoutBeingPartOfIt) {
   EXPECT_NE(other.text, "hello");
 }
 
+// The executor's marks become the choice's timeline, handed out with the finish: the first
+// admission (its cached prefix), each chunk, each preemption and the admission after it, and the
+// token times the feed saw; vLLM's stage histograms are observed once, from those times.
+TEST(ChoiceFeed, MarksBecomeTheTimelineAndTheStageHistograms) {
+  auto tk = test_support::test_tokenizer();
+  ASSERT_NE(tk, nullptr);
+  GenerationRequest g;
+  MetricsRegistry reg;
+  RequestMetrics metrics(reg);
+  metrics.set_model("m");
+  using Clock = std::chrono::steady_clock;
+  using K = backend::SeqMark::Kind;
+  const auto arrival = Clock::now() - std::chrono::milliseconds(50);
+  ChoiceFeed feed(*tk, g, {}, arrival, metrics);
+  const auto at = [&](int ms) { return arrival + std::chrono::milliseconds(ms); };
+  const std::vector<int32_t> ids = tk->encode("a b c", false, false);
+  ASSERT_GE(ids.size(), 2u);
+  std::shared_ptr<telemetry::ChoiceTimeline> t;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    engine::TokenEvent e;
+    e.id = 1;
+    e.token = ids[i];
+    if (i == 0) {
+      backend::SeqMark q{K::Queued, at(1)}, sch{K::Scheduled, at(2)}, c1{K::PrefillChunk, at(2), at(4)},
+          c2{K::PrefillChunk, at(4), at(6)};
+      sch.tokens = 16;
+      c1.position = 16;
+      c1.tokens = 8;
+      c2.position = 24;
+      c2.tokens = 3;
+      e.marks = {q, sch, c1, c2};
+    }
+    if (i == 1) e.marks = {{K::Preempted, at(10)}, {K::Scheduled, at(12)}, {K::PrefillChunk, at(12), at(13)}};
+    if (i + 1 == ids.size()) e.finish = engine::FinishReason::Length;
+    bool stop = false;
+    auto d = feed.on_event(e, &stop);
+    ASSERT_TRUE(d);
+    if (i + 1 < ids.size()) EXPECT_FALSE(d->timeline);
+    else t = d->timeline;
+  }
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->arrival, arrival);
+  EXPECT_EQ(t->queued, at(1));
+  EXPECT_EQ(t->scheduled, at(2));  // the first admission; the second is a resumption
+  EXPECT_EQ(t->cached_tokens, 16);
+  ASSERT_EQ(t->prefill_chunks.size(), 3u);
+  EXPECT_EQ(t->prefill_chunks[1].position, 24);
+  EXPECT_EQ(t->prefill_chunks[1].end, at(6));
+  EXPECT_EQ(t->preemptions, std::vector<Clock::time_point>{at(10)});
+  EXPECT_EQ(t->resumptions, std::vector<Clock::time_point>{at(12)});
+  EXPECT_EQ(t->completion_tokens, static_cast<int>(ids.size()));
+  EXPECT_EQ(t->finish_reason, "length");
+  EXPECT_LE(t->first_token, t->last_token);
+  EXPECT_LE(t->last_token, t->finished);
+  EXPECT_GE(t->first_token, arrival + std::chrono::milliseconds(50));  // when the feed saw it
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("vllm:request_queue_time_seconds_count{model_name=\"m\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("vllm:request_prefill_time_seconds_count{model_name=\"m\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_decode_time_seconds_count{model_name=\"m\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_inference_time_seconds_count{model_name=\"m\"} 1"), std::string::npos);
+  // queued → scheduled: 1 ms.
+  EXPECT_NE(text.find("vllm:request_queue_time_seconds_sum{model_name=\"m\"} 0.001"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace ss::server
