@@ -185,6 +185,15 @@ type EngineOptions struct {
 	IdlePoll time.Duration
 	// Events fetched per poll at most (default 256).
 	PollBatch int
+	// StepInPoll runs the forward passes inside each poll, on the poll goroutine's OS thread
+	// (locked to it when a GPU may be used, the thread that created the engine). By default the
+	// engine steps on a C++ thread of its own and a poll only collects events, so that Go's
+	// scheduling never delays a step.
+	StepInPoll bool
+	// PollLinger: once a poll has events, it goes on collecting further steps' events for this
+	// long before it returns (at most 10 s). Fewer, larger batches cost the Go side less per token,
+	// at that much added latency per token. 0: every step's events are handed out at once.
+	PollLinger time.Duration
 }
 
 // Engine serves requests on one model. All its methods are safe for concurrent use.
@@ -203,6 +212,7 @@ type engine struct {
 	done    chan struct{} // the poll goroutine has freed the engine
 
 	polls, events, batches atomic.Int64
+	dispatchNanos          atomic.Int64 // Go time turning C events into stream events
 }
 
 // NewEngine starts an engine on m, and its poll goroutine.
@@ -230,6 +240,10 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 	if opts.DisablePrefixCaching {
 		o.enable_prefix_caching = 0
 	}
+	if !opts.StepInPoll {
+		o.own_thread = 1
+	}
+	o.poll_linger_us = C.int32_t(opts.PollLinger / time.Microsecond)
 	e := &engine{batch: opts.PollBatch, idle: opts.IdlePoll, done: make(chan struct{})}
 	if e.batch <= 0 {
 		e.batch = 256
@@ -244,7 +258,7 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "the model is closed"}
 	}
 	ready := make(chan error, 1)
-	go e.run(cm, &o, opts.Device != DeviceCPU, ready)
+	go e.run(cm, &o, opts.Device != DeviceCPU && opts.StepInPoll, ready)
 	if err := <-ready; err != nil {
 		return nil, err
 	}
@@ -305,9 +319,11 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 		}
 		e.events.Add(int64(n))
 		e.batches.Add(1)
+		t0 := time.Now()
 		for i := 0; i < int(n); i++ {
 			e.dispatch(&events[i])
 		}
+		e.dispatchNanos.Add(int64(time.Since(t0)))
 	}
 	e.mu.Lock()
 	C.ss_engine_free(c)
@@ -386,9 +402,10 @@ type Metrics struct {
 	DecodeStepSeconds              float64
 	DecodeStepTokens               int64
 	PrefixHitRate                  float64
-	// The boundary: ss_engine_poll calls and the events they carried (the C side's count), and on
-	// the Go side the polls that returned events.
+	// The boundary: ss_engine_poll calls and the events they carried (the C side's count); on
+	// the Go side the polls that returned events and the time spent handing their events out.
 	Polls, Events, GoBatches int64
+	GoDispatchSeconds        float64
 }
 
 // Metrics reads the engine's counters.
@@ -411,7 +428,21 @@ func (e *Engine) Metrics() (Metrics, error) {
 		DecodeSteps: int64(m.decode_steps), DecodeStepSeconds: float64(m.decode_step_seconds),
 		DecodeStepTokens: int64(m.decode_step_tokens), PrefixHitRate: float64(m.prefix_hit_rate),
 		Polls: int64(m.polls), Events: int64(m.events), GoBatches: e.e.batches.Load(),
+		GoDispatchSeconds: float64(e.e.dispatchNanos.Load()) / 1e9,
 	}, nil
+}
+
+// CallOverhead measures one cgo call into the library (a trivial ss_* function, n times): the
+// fixed cost every poll pays to cross the boundary.
+func CallOverhead(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		C.ss_status_name(0)
+	}
+	return time.Since(t0) / time.Duration(n)
 }
 
 // ---- requests ----------------------------------------------------------------------------------

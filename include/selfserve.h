@@ -18,8 +18,8 @@
  *   - ss_model_*: a loaded model is read-only; ss_model_info may be called from any thread.
  *     ss_model_free may be called while engines still use the model (they hold a reference).
  *   - ss_engine_submit, ss_engine_cancel, ss_engine_wake and ss_engine_metrics are thread-safe.
- *   - ss_engine_poll: one thread at a time per engine (it runs the forward passes on the calling
- *     thread: with CUDA, keep it on the thread that called ss_engine_create).
+ *   - ss_engine_poll: one thread at a time per engine (without own_thread it runs the forward
+ *     passes on the calling thread: with CUDA, keep it on the thread that called ss_engine_create).
  *   - ss_engine_free: when no other call on that engine is in progress.
  *   - ss_last_error: per thread.
  */
@@ -121,6 +121,16 @@ typedef struct ss_engine_options {
   int32_t enable_prefix_caching;  /* non-zero: reuse cached prompt prefixes (1) */
   double gpu_memory_utilization;  /* CUDA: share of the GPU's memory to take (0.9) */
   int32_t enforce_eager;          /* CUDA: no CUDA graphs */
+  /* 0: the steps run inside ss_engine_poll, on the polling thread (a caller that owns the thread
+   * the device is driven from). Non-zero: the engine steps on a thread of its own, back to back
+   * while there is work, and ss_engine_poll only collects events (the caller's latency never
+   * delays a step). Either way a poll returns whole steps' events. */
+  int32_t own_thread;
+  /* > 0: once a poll has events it goes on collecting (own_thread: waiting; else: stepping) for up
+   * to this many microseconds more before it returns, so that each poll carries several steps'
+   * events: fewer, larger batches (less per-poll cost for the caller) at that much added latency
+   * per token. 0: a poll returns as soon as a step's events are ready. */
+  int32_t poll_linger_us;
 } ss_engine_options;
 
 void ss_engine_options_init(ss_engine_options* opts);
@@ -216,8 +226,8 @@ typedef struct ss_event {
   const char* stop_reason;    /* the stop string that ended it, or NULL */
 } ss_event;
 
-/* Runs the engine's steps on the calling thread until at least one event is ready or timeout_ms
- * passes (< 0: no limit; 0: at most one step), then copies up to `capacity` events into `events`
+/* Runs the engine's steps on the calling thread (own_thread: waits for the engine's thread) until
+ * at least one event is ready or timeout_ms passes (< 0: no limit; 0: at most one step), then copies up to `capacity` events into `events`
  * (the rest wait for the next poll) and sets *count. event_size is sizeof(ss_event) as the caller
  * knows it. A step can run past the timeout. Fails only when the backend fails with no request to
  * report it to (each request in a failed step gets a SS_FINISH_ERROR event). */

@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   const double secs = std::chrono::duration<double>(last - all_first).count();
-  std::printf("{\"impl\":\"cpp\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f}\n", n, static_cast<long long>(tokens),
-              secs > 0 ? (tokens - n) / secs : 0.0);
+  const engine::EngineStats st = eng.stats();
+  std::printf("{\"impl\":\"cpp\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f}\n", n,
+              static_cast<long long>(tokens), secs > 0 ? (tokens - n) / secs : 0.0,
+              st.decode_steps > 0 ? 1e3 * st.decode_step_seconds / st.decode_steps : 0.0);
   return 0;
 }

@@ -22,6 +22,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -140,23 +141,92 @@ struct ss_engine {
   ss::server::ModelInfo info;
   std::string device;
 
-  // Poller only (the engine's callbacks run inside step(), on the polling thread).
-  std::deque<Pending> pending;
-  std::vector<Pending> delivered;
+  // The stepping thread's (the poller, or the engine's own thread): the events of the step in
+  // progress, published whole after it so that a poll takes a step's events in one batch.
+  std::vector<Pending> staged;
 
-  std::mutex mu;  // guards wake below
+  std::mutex mu;  // guards wakes and stopping: what the stepping thread waits for
   std::condition_variable cv;
   uint64_t wakes = 0;
+  bool stopping = false;
+
+  std::mutex qmu;  // guards pending, poll_wakes and step_error: what the poller waits for
+  std::condition_variable qcv;
+  std::deque<Pending> pending;
+  uint64_t poll_wakes = 0;
+  std::string step_error;  // a failed step nobody heard of (own thread), for the next poll
+
+  std::vector<Pending> delivered;  // the poller's: what the last poll's ss_events point into
+  bool own_thread = false;
+  std::chrono::microseconds linger{0};
+  std::thread stepper;
+
   std::atomic<int64_t> polls{0}, events{0};
   std::mt19937_64 seeder{std::random_device{}()};
   std::mutex seeder_mu;
 
-  void notify() {
+  ~ss_engine() {
+    if (stepper.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+      stepper.join();
+    }
+  }
+
+  void notify() {  // new work (submit, cancel) or a wake-up
     {
       std::lock_guard<std::mutex> lk(mu);
       ++wakes;
     }
     cv.notify_all();
+  }
+
+  void wake_poller() {
+    {
+      std::lock_guard<std::mutex> lk(qmu);
+      ++poll_wakes;
+    }
+    qcv.notify_all();
+  }
+
+  // One step, its events published. False: the step failed and no request heard of it (`why`).
+  bool step_and_publish(std::string* why) {
+    auto st = eng->step();
+    bool heard = !staged.empty();
+    {
+      std::lock_guard<std::mutex> lk(qmu);
+      for (Pending& p : staged) pending.push_back(std::move(p));
+      if (!st.ok() && !heard) {
+        if (own_thread) step_error = st.message();
+        heard = own_thread;  // the poller reports it
+      }
+    }
+    staged.clear();
+    qcv.notify_all();
+    if (!st.ok() && !heard) *why = st.message();
+    return st.ok() || heard;
+  }
+
+  // The engine's own thread: steps while there is work, sleeps until a submit or cancel.
+  void step_loop() {
+    for (;;) {
+      uint64_t seen;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (stopping) return;
+        seen = wakes;
+      }
+      if (eng->has_work()) {
+        std::string unused;
+        (void)step_and_publish(&unused);
+        continue;
+      }
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return stopping || wakes != seen; });
+    }
   }
 
   // Engine thread: one engine event → at most one queued event.
@@ -204,7 +274,7 @@ struct ss_engine {
     }
     p.prompt_tokens = r.prompt_tokens;
     p.completion_tokens = r.completion_tokens;
-    pending.push_back(std::move(p));
+    staged.push_back(std::move(p));
   }
 };
 
@@ -364,6 +434,7 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
   if (!(o.kv_cache_mib >= 0)) return bad("kv_cache_mib must be >= 0");
   if (o.kv_dtype < SS_KV_F16 || o.kv_dtype > SS_KV_Q8_0) return bad("kv_dtype must be SS_KV_F16, _F32 or _Q8_0");
   if (o.max_model_len < 0) return bad("max_model_len must be >= 0");
+  if (o.poll_linger_us < 0 || o.poll_linger_us > 10'000'000) return bad("poll_linger_us must be in [0, 10000000]");
   if (!(o.gpu_memory_utilization >= 0.05 && o.gpu_memory_utilization <= 1.0))
     return bad("gpu_memory_utilization must be in [0.05, 1]");
 
@@ -430,6 +501,9 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
   mi.grammar_cache = std::make_shared<ss::structured::GrammarCache>();
   mi.chat_template = !m.chat_template.empty() ? m.chat_template : m.tokenizer->chat_template();
   mi.max_choices = 1;
+  e->own_thread = o.own_thread != 0;
+  e->linger = std::chrono::microseconds(o.poll_linger_us);
+  if (e->own_thread) e->stepper = std::thread([p = e.get()] { p->step_loop(); });
   *out = e.release();
   return SS_OK;
   SS_GUARD_END
@@ -582,7 +656,9 @@ extern "C" ss_status ss_engine_cancel(ss_engine* e, uint64_t request_id) {
 
 extern "C" void ss_engine_wake(ss_engine* e) {
   try {
-    if (e) e->notify();
+    if (!e) return;
+    e->notify();
+    e->wake_poller();
   } catch (...) {
   }
 }
@@ -602,36 +678,75 @@ extern "C" ss_status ss_engine_poll(ss_engine* e, ss_event* events, size_t event
   e->delivered.clear();  // the previous poll's strings end here
   using clock = std::chrono::steady_clock;
   const auto deadline = timeout_ms < 0 ? clock::time_point::max() : clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool stepped = false;
-  while (e->pending.empty() && capacity > 0) {
-    uint64_t seen;  // read before has_work(): a submit after that check still wakes the wait below
-    {
-      std::lock_guard<std::mutex> lk(e->mu);
-      seen = e->wakes;
+  auto queued = [&] {
+    std::lock_guard<std::mutex> lk(e->qmu);
+    return e->pending.size();
+  };
+  if (e->own_thread) {
+    std::unique_lock<std::mutex> lk(e->qmu);
+    const uint64_t seen = e->poll_wakes;
+    auto ready = [&] { return !e->pending.empty() || !e->step_error.empty() || e->poll_wakes != seen; };
+    if (capacity > 0) {
+      if (timeout_ms < 0) e->qcv.wait(lk, ready);
+      else e->qcv.wait_until(lk, deadline, ready);
+      // Linger: let the engine's thread publish a few more steps (only a wake-up cuts it short).
+      if (e->linger.count() > 0 && !e->pending.empty() && e->pending.size() < capacity) {
+        const auto until = clock::now() + e->linger;
+        e->qcv.wait_until(lk, until, [&] { return e->poll_wakes != seen || e->pending.size() >= capacity; });
+      }
     }
-    if (e->eng->has_work()) {
-      if (timeout_ms == 0 && stepped) break;
-      stepped = true;
-      auto st = e->eng->step();
-      // A failed step finishes its requests with SS_FINISH_ERROR events; only a failure nobody
-      // hears about is the caller's.
-      if (!st.ok() && e->pending.empty()) return fail_from(st.message(), SS_ERR_INTERNAL, __FILE__, __LINE__);
-      if (clock::now() >= deadline) break;
-      continue;
+    if (!e->step_error.empty() && e->pending.empty()) {
+      const std::string why = std::move(e->step_error);
+      e->step_error.clear();
+      return fail_from(why, SS_ERR_INTERNAL, __FILE__, __LINE__);
     }
-    std::unique_lock<std::mutex> lk(e->mu);
-    auto woken = [&] { return e->wakes != seen; };
-    if (timeout_ms < 0) e->cv.wait(lk, woken);
-    else if (!e->cv.wait_until(lk, deadline, woken)) break;
-    lk.unlock();
-    if (!e->eng->has_work()) break;  // ss_engine_wake without work: return what there is (nothing)
+  } else {
+    bool stepped = false;
+    clock::time_point linger_until = clock::time_point::max();
+    for (;;) {
+      if (capacity == 0) break;
+      if (const size_t q = queued(); q > 0) {
+        // Linger: go on stepping for a while, so this poll carries several steps' events.
+        if (e->linger.count() == 0) break;
+        if (linger_until == clock::time_point::max()) linger_until = clock::now() + e->linger;
+        if (q >= capacity || clock::now() >= linger_until || !e->eng->has_work()) break;
+        std::string why;
+        if (!e->step_and_publish(&why)) return fail_from(why, SS_ERR_INTERNAL, __FILE__, __LINE__);
+        continue;
+      }
+      uint64_t seen;  // read before has_work(): a submit after that check still wakes the wait below
+      {
+        std::lock_guard<std::mutex> lk(e->mu);
+        seen = e->wakes;
+      }
+      if (e->eng->has_work()) {
+        if (timeout_ms == 0 && stepped) break;
+        stepped = true;
+        std::string why;
+        // A failed step finishes its requests with SS_FINISH_ERROR events; only a failure nobody
+        // hears about is the caller's.
+        if (!e->step_and_publish(&why)) return fail_from(why, SS_ERR_INTERNAL, __FILE__, __LINE__);
+        if (clock::now() >= deadline) break;
+        continue;
+      }
+      std::unique_lock<std::mutex> lk(e->mu);
+      auto woken = [&] { return e->wakes != seen; };
+      if (timeout_ms < 0) e->cv.wait(lk, woken);
+      else if (!e->cv.wait_until(lk, deadline, woken)) break;
+      lk.unlock();
+      if (!e->eng->has_work()) break;  // ss_engine_wake without work: return what there is (nothing)
+    }
   }
-  const size_t n = std::min(capacity, e->pending.size());
-  e->delivered.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    e->delivered.push_back(std::move(e->pending.front()));
-    e->pending.pop_front();
+  {
+    std::lock_guard<std::mutex> lk(e->qmu);
+    const size_t n = std::min(capacity, e->pending.size());
+    e->delivered.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      e->delivered.push_back(std::move(e->pending.front()));
+      e->pending.pop_front();
+    }
   }
+  const size_t n = e->delivered.size();
   auto* base = reinterpret_cast<unsigned char*>(events);
   for (size_t i = 0; i < n; ++i) {
     const Pending& p = e->delivered[i];
