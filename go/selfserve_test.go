@@ -350,3 +350,37 @@ func TestCloseEndsLiveStreams(t *testing.T) {
 	}
 	e.Close() // twice is fine
 }
+
+// Driven from the poll goroutine (StepInPoll) and with lingering polls: the same greedy tokens,
+// and each poll with events carries several steps' tokens.
+func TestStepInPollWithLinger(t *testing.T) {
+	const prompt = "Three facts about owls:"
+	want, err := generate(t, context.Background(), Request{Prompt: prompt, MaxTokens: 24, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stepInPoll := range []bool{true, false} {
+		e, err := NewEngine(testModel, EngineOptions{Device: DeviceCPU, Threads: 2, KVCacheMiB: 16, StepInPoll: stepInPoll,
+			PollLinger: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := e.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: 24, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Collect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := e.Metrics()
+		e.Close()
+		if got.Text != want.Text || fmt.Sprint(got.Tokens) != fmt.Sprint(want.Tokens) {
+			t.Fatalf("StepInPoll %v: %q, want %q", stepInPoll, got.Text, want.Text)
+		}
+		if m.GoBatches*2 > int64(len(got.Tokens)) {
+			t.Fatalf("StepInPoll %v: %d tokens came in %d polls; lingering should batch several steps", stepInPoll,
+				len(got.Tokens), m.GoBatches)
+		}
+	}
+}

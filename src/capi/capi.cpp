@@ -692,7 +692,11 @@ extern "C" ss_status ss_engine_poll(ss_engine* e, ss_event* events, size_t event
       // Linger: let the engine's thread publish a few more steps (only a wake-up cuts it short).
       if (e->linger.count() > 0 && !e->pending.empty() && e->pending.size() < capacity) {
         const auto until = clock::now() + e->linger;
-        e->qcv.wait_until(lk, until, [&] { return e->poll_wakes != seen || e->pending.size() >= capacity; });
+        // Ends early when nothing more can come (engine.mu is taken under qmu only here; the
+        // stepping thread never holds it while it takes qmu).
+        e->qcv.wait_until(lk, until, [&] {
+          return e->poll_wakes != seen || e->pending.size() >= capacity || !e->eng->has_work();
+        });
       }
     }
     if (!e->step_error.empty() && e->pending.empty()) {
