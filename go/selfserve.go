@@ -1,12 +1,16 @@
 // Package selfserve embeds the selfserve inference engine (a C++ data plane) in Go programs
 // through its C ABI (libselfserve.so, include/selfserve.h).
 //
-// One goroutine per Engine drives the engine: it runs the forward passes inside ss_engine_poll
-// and fans the events of all requests out to their Streams, one cgo call per poll (a poll returns
-// a batch of events, a token of every running request), never one per token. With the CUDA backend
-// that goroutine is locked to its OS thread, the one that created the engine. A request's context
-// cancels it in the engine (its KV blocks are freed in the next step); a context deadline is also
-// given to the engine as the request's timeout.
+// One goroutine per Engine drives the poll loop for all its requests: each ss_engine_poll returns
+// a batch of events (a token of every running request, from whole engine steps) and the goroutine
+// fans them out to their Streams: one cgo call per poll, never one per token. By default the
+// engine steps on a C++ thread of its own, so Go's scheduling never delays a step; with
+// EngineOptions.StepInPoll the steps run inside the poll instead. When a GPU may be used the
+// goroutine is locked to its OS thread, the one that creates (and with StepInPoll drives) the
+// CUDA backend. A request's context cancels it in the engine (its KV blocks are freed in the next
+// step); a context deadline is also given to the engine as the request's timeout. Errors are
+// *Error values carrying the engine's code, message and the C++ file:line they arose at; match
+// them with errors.Is against the Err* sentinels.
 //
 // Build against an installed library: cmake --install build --prefix DIR, then
 // PKG_CONFIG_PATH=DIR/lib/pkgconfig go build.
@@ -258,7 +262,7 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "the model is closed"}
 	}
 	ready := make(chan error, 1)
-	go e.run(cm, &o, opts.Device != DeviceCPU && opts.StepInPoll, ready)
+	go e.run(cm, &o, opts.Device != DeviceCPU, ready)
 	if err := <-ready; err != nil {
 		return nil, err
 	}
@@ -272,7 +276,8 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 func (e *Engine) Device() string { return e.e.device }
 
 // run is the engine's one goroutine: it creates the engine, polls until Close, and frees it, all
-// on one OS thread when a GPU may be used (a CUDA context is current per thread).
+// on one OS thread when a GPU may be used (the CUDA backend is made, and with StepInPoll driven,
+// and freed on the thread its context was first current on).
 func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, ready chan<- error) {
 	if maybeCUDA {
 		runtime.LockOSThread()

@@ -267,6 +267,22 @@ func TestBadInputsAreTypedAndTheEngineKeepsServing(t *testing.T) {
 		t.Fatalf("validate truncated model: %v", err)
 	}
 
+	// A GPU where there is none (or a build without CUDA) is its own error; where there is one,
+	// the engine runs on it.
+	if e, err := NewEngine(testModel, EngineOptions{Device: DeviceCUDA, KVCacheMiB: 16}); err != nil {
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrDevice) && !errors.Is(err, ErrOutOfMemory) {
+			t.Errorf("CUDA engine: %v", err)
+		}
+	} else {
+		if !strings.HasPrefix(e.Device(), "cuda") {
+			t.Errorf("CUDA engine on %q", e.Device())
+		}
+		e.Close()
+	}
+	if _, err := NewEngine(testModel, EngineOptions{MaxNumSeqs: -3}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("negative MaxNumSeqs: %v", err)
+	}
+
 	bad := []struct {
 		req  Request
 		what string

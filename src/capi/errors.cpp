@@ -58,8 +58,7 @@ ss_status fail(int32_t code, const std::string& message, const char* file, int l
 
 int32_t classify(const std::string& m, int32_t fallback) {
   // cudaGetErrorString's wording (and the runtime's enum names, should a message carry them).
-  if (has(m, "out of memory") || has(m, "cudaErrorMemoryAllocation") || has(m, "CUBLAS_STATUS_ALLOC_FAILED"))
-    return SS_ERR_OUT_OF_MEMORY;
+  if (has(m, "out of memory") || has(m, "cudaErrorMemoryAllocation")) return SS_ERR_OUT_OF_MEMORY;
   if (has(m, "ECC error") || has(m, "busy or unavailable") || has(m, "fallen off the bus") ||
       has(m, "device has been lost") || has(m, "cudaErrorDevicesUnavailable") || has(m, "cudaErrorECCUncorrectable"))
     return SS_ERR_DEVICE_LOST;
@@ -69,7 +68,9 @@ int32_t classify(const std::string& m, int32_t fallback) {
     return SS_ERR_LAUNCH_FAILURE;
   if (has(m, "no usable CUDA device") || has(m, "built without CUDA") || has(m, "cannot load the CUDA backend"))
     return SS_ERR_UNAVAILABLE;
-  if (m.rfind("CUDA: ", 0) == 0 || has(m, "cuBLAS") || has(m, "CUBLAS_STATUS")) return SS_ERR_DEVICE;
+  // cuBLAS failures read "cuBLAS: <call>: status N (file:line)"; 3 is CUBLAS_STATUS_ALLOC_FAILED.
+  if (m.rfind("cuBLAS: ", 0) == 0) return has(m, ": status 3 (") ? SS_ERR_OUT_OF_MEMORY : SS_ERR_DEVICE;
+  if (m.rfind("CUDA: ", 0) == 0) return SS_ERR_DEVICE;
   if (has(m, "No such file") || has(m, "no such file")) return SS_ERR_NOT_FOUND;
   return fallback;
 }
