@@ -180,7 +180,7 @@ type EngineOptions struct {
 	MaxNumBatchedTokens  int     // tokens per step (512)
 	BlockSize            int     // tokens per KV block (16)
 	NumKVBlocks          int     // 0: from KVCacheMiB (CPU) or GPUMemoryUtilization (CUDA)
-	KVCacheMiB           float64 // KV cache budget on the CPU (512)
+	KVCacheMiB           float64 // KV cache budget (0: 512 on the CPU; on a GPU, GPUMemoryUtilization)
 	MaxModelLen          int     // prompt + max tokens limit (0: the model's context and the cache)
 	DisablePrefixCaching bool
 	GPUMemoryUtilization float64 // CUDA: share of the GPU's memory to take (0.9)

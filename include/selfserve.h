@@ -115,7 +115,8 @@ typedef struct ss_engine_options {
   int32_t max_num_batched_tokens; /* tokens per step (512) */
   int32_t block_size;             /* tokens per KV block (16) */
   int32_t num_kv_blocks;          /* 0: from kv_cache_mib (CPU) or gpu_memory_utilization (CUDA) */
-  double kv_cache_mib;            /* KV cache budget when num_kv_blocks is 0 on the CPU (512) */
+  double kv_cache_mib;            /* KV cache budget when num_kv_blocks is 0; 0: 512 on the CPU,
+                                     gpu_memory_utilization's share of the GPU with CUDA */
   int32_t kv_dtype;               /* ss_kv_dtype (F16) */
   int32_t max_model_len;          /* prompt + max_tokens limit; 0: the model's context and the cache */
   int32_t enable_prefix_caching;  /* non-zero: reuse cached prompt prefixes (1) */

@@ -1,11 +1,15 @@
 /* The C ABI's decode throughput from C: the same run as tools/bench_engine_decode.cpp (the C++
  * engine driven directly) and go/tools/benchdecode (the Go SDK), so that docs/perf/go.md can tell
  * the library's cost from the Go runtime's.
- *   bench_capi_decode MODEL N MAX_TOKENS THREADS OWN_THREAD [LINGER_US] */
+ *   bench_capi_decode MODEL N MAX_TOKENS THREADS OWN_THREAD [LINGER_US [cpu|cuda]] */
+#define _POSIX_C_SOURCE 200809L
 #include <selfserve.h>
+
+#include <sys/resource.h>
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -15,7 +19,7 @@ static double now_s(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 6 && argc != 7) {
+  if (argc < 6 || argc > 8) {
     fprintf(stderr, "usage: bench_capi_decode MODEL N MAX_TOKENS THREADS OWN_THREAD\n");
     return 2;
   }
@@ -30,7 +34,11 @@ int main(int argc, char** argv) {
   eo.device = SS_DEVICE_CPU;
   eo.threads = atoi(argv[4]);
   eo.own_thread = atoi(argv[5]);
-  eo.poll_linger_us = argc == 7 ? atoi(argv[6]) : 0;
+  eo.poll_linger_us = argc >= 7 ? atoi(argv[6]) : 0;
+  if (argc == 8 && strcmp(argv[7], "cuda") == 0) {
+    eo.device = SS_DEVICE_CUDA;
+    eo.kv_cache_mib = 0; /* sized from the GPU's memory */
+  }
   if (ss_model_load(&mo, &m) != SS_OK || ss_engine_create(m, &eo, &e) != SS_OK) {
     fprintf(stderr, "%s\n", ss_last_error()->message);
     return 1;
@@ -73,9 +81,11 @@ int main(int argc, char** argv) {
   ss_metrics mt;
   mt.struct_size = sizeof mt;
   ss_engine_metrics(e, &mt);
-  printf("{\"impl\":\"c%s%s\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f}\n",
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("{\"impl\":\"c%s%s\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,\"ctx_switches\":%ld}\n",
          eo.own_thread ? "-own-thread" : "", eo.poll_linger_us ? "-linger" : "", n, tokens, (tokens - n) / (last - all_first),
-         mt.decode_steps ? 1e3 * mt.decode_step_seconds / (double)mt.decode_steps : 0.0);
+         mt.decode_steps ? 1e3 * mt.decode_step_seconds / (double)mt.decode_steps : 0.0, ru.ru_nvcsw + ru.ru_nivcsw);
   free(got);
   ss_engine_free(e);
   ss_model_free(m);

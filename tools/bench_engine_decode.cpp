@@ -2,10 +2,12 @@
 // on this thread until all finish. The baseline for the Go SDK's decode throughput
 // (go/tools/benchdecode measures the same thing through cgo; tools/bench_go.sh interleaves both;
 // docs/perf/go.md has the numbers). Engine settings match ss_engine_options_init's defaults.
-//   bench_engine_decode MODEL N MAX_TOKENS THREADS
-// prints one JSON line: {"impl":"cpp","n":N,"tokens":T,"decode_tok_s":X}
+//   bench_engine_decode MODEL N MAX_TOKENS THREADS [cpu|cuda]
+// prints one JSON line: {"impl":"cpp","n":N,"tokens":T,"decode_tok_s":X,...}
 // decode_tok_s: tokens after every request's first, over the time from the last first token to
 // the last token (the same definition as the Go side).
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +22,8 @@
 using namespace ss;
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: bench_engine_decode MODEL N MAX_TOKENS THREADS\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: bench_engine_decode MODEL N MAX_TOKENS THREADS [cpu|cuda]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -39,7 +41,9 @@ int main(int argc, char** argv) {
   bo.max_slots = 32;
   bo.kv.num_blocks = static_cast<int>(512.0 * 1048576.0 /
                                       backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  auto be = backend::make_cpu_backend(**m, bo);
+  const bool cuda = argc == 6 && std::string(argv[5]) == "cuda";
+  if (cuda) bo.kv.num_blocks = 0;  // sized from the GPU's memory, as ss_engine_create does
+  auto be = cuda ? backend::make_cuda_backend(**m, bo) : backend::make_cpu_backend(**m, bo);
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.message().c_str());
     return 1;
@@ -86,8 +90,11 @@ int main(int argc, char** argv) {
     }
   const double secs = std::chrono::duration<double>(last - all_first).count();
   const engine::EngineStats st = eng.stats();
-  std::printf("{\"impl\":\"cpp\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f}\n", n,
-              static_cast<long long>(tokens), secs > 0 ? (tokens - n) / secs : 0.0,
-              st.decode_steps > 0 ? 1e3 * st.decode_step_seconds / st.decode_steps : 0.0);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("{\"impl\":\"cpp\",\"n\":%d,\"tokens\":%lld,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
+              "\"ctx_switches\":%ld}\n",
+              n, static_cast<long long>(tokens), secs > 0 ? (tokens - n) / secs : 0.0,
+              st.decode_steps > 0 ? 1e3 * st.decode_step_seconds / st.decode_steps : 0.0, ru.ru_nvcsw + ru.ru_nivcsw);
   return 0;
 }

@@ -411,7 +411,6 @@ extern "C" void ss_engine_options_init(ss_engine_options* o) {
   o->max_num_seqs = 32;
   o->max_num_batched_tokens = 512;
   o->block_size = 16;
-  o->kv_cache_mib = 512;
   o->kv_dtype = SS_KV_F16;
   o->enable_prefix_caching = 1;
   o->gpu_memory_utilization = 0.9;
@@ -456,9 +455,9 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
   const bool cuda = o.device == SS_DEVICE_CUDA || (o.device == SS_DEVICE_AUTO && !gpu.empty());
   if (o.num_kv_blocks > 0) {
     bo.kv.num_blocks = o.num_kv_blocks;
-  } else if (cuda && in->struct_size > offsetof(ss_engine_options, kv_cache_mib) && o.kv_cache_mib <= 0) {
+  } else if (cuda && o.kv_cache_mib <= 0) {
     bo.kv.num_blocks = 0;  // the GPU backend sizes its cache from gpu_memory_utilization
-  } else if (!cuda || o.kv_cache_mib > 0) {
+  } else {
     const int64_t block_bytes = ss::backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
     const double mib = o.kv_cache_mib > 0 ? o.kv_cache_mib : 512;
     bo.kv.num_blocks = static_cast<int>(

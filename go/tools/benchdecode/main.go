@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"selfserve"
@@ -25,6 +26,7 @@ func main() {
 	n := flag.Int("n", 1, "concurrent requests")
 	maxTokens := flag.Int("max-tokens", 128, "tokens per request")
 	threads := flag.Int("threads", 0, "CPU threads (0: all cores)")
+	cuda := flag.Bool("cuda", false, "on the GPU (KV cache sized from its memory)")
 	linger := flag.Duration("linger", 0, "EngineOptions.PollLinger")
 	stepInPoll := flag.Bool("step-in-poll", false, "run the steps inside the Go poll (EngineOptions.StepInPoll)")
 	flag.Parse()
@@ -34,7 +36,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	engine, err := selfserve.NewEngine(model, selfserve.EngineOptions{Device: selfserve.DeviceCPU, Threads: *threads, StepInPoll: *stepInPoll, PollLinger: *linger})
+	device := selfserve.DeviceCPU
+	if *cuda {
+		device = selfserve.DeviceCUDA
+	}
+	engine, err := selfserve.NewEngine(model, selfserve.EngineOptions{Device: device, Threads: *threads, StepInPoll: *stepInPoll, PollLinger: *linger})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -85,11 +91,14 @@ func main() {
 	}
 	wg.Wait()
 	m, _ := engine.Metrics()
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	secs := last.Sub(allFirst).Seconds()
 	out := map[string]any{
 		"impl": map[bool]string{false: "go", true: "go-step-in-poll"}[*stepInPoll] + map[bool]string{false: "", true: "-linger"}[*linger > 0], "n": *n, "tokens": tokens, "decode_tok_s": float64(tokens-int64(*n)) / secs,
 		"cgo_call_ns":         float64(selfserve.CallOverhead(200000).Nanoseconds()),
 		"polls":               m.Polls,
+		"ctx_switches":        ru.Nvcsw + ru.Nivcsw,
 		"polls_with_events":   m.GoBatches,
 		"events":              m.Events,
 		"go_dispatch_us_poll": m.GoDispatchSeconds * 1e6 / float64(m.GoBatches),
