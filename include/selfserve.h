@@ -234,8 +234,15 @@ typedef struct ss_event {
  * report it to (each request in a failed step gets a SS_FINISH_ERROR event). */
 ss_status ss_engine_poll(ss_engine* engine, ss_event* events, size_t event_size, size_t capacity, size_t* count,
                          int32_t timeout_ms);
-/* Makes a poll that is waiting for work return now (with what it has). */
+/* Makes a poll that is waiting for work return now (with what it has); also makes the event fd
+ * readable. */
 void ss_engine_wake(ss_engine* engine);
+/* A file descriptor (an eventfd, non-blocking) that becomes readable when events are waiting, for
+ * callers that wait in their own event loop (epoll, Go's netpoller, libuv) and then call
+ * ss_engine_poll with timeout 0. Reading it (8 bytes) re-arms it: read, then poll until empty.
+ * The engine owns it (closed by ss_engine_free; dup it to keep a copy). Meant for own_thread
+ * engines (otherwise only a poll makes progress); -1 when the platform has none. */
+int ss_engine_event_fd(const ss_engine* engine);
 
 /* ---- metrics ------------------------------------------------------------------------------- */
 typedef struct ss_metrics {

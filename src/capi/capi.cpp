@@ -7,6 +7,8 @@
 #include "selfserve.h"
 
 #include <dlfcn.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -161,6 +163,7 @@ struct ss_engine {
   std::chrono::microseconds linger{0};
   std::thread stepper;
 
+  int event_fd = -1;  // readable while events wait (ss_engine_event_fd)
   std::atomic<int64_t> polls{0}, events{0};
   std::mt19937_64 seeder{std::random_device{}()};
   std::mutex seeder_mu;
@@ -174,6 +177,13 @@ struct ss_engine {
       cv.notify_all();
       stepper.join();
     }
+    if (event_fd >= 0) close(event_fd);
+  }
+
+  void signal_fd() {
+    if (event_fd < 0) return;
+    const uint64_t one = 1;
+    (void)!write(event_fd, &one, sizeof one);  // only fails when the counter is full: still readable
   }
 
   void notify() {  // new work (submit, cancel) or a wake-up
@@ -190,14 +200,17 @@ struct ss_engine {
       ++poll_wakes;
     }
     qcv.notify_all();
+    signal_fd();
   }
 
   // One step, its events published. False: the step failed and no request heard of it (`why`).
   bool step_and_publish(std::string* why) {
     auto st = eng->step();
     bool heard = !staged.empty();
+    bool was_empty;
     {
       std::lock_guard<std::mutex> lk(qmu);
+      was_empty = pending.empty();
       for (Pending& p : staged) pending.push_back(std::move(p));
       if (!st.ok() && !heard) {
         if (own_thread) step_error = st.message();
@@ -206,6 +219,8 @@ struct ss_engine {
     }
     staged.clear();
     qcv.notify_all();
+    // The fd says "something waits": once per empty-to-some transition (or a failure to report).
+    if ((was_empty && heard) || (!st.ok() && own_thread)) signal_fd();
     if (!st.ok() && !heard) *why = st.message();
     return st.ok() || heard;
   }
@@ -500,6 +515,7 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
   mi.grammar_cache = std::make_shared<ss::structured::GrammarCache>();
   mi.chat_template = !m.chat_template.empty() ? m.chat_template : m.tokenizer->chat_template();
   mi.max_choices = 1;
+  e->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   e->own_thread = o.own_thread != 0;
   e->linger = std::chrono::microseconds(o.poll_linger_us);
   if (e->own_thread) e->stepper = std::thread([p = e.get()] { p->step_loop(); });
@@ -779,6 +795,8 @@ extern "C" ss_status ss_engine_poll(ss_engine* e, ss_event* events, size_t event
   return SS_OK;
   SS_GUARD_END
 }
+
+extern "C" int ss_engine_event_fd(const ss_engine* e) { return e ? e->event_fd : -1; }
 
 // ---- metrics ---------------------------------------------------------------------------------
 

@@ -4,7 +4,11 @@
  * the same prompt alone and among others gives the same tokens), stop strings, cancellation that
  * frees the request's KV blocks within one step, a timeout, and the poll's timeout when idle.
  * Needs the default model ($SELFSERVE_TEST_MODEL or the cache); exits 77 (skipped) without it. */
+#define _POSIX_C_SOURCE 200809L
 #include <selfserve.h>
+
+#include <poll.h>
+#include <unistd.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +315,40 @@ static void test_idle_poll(ss_engine* e) {
   CHECK(ss_engine_poll(e, ev, sizeof(ss_event), 1, NULL, 0) == SS_ERR_INVALID_ARGUMENT);
 }
 
+/* own_thread: wait on the event fd (as an event loop would), then collect with timeout 0. */
+static void test_event_fd(ss_engine* e) {
+  const int fd = ss_engine_event_fd(e);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  run r[1];
+  memset(r, 0, sizeof r);
+  CHECK(submit_text(e, "The capital of France is", 24, 0, &r[0].id) == SS_OK);
+  ss_event ev[64];
+  int wakeups = 0;
+  while (r[0].finish == SS_FINISH_NONE && wakeups < 10000) {
+    struct pollfd p = {fd, POLLIN, 0};
+    CHECK(poll(&p, 1, 5000) == 1); /* readable within 5 s: the engine publishes by itself */
+    uint64_t counter;
+    CHECK(read(fd, &counter, sizeof counter) == (ssize_t)sizeof counter && counter >= 1);
+    ++wakeups;
+    size_t count = 0;
+    do {
+      CHECK(ss_engine_poll(e, ev, sizeof(ss_event), 64, &count, 0) == SS_OK);
+      for (size_t i = 0; i < count; ++i) {
+        if (ev[i].token >= 0) r[0].n_tokens++;
+        if (ev[i].finish) r[0].finish = ev[i].finish;
+      }
+    } while (count == 64);
+  }
+  CHECK(r[0].finish == SS_FINISH_LENGTH && r[0].n_tokens == 24);
+  /* ss_engine_wake makes it readable without events. */
+  ss_engine_wake(e);
+  struct pollfd p = {fd, POLLIN, 0};
+  CHECK(poll(&p, 1, 1000) == 1);
+  uint64_t counter;
+  CHECK(read(fd, &counter, sizeof counter) == (ssize_t)sizeof counter);
+}
+
 static void test_chat(ss_engine* e) {
   ss_message msgs[2] = {{"system", "You are terse."}, {"user", "Say hello."}};
   ss_request_options o;
@@ -395,6 +433,7 @@ int main(void) {
     test_cancel(e, own_thread);
     test_timeout(e);
     test_chat(e);
+    if (own_thread) test_event_fd(e);
     test_bad_requests(e); /* still serving after all of it */
     ss_engine_free(e);
   }
