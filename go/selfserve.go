@@ -338,12 +338,10 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 		for {
 			var n C.size_t
 			if C.go_poll(c, buf, C.size_t(e.batch), &n, timeout, &g) != C.SS_OK {
-				// A backend failure with nobody to tell: every live request hears of it.
-				err := takeError(&g)
-				e.streams.Range(func(_, v any) bool {
-					v.(*Stream).finish(err)
-					return true
-				})
+				// A step failed with no request in it (those in a failed step get error events):
+				// nobody to tell; Metrics' steps show it. Back off instead of spinning on it.
+				_ = takeError(&g)
+				time.Sleep(10 * time.Millisecond)
 				break
 			}
 			e.polls.Add(1)
