@@ -6,7 +6,9 @@
 # round. Numbers go to docs/perf/go.md.
 #   [DEVICE=cuda] tools/bench_go.sh [ROUNDS=7] [MAX_TOKENS=128] [THREADS=2] [LINGER=5ms]
 # after cmake --build build && cmake --install build --prefix build/install; the default model cached.
-# ctx_switches: the process's context switches (voluntary + involuntary) over the whole run.
+# ctx_switches: the process's context switches (voluntary + involuntary) over the whole run;
+# caller_cpu_us_tok: CPU time of every thread but the engine's (ss-engine, ss-cpu) while decoding,
+# per token: the caller's side of the boundary (the Go runtime included), robust to a busy machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-7}
@@ -54,7 +56,8 @@ for n in (1, 16):
         ratios = [s[k]["decode_tok_s"] / cpp[k]["decode_tok_s"] for k in s if k in cpp]
         line = (f"  {side:9s} median {med(r['decode_tok_s'] for r in s.values()):.1f} tok/s, over C++ per round: "
                 f"median {med(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), "
-                f"{med(r['ctx_switches'] for r in s.values()):.0f} context switches")
+                f"{med(r['ctx_switches'] for r in s.values()):.0f} context switches, caller's CPU "
+                f"{med(r['caller_cpu_us_tok'] for r in s.values()):.1f} us/token")
         if side.startswith("go"):
             g = list(s.values())
             line += (f"; {med(r['events'] / r['polls_with_events'] for r in g):.1f} events per poll, Go dispatch "

@@ -14,6 +14,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -60,6 +62,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
+	cpu0 := callerCPU()
 	var wg sync.WaitGroup
 	for _, s := range streams {
 		wg.Add(1)
@@ -90,6 +93,7 @@ func main() {
 		}(s)
 	}
 	wg.Wait()
+	callerSecs := callerCPU() - cpu0
 	m, _ := engine.Metrics()
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -98,6 +102,7 @@ func main() {
 		"impl": map[bool]string{false: "go", true: "go-step-in-poll"}[*stepInPoll] + map[bool]string{false: "", true: "-linger"}[*linger > 0], "n": *n, "tokens": tokens, "decode_tok_s": float64(tokens-int64(*n)) / secs,
 		"cgo_call_ns":         float64(selfserve.CallOverhead(200000).Nanoseconds()),
 		"polls":               m.Polls,
+		"caller_cpu_us_tok":   callerSecs * 1e6 / float64(tokens),
 		"ctx_switches":        ru.Nvcsw + ru.Nivcsw,
 		"polls_with_events":   m.GoBatches,
 		"events":              m.Events,
@@ -107,4 +112,25 @@ func main() {
 	}
 	b, _ := json.Marshal(out)
 	fmt.Println(string(b))
+}
+
+// callerCPU is the CPU time (s) of this process's threads other than the engine's (ss-engine, the
+// stepping thread, and ss-cpu, its workers): what the Go side spends, scheduler and GC included.
+func callerCPU() float64 {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	total := 0.0
+	for _, t := range tasks {
+		comm, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/comm")
+		if name := strings.TrimSpace(string(comm)); name == "ss-engine" || name == "ss-cpu" {
+			continue
+		}
+		// schedstat's first field: nanoseconds on a CPU.
+		stat, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		ns, _ := strconv.ParseFloat(strings.Fields(string(stat))[0], 64)
+		total += ns / 1e9
+	}
+	return total
 }
