@@ -210,6 +210,7 @@ type engine struct {
 	device string
 	batch  int
 	idle   time.Duration
+	linger time.Duration // own thread: waited out in Go after a wake-up (a cgo call must not block)
 
 	mu      sync.RWMutex // closed, and c against Close while a call uses it
 	closed  bool
@@ -249,8 +250,10 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 	if !opts.StepInPoll {
 		o.own_thread = 1
 	}
-	o.poll_linger_us = C.int32_t(opts.PollLinger / time.Microsecond)
-	e := &engine{batch: opts.PollBatch, idle: opts.IdlePoll, done: make(chan struct{})}
+	if opts.StepInPoll {
+		o.poll_linger_us = C.int32_t(opts.PollLinger / time.Microsecond)
+	}
+	e := &engine{batch: opts.PollBatch, idle: opts.IdlePoll, linger: opts.PollLinger, done: make(chan struct{})}
 	if e.batch <= 0 {
 		e.batch = 256
 	}
@@ -332,6 +335,8 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 			if _, err := eventsFD.Read(counter[:]); err != nil {
 				eventsFD = nil // cannot happen with an eventfd; fall back to waiting in the poll
 				timeout = C.int32_t(e.idle / time.Millisecond)
+			} else if e.linger > 0 {
+				time.Sleep(e.linger) // let a few more steps' events gather
 			}
 		}
 		// Collect everything waiting (a full batch means there may be more).
