@@ -136,8 +136,8 @@ typedef struct ss_engine_options {
 
 void ss_engine_options_init(ss_engine_options* opts);
 
-/* The engine holds a reference to the model. With CUDA, the thread that calls this should be the
- * one that polls. */
+/* The engine holds a reference to the model. With CUDA and without own_thread, the thread that
+ * calls this should be the one that polls. */
 ss_status ss_engine_create(ss_model* model, const ss_engine_options* opts, ss_engine** out);
 /* Frees the engine; unfinished requests are dropped without events. NULL is fine. */
 void ss_engine_free(ss_engine* engine);
