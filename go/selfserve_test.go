@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,6 +398,52 @@ func TestStepInPollWithLinger(t *testing.T) {
 		if m.GoBatches*2 > int64(len(got.Tokens)) {
 			t.Fatalf("StepInPoll %v: %d tokens came in %d polls; lingering should batch several steps", stepInPoll,
 				len(got.Tokens), m.GoBatches)
+		}
+	}
+}
+
+// An Engine nobody closes is freed by its finalizer once unreachable (its poll goroutine ends and
+// the C engine is freed), and so is a Model.
+func TestFinalizersFreeWhatNobodyClosed(t *testing.T) {
+	var inner *engine
+	var innerModel *model
+	func() {
+		m, err := Load(modelPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := NewEngine(m, EngineOptions{Device: DeviceCPU, Threads: 1, KVCacheMiB: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inner, innerModel = e.e, m.m
+		if _, err := e.Generate(context.Background(), Request{Prompt: "x", MaxTokens: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		runtime.GC()
+		select {
+		case <-inner.done:
+			innerModel.mu.Lock()
+			freed := innerModel.c == nil
+			innerModel.mu.Unlock()
+			if !freed && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			if !freed {
+				t.Fatal("the model's finalizer did not run")
+			}
+			if inner.c != nil {
+				t.Fatal("the engine's poll goroutine ended without freeing it")
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the engine's finalizer did not run")
 		}
 	}
 }
