@@ -349,6 +349,37 @@ static void test_event_fd(ss_engine* e) {
   CHECK(read(fd, &counter, sizeof counter) == (ssize_t)sizeof counter);
 }
 
+/* poll_linger_us: a poll that has events goes on gathering the next steps' (both driving modes). */
+static void test_linger(ss_model* m, int own_thread) {
+  ss_engine_options eo;
+  ss_engine_options_init(&eo);
+  eo.device = SS_DEVICE_CPU;
+  eo.threads = 2;
+  eo.kv_cache_mib = 16;
+  eo.own_thread = own_thread;
+  eo.poll_linger_us = 2000000;
+  ss_engine* e = NULL;
+  CHECK(ss_engine_create(m, &eo, &e) == SS_OK);
+  if (!e) return;
+  run r[1];
+  memset(r, 0, sizeof r);
+  CHECK(submit_text(e, "The capital of France is", 24, 0, &r[0].id) == SS_OK);
+  ss_event ev[64];
+  int polls_with_events = 0;
+  while (r[0].finish == SS_FINISH_NONE) {
+    size_t count = 0;
+    CHECK(ss_engine_poll(e, ev, sizeof(ss_event), 64, &count, 5000) == SS_OK);
+    if (count > 0) polls_with_events++;
+    for (size_t i = 0; i < count; ++i) {
+      if (ev[i].token >= 0) r[0].n_tokens++;
+      if (ev[i].finish) r[0].finish = ev[i].finish;
+    }
+  }
+  CHECK(r[0].n_tokens == 24);
+  CHECK(polls_with_events * 2 <= r[0].n_tokens); /* several steps per poll */
+  ss_engine_free(e);
+}
+
 static void test_chat(ss_engine* e) {
   ss_message msgs[2] = {{"system", "You are terse."}, {"user", "Say hello."}};
   ss_request_options o;
@@ -403,6 +434,8 @@ int main(void) {
   CHECK(ss_model_info_get(m, &info) == SS_OK);
   CHECK(info.vocab_size > 0 && info.n_layers > 0 && strlen(info.architecture) > 0);
 
+  test_linger(m, 0);
+  test_linger(m, 1);
   for (int own_thread = 0; own_thread <= 1; ++own_thread) {
     ss_engine_options eo;
     ss_engine_options_init(&eo);
