@@ -166,6 +166,7 @@ struct ss_engine {
 
   int event_fd = -1;  // readable while events wait (ss_engine_event_fd)
   std::atomic<int64_t> polls{0}, events{0};
+  std::atomic<uint64_t> next_id{1};  // request ids (never reused: unique among live ones)
   std::mt19937_64 seeder{std::random_device{}()};
   std::mutex seeder_mu;
 
@@ -655,10 +656,12 @@ extern "C" ss_status ss_engine_submit(ss_engine* e, const ss_request_options* in
   live->prompt_tokens = static_cast<int>(r.prompt.size());
   live->stop_ids = r.stop_ids;
   r.on_event = [e, live](const engine::TokenEvent& ev) { e->on_event(*live, ev); };
-  // The id is the engine's, assigned in add_request; the callback only runs in a later step.
+  // The id is ours, set before the engine sees the request: with the engine on its own thread its
+  // first event can come before add_request returns.
+  r.id = e->next_id.fetch_add(1, std::memory_order_relaxed);
+  live->id = r.id;
   auto id = e->eng->add_request(std::move(r));
   if (!id.ok()) return fail_from(id.message(), SS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__);
-  live->id = *id;
   *request_id = *id;
   e->notify();
   return SS_OK;
