@@ -8,7 +8,8 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 APT_PACKAGES=(cmake ninja-build g++ pkg-config libssl-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libboost1.81-dev prometheus-cpp-dev python3 python3-pip
-              clang libclang-rt-14-dev)  # clang + libFuzzer: tools/test.sh builds and runs the fuzzers
+              clang libclang-rt-14-dev  # clang + libFuzzer: tools/test.sh builds and runs the fuzzers
+              golang-go)  # the Go SDK (go/) and its tests: Debian's toolchain, standard library only
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

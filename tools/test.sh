@@ -6,16 +6,21 @@ cd "$(dirname "$0")/.."
 SELFSERVE_PY_DEPS=1 tools/bootstrap.sh
 ./build/selfserve fetch >/dev/null
 ctest --test-dir build --output-on-failure -j "$(nproc)"
-# The server, engine and backend tests again under AddressSanitizer + UBSan (a separate build of
+# The Go SDK (go/) over the C ABI as `cmake --install` lays it out: vet, and its tests under the race
+# detector (greedy output against the CLI's, cancellation, deadlines, typed errors; about a minute).
+cmake --install build --prefix build/install >/dev/null
+(cd go && export PKG_CONFIG_PATH="$PWD/../build/install/lib/pkgconfig" SELFSERVE_BIN="$PWD/../build/selfserve" &&
+  go vet ./... && go test -race -count=1 ./...)
+# The server, engine, backend and C ABI tests again under AddressSanitizer + UBSan (a separate build of
 # just them; the backend's SIMD kernels and packed layouts index raw memory).
 if [ ! -f build-asan/build.ninja ]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSELFSERVE_SANITIZE=ON \
     -DSELFSERVE_CUDA=OFF >/dev/null
 fi
-cmake --build build-asan -j "$(nproc)" --target test_server test_engine test_backend
+cmake --build build-asan -j "$(nproc)" --target test_server test_engine test_backend test_capi_c
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   sh -c 'build-asan/test_server --gtest_brief=1 && build-asan/test_engine --gtest_brief=1 &&
-         build-asan/test_backend --gtest_brief=1'
+         build-asan/test_backend --gtest_brief=1 && build-asan/test_capi_c'
 # Every libFuzzer target (one per fuzz/*_fuzz.cpp, CMake's SELFSERVE_FUZZ section), built with clang
 # in its own tree and run for 20 s on its committed corpus (fuzz/corpus/<name>), so that none of
 # them rots. New units and any crash go to a scratch folder; a crash or sanitizer report fails the

@@ -1,0 +1,3 @@
+module selfserve
+
+go 1.19
