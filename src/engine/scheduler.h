@@ -158,6 +158,10 @@ class Scheduler {
   std::pair<int64_t, int64_t> kv_slots() const;
   int num_waiting() const { return static_cast<int>(resumed_.size() + short_.size() + long_.size()); }
   const KvCacheManager& kv() const { return kv_; }
+  // Lower KV tiers (kv_tiers.h; null: none). Each schedule() first demotes blocks idle past their TTL.
+  void set_tiers(KvTiers* tiers) { kv_.set_tiers(tiers); }
+  void demote_all_cached() { kv_.demote_all_cached(); }
+  void expire_idle(Clock::time_point now) { kv_.expire_idle(now); }  // what schedule() does first
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return cfg_; }
   int max_model_len() const { return max_len_; }
