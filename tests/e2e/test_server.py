@@ -995,6 +995,54 @@ def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
         assert tiny.stop() == 0
 
 
+def test_kv_tiers_host_ttl_disk_restart_and_rejected_files(srv, tmp_path):
+    """Issue 18: a prompt's blocks idle past the TTL leave the pool for the host tier and come back
+    from it; after a restart they come back from disk; a damaged file is deleted and counted. The
+    greedy text is the tier-less server's every time."""
+    prompt = "The history of the lighthouse keepers of the northern coast, told slowly: " + " ".join(
+        f"In year {i} the lamp was tended by a new keeper who wrote in the log." for i in range(12))
+    expect = greedy_completion(srv, prompt, 24)
+    kv_dir = tmp_path / "kv"
+    args = [*_model_args(srv), "--api-key", API_KEY, "--kv-host-bytes", str(256 << 20), "--kv-cache-ttl-ms", "300",
+            "--kv-disk-dir", str(kv_dir), "--kv-disk-bytes", str(256 << 20)]
+    s = Server(tmp_path, "tiers", *args)
+    try:
+        assert greedy_completion(s, prompt, 24) == expect
+        deadline = time.time() + 10
+        while s.metric("selfserve_kv_demoted_idle_blocks_total") == 0 and time.time() < deadline:
+            time.sleep(0.2)
+        assert s.metric("selfserve_kv_demoted_idle_blocks_total") > 0
+        assert s.metric("selfserve_kv_cache_blocks_cached") == 0
+        assert s.metric("selfserve_kv_host_blocks") > 0
+        assert s.metric("selfserve_kv_host_capacity_bytes") == 256 << 20
+        assert greedy_completion(s, prompt, 24) == expect
+        restored = s.metric("selfserve_kv_restored_host_blocks_total")
+        assert restored > 0
+        assert s.metric("selfserve_prefix_cache_hits_total") == 16 * restored
+    finally:
+        assert s.stop() == 0, s.log_text()
+    files = sorted(kv_dir.glob("*.kvb"))
+    assert files
+    s = Server(tmp_path, "tiers2", *args)
+    try:
+        assert s.metric("selfserve_kv_disk_blocks") == len(files)
+        assert greedy_completion(s, prompt, 24) == expect
+        assert s.metric("selfserve_kv_restored_disk_blocks_total") > 0
+        assert s.metric("selfserve_kv_disk_rejected_files_total") == 0
+    finally:
+        assert s.stop() == 0, s.log_text()
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    files[0].write_bytes(bytes(data))
+    s = Server(tmp_path, "tiers3", *args)
+    try:
+        assert s.metric("selfserve_kv_disk_rejected_files_total") == 1
+        assert not files[0].exists()
+        assert greedy_completion(s, prompt, 24) == expect
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
 def _model_args(srv):
     args = srv.proc.args
     i = args.index("--model")
