@@ -1043,6 +1043,38 @@ def test_kv_tiers_host_ttl_disk_restart_and_rejected_files(srv, tmp_path):
         assert s.stop() == 0, s.log_text()
 
 
+def test_kv_disk_tier_on_a_full_filesystem_stops_writing_and_keeps_serving(srv, tmp_path):
+    """A 2 MiB tmpfs holds five blocks: the disk tier fills it, its writes stop (counted), and every
+    request still gets the tier-less server's text. Needs mount (root); skipped otherwise."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        prompts = [f"Chapter {i}: the orchard keeper counted the trees, one by one, " + "and then again " * 40
+                   for i in range(3)]
+        expect = [greedy_completion(srv, p, 16) for p in prompts]
+        s = Server(tmp_path, "full", *_model_args(srv), "--api-key", API_KEY, "--kv-cache-ttl-ms", "200",
+                   "--kv-disk-dir", str(mnt), "--kv-disk-bytes", str(1 << 30))
+        try:
+            for p, e in zip(prompts, expect):
+                assert greedy_completion(s, p, 16) == e
+                time.sleep(1.5)  # past the TTL and the idle tick: the blocks go to disk
+            deadline = time.time() + 10
+            while s.metric("selfserve_kv_disk_writes_stopped") == 0 and time.time() < deadline:
+                time.sleep(0.2)
+            assert s.metric("selfserve_kv_disk_writes_stopped") == 1, s.log_text()
+            assert s.metric("selfserve_kv_disk_write_errors_total") >= 1
+            assert s.metric("selfserve_kv_disk_writes_total") >= 1
+            for p, e in zip(prompts, expect):
+                assert greedy_completion(s, p, 16) == e
+            assert requests.get(s.url + "/health", timeout=5).status_code == 200
+        finally:
+            assert s.stop() == 0, s.log_text()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def _model_args(srv):
     args = srv.proc.args
     i = args.index("--model")
