@@ -86,7 +86,7 @@ void KvCacheManager::set_tiers(KvTiers* tiers) {
     return;
   }
   pool_.set_evict_hook([t = tiers_](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks, bool idle) {
-    t->demote(b, h, p, toks, idle);
+    t->demote(b, h, p, toks, idle ? KvTiers::Why::Idle : KvTiers::Why::Evicted);
   });
 }
 
@@ -99,7 +99,7 @@ int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now) {
 void KvCacheManager::demote_all_cached() {
   if (!tiers_) return;
   pool_.for_each_cached([&](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks) {
-    tiers_->demote(b, h, p, toks, false);
+    tiers_->demote(b, h, p, toks, KvTiers::Why::Shutdown);
   });
 }
 

@@ -348,7 +348,11 @@ void KvTiers::host_insert(BlockHash hash, BlockHash parent, std::span<const int3
   host_used_ += n;
 }
 
-void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, bool idle) {
+void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why) {
+  const auto count = [&] {  // under mu_
+    if (why == Why::Idle) ++st_.demoted_idle;
+    else if (why == Why::Evicted) ++st_.demoted_evicted;
+  };
   const bool disk_on = !cfg_.disk_dir.empty();
   const auto hit = host_.find(hash);
   bool need_disk = false;
@@ -359,7 +363,7 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
   if (hit != host_.end() && !need_disk) {  // already kept: only fresher now
     host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
     std::lock_guard<std::mutex> lk(mu_);
-    ++(idle ? st_.demoted_idle : st_.demoted_evicted);
+    count();
     return;
   }
   if (cfg_.host_bytes <= 0 && !need_disk) return;
@@ -378,7 +382,7 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
   if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);
   host_insert(hash, parent, tokens, data, compressed);
   std::lock_guard<std::mutex> lk(mu_);
-  ++(idle ? st_.demoted_idle : st_.demoted_evicted);
+  count();
   if (need_disk) {
     if (queued_bytes_ + static_cast<int64_t>(data->size()) > kMaxQueuedBytes) {
       ++st_.disk_write_errors;  // the writer is that far behind: this block is not written

@@ -73,8 +73,11 @@ class KvTiers {
   KvTiers& operator=(const KvTiers&) = delete;
 
   const KvTierConfig& config() const { return cfg_; }
-  // Copies pool block b (full, holding this content) into the tiers. `idle`: for the stats.
-  void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, bool idle);
+  // Why a block is demoted: the pool needed its room, it idled past the TTL, or the engine is
+  // shutting down (a copy for the disk tier; not counted as a demotion).
+  enum class Why { Evicted, Idle, Shutdown };
+  // Copies pool block b (full, holding this content) into the tiers.
+  void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
   Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
   // Writes the entry's K/V into pool block b. False if no tier has it, or the disk file turned out
   // corrupt (then it is deleted and counted).

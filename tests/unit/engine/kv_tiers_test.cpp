@@ -98,7 +98,7 @@ TEST(KvTiers, BlockRoundTripIsBitExactThroughEveryTier) {
     {
       auto t = KvTiers::create(tc, be);
       ASSERT_TRUE(t.ok()) << t.message();
-      (*t)->demote(2, hash, parent, tokens, false);
+      (*t)->demote(2, hash, parent, tokens, KvTiers::Why::Evicted);
       (*t)->wait_for_writes();
       EXPECT_EQ((*t)->find(hash, parent, tokens), KvTiers::Where::Host);
       auto other = tokens;
@@ -107,8 +107,13 @@ TEST(KvTiers, BlockRoundTripIsBitExactThroughEveryTier) {
       ASSERT_TRUE((*t)->restore(hash, parent, tokens, 5));
       ASSERT_TRUE(be.read_kv_block(5, back).ok());
       EXPECT_EQ(back, bytes);
+      const auto tokens2 = random_tokens(g, 16, kVocab);  // a shutdown copy: written, not a demotion
+      (*t)->demote(3, hash_block(hash, tokens2), hash, tokens2, KvTiers::Why::Shutdown);
+      (*t)->wait_for_writes();
       const KvTierStats st = (*t)->stats();
-      EXPECT_EQ(st.disk_writes, 1);
+      EXPECT_EQ(st.disk_writes, 2);
+      EXPECT_EQ(st.demoted_evicted, 1);
+      EXPECT_EQ(st.demoted_idle, 0);
       EXPECT_EQ(st.restored_host, 1);
       if (compress) {
         EXPECT_LT(st.host_used_bytes, static_cast<int64_t>(bytes.size()));
@@ -334,7 +339,7 @@ TEST(KvTiers, KillDuringWritesNeverServesWrongKv) {
     for (;;)
       for (const Spec& s : make_specs()) run_one(*e, s);
   }
-  for (int i = 0; i < 100 && (!fs::exists(dir) || kv_files(dir).size() < 20); ++i)
+  for (int i = 0; i < 500 && (!fs::exists(dir) || kv_files(dir).size() < 20); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   kill(pid, SIGKILL);
   int status = 0;
