@@ -85,10 +85,10 @@ void BlockPool::unref(BlockId b) {
   push_back(cached_[b] ? lru_ : blank_, cached_[b] ? kLru : kBlank, b);
 }
 
-int BlockPool::expire_idle(TimePoint cutoff) {
+int BlockPool::expire_idle(TimePoint cutoff, int max_blocks) {
   int n = 0;
   // The LRU list is in the order blocks became evictable, so the expired ones lead it.
-  while (lru_.head >= 0 && idle_since_[lru_.head] < cutoff) {
+  while (n < max_blocks && lru_.head >= 0 && idle_since_[lru_.head] < cutoff) {
     const BlockId b = pop_front(lru_);
     evict(b, true);
     push_back(blank_, kBlank, b);

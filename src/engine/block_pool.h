@@ -57,8 +57,9 @@ class BlockPool {
   void set_evict_hook(EvictHook hook) { on_evict_ = std::move(hook); }
   // The time unref() stamps on a block that becomes evictable (the executor's clock, per step).
   void set_now(TimePoint now) { now_ = now; }
-  // Evicts the cached, unreferenced blocks that became evictable before `cutoff` (they go blank).
-  int expire_idle(TimePoint cutoff);
+  // Evicts the cached, unreferenced blocks that became evictable before `cutoff` (they go blank),
+  // at most max_blocks of them (the oldest first).
+  int expire_idle(TimePoint cutoff, int max_blocks);
   // Calls fn(block, hash, parent, tokens) for every cached block, least recently used first among
   // the evictable ones (shutdown: a persistent tier keeps them).
   void for_each_cached(const std::function<void(BlockId, BlockHash, BlockHash, std::span<const int32_t>)>& fn) const;

@@ -90,10 +90,10 @@ void KvCacheManager::set_tiers(KvTiers* tiers) {
   });
 }
 
-int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now) {
+int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int max_blocks) {
   pool_.set_now(now);
   if (!tiers_ || tiers_->config().ttl_ms <= 0) return 0;
-  return pool_.expire_idle(now - std::chrono::milliseconds(tiers_->config().ttl_ms));
+  return pool_.expire_idle(now - std::chrono::milliseconds(tiers_->config().ttl_ms), max_blocks);
 }
 
 void KvCacheManager::demote_all_cached() {

@@ -54,8 +54,8 @@ class KvCacheManager {
   void set_tiers(KvTiers* tiers);
   KvTiers* tiers() const { return tiers_; }
   // Per step: stamps the time on blocks becoming evictable, and demotes those idle longer than the
-  // tiers' TTL. Returns how many left the pool.
-  int expire_idle(std::chrono::steady_clock::time_point now);
+  // tiers' TTL, at most max_blocks of them. Returns how many left the pool.
+  int expire_idle(std::chrono::steady_clock::time_point now, int max_blocks);
   // Copies every cached block into the tiers (they stay in the pool): at shutdown, so a disk
   // tier keeps what the pool held.
   void demote_all_cached();

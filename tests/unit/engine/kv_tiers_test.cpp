@@ -192,6 +192,41 @@ TEST(KvTiers, IdleBlocksLeaveThePoolAfterTheTtlAndComeBack) {
   EXPECT_EQ(e->stats().prefix_hit_tokens - hits, cached * 16);
 }
 
+// While streams decode, TTL demotions are spread over steps (each copies a block out), at most
+// Scheduler::kMaxIdleDemotionsPerStep a step, oldest first; an idle engine demotes them all at once.
+TEST(KvTiers, IdleDemotionsAreSpreadOverStepsWhileStreamsRun) {
+  std::mt19937 g(21);
+  TestClock clock;
+  FakeBackend be(256, 16, kVocab);
+  KvTierConfig tc = host_config(int64_t(1) << 24);
+  auto e = tier_engine(be, tc, clock.fn());
+  const Spec a = spec(random_tokens(g, 80 * 16 + 1, kVocab), 1);  // leaves 80 cached blocks
+  run_one(*e, a);
+  ASSERT_EQ(e->stats().kv_blocks_cached, 80);
+  const Spec b = spec(random_tokens(g, 8, kVocab), 12);
+  Collector c;
+  const RequestId id = *e->add_request(make_request(b, &c));
+  ASSERT_TRUE(e->step().ok());  // b is running
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  std::vector<int64_t> per_step;
+  int64_t before = e->stats().kv_demoted_idle;
+  while (e->has_work()) {
+    ASSERT_TRUE(e->step().ok());
+    per_step.push_back(e->stats().kv_demoted_idle - before);
+    before = e->stats().kv_demoted_idle;
+  }
+  const int k = Scheduler::kMaxIdleDemotionsPerStep;
+  ASSERT_GE(per_step.size(), 3u);
+  EXPECT_EQ(per_step[0], k);
+  EXPECT_EQ(per_step[1], k);
+  EXPECT_EQ(per_step[2], 80 - 2 * k);
+  EXPECT_EQ(c.out[id].tokens, run_alone(b, kVocab).tokens);
+  // Idle: b's blocks too, all in one tick.
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->stats().kv_blocks_cached, 0);
+}
+
 // The disk tier survives a restart: a new engine on a blank backend hits the old prefix.
 TEST(KvTiers, DiskTierKeepsPrefixHitsAcrossRestart) {
   std::mt19937 g(9);
