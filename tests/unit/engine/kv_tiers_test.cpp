@@ -32,6 +32,16 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// A fresh directory, removed with everything in it when the test ends.
+struct ScopedDir {
+  std::string path;
+  explicit ScopedDir(const std::string& name) : path(fresh_dir(name)) {}
+  ~ScopedDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
 std::vector<fs::path> kv_files(const std::string& dir) {
   std::vector<fs::path> v;
   for (const auto& e : fs::directory_iterator(dir))
@@ -85,7 +95,8 @@ KvTierConfig disk_config(const std::string& dir, int64_t host = 1 << 20) {
 TEST(KvTiers, BlockRoundTripIsBitExactThroughEveryTier) {
   std::mt19937 g(7);
   for (bool compress : {false, true}) {
-    const std::string dir = fresh_dir(compress ? "rt_z" : "rt");
+    const ScopedDir scoped_dir(compress ? "rt_z" : "rt");
+    const std::string& dir = scoped_dir.path;
     FakeBackend be(8, 16, kVocab);
     std::vector<uint8_t> bytes(static_cast<size_t>(be.kv_block_bytes()));
     for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = compress && i % 4 ? 0 : static_cast<uint8_t>(g());
@@ -230,7 +241,8 @@ TEST(KvTiers, IdleDemotionsAreSpreadOverStepsWhileStreamsRun) {
 // The disk tier survives a restart: a new engine on a blank backend hits the old prefix.
 TEST(KvTiers, DiskTierKeepsPrefixHitsAcrossRestart) {
   std::mt19937 g(9);
-  const std::string dir = fresh_dir("restart");
+  const ScopedDir scoped_dir("restart");
+  const std::string& dir = scoped_dir.path;
   const Spec a = spec(random_tokens(g, 100, kVocab), 8);
   const Outcome ref = run_alone(a, kVocab);
   {
@@ -253,7 +265,8 @@ TEST(KvTiers, DiskTierKeepsPrefixHitsAcrossRestart) {
 // counted, never served; what is intact is still used.
 TEST(KvTiers, CorruptTruncatedPartialAndForeignFilesAreRejected) {
   std::mt19937 g(11);
-  const std::string dir = fresh_dir("reject");
+  const ScopedDir scoped_dir("reject");
+  const std::string& dir = scoped_dir.path;
   const Spec a = spec(random_tokens(g, 100, kVocab), 8);
   const Spec b = spec(random_tokens(g, 100, kVocab), 8);
   {
@@ -317,7 +330,8 @@ TEST(KvTiers, DiskBoundAndDiskFull) {
   std::vector<Spec> specs;
   for (int i = 0; i < 4; ++i) specs.push_back(spec(random_tokens(g, 100, kVocab), 8));
   {
-    const std::string dir = fresh_dir("bound");
+    const ScopedDir scoped_dir("bound");
+    const std::string& dir = scoped_dir.path;
     FakeBackend be(12, 16, kVocab);
     KvTierConfig tc = disk_config(dir);
     const int64_t file_bytes = 64 + 16 * 4 + be.kv_block_bytes() + 8;
@@ -330,7 +344,8 @@ TEST(KvTiers, DiskBoundAndDiskFull) {
     auto e2 = tier_engine(be2, tc);
     EXPECT_LE(e2->stats().kv_disk_used_bytes, tc.disk_bytes);
   }
-  const std::string dir = fresh_dir("full");
+  const ScopedDir scoped_dir("full");
+  const std::string& dir = scoped_dir.path;
   FakeBackend be(12, 16, kVocab);
   auto e = tier_engine(be, disk_config(dir));
   rlimit old{};
@@ -359,7 +374,8 @@ TEST(KvTiers, DiskBoundAndDiskFull) {
 
 // kill -9 while the disk tier writes: the next start serves nothing wrong and uses the rest.
 TEST(KvTiers, KillDuringWritesNeverServesWrongKv) {
-  const std::string dir = fresh_dir("kill");
+  const ScopedDir scoped_dir("kill");
+  const std::string& dir = scoped_dir.path;
   auto make_specs = [] {
     std::mt19937 g(17);
     std::vector<Spec> v;
