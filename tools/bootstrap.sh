@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 APT_PACKAGES=(cmake ninja-build g++ pkg-config libssl-dev nlohmann-json3-dev libcli11-dev
-              libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libboost1.81-dev prometheus-cpp-dev python3 python3-pip
+              libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libboost1.81-dev prometheus-cpp-dev libzstd-dev libxxhash-dev python3 python3-pip
               clang libclang-rt-14-dev  # clang + libFuzzer: tools/test.sh builds and runs the fuzzers
               golang-go)  # the Go SDK (go/) and its tests: Debian's toolchain, standard library only
 missing=()

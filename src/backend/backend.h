@@ -146,6 +146,18 @@ class Backend {
   // scores the score rows and copies out the raw logits rows. `out` is resized to the rows.
   virtual Status step(const StepBatch& batch, StepOutput& out) = 0;
 
+  // One KV block moved out of and back into the cache (the engine's host and disk tiers, which
+  // keep blocks that leave the pool): every layer's K and V of block `block`, kv_block_bytes()
+  // bytes in the backend's own layout, so a block written back is bit-identical to the one read.
+  // Called between steps, on the executor's thread. kv_block_bytes() 0: no block copies (no tiers).
+  virtual int64_t kv_block_bytes() const { return 0; }
+  virtual Status read_kv_block(int32_t /*block*/, std::span<uint8_t> /*out*/) {
+    return make_error("backend " + name() + " cannot copy KV blocks out");
+  }
+  virtual Status write_kv_block(int32_t /*block*/, std::span<const uint8_t> /*in*/) {
+    return make_error("backend " + name() + " cannot copy KV blocks in");
+  }
+
   // Stage timing for benchmarks (bench decode); a backend without it reports nothing.
   virtual void set_profiling(bool /*on*/, bool /*thread_cpu_time*/ = false) {}
   virtual StepProfile profile() const { return {}; }

@@ -137,6 +137,16 @@ struct ExecutorStats {
   double kv_paging_waste = 0;        // 1 - filled / held (0 when nothing is held)
   int64_t kv_slots_held_sum = 0;     // held and filled summed over steps: their ratio is the
   int64_t kv_slots_filled_sum = 0;   // step-averaged waste under whatever load ran
+  // KV tiers below the pool (engine/kv_tiers.h; all 0 without them): capacity and use in bytes,
+  // blocks held, blocks demoted (for room / idle past the TTL), restored (from host / disk), and
+  // the disk tier's writes, failed writes, and files rejected (corrupt, truncated, foreign, partial).
+  int64_t kv_host_capacity_bytes = 0, kv_host_used_bytes = 0, kv_host_blocks = 0;
+  int64_t kv_disk_capacity_bytes = 0, kv_disk_used_bytes = 0, kv_disk_blocks = 0;
+  int64_t kv_demoted_evicted = 0, kv_demoted_idle = 0;
+  int64_t kv_restored_host = 0, kv_restored_disk = 0;
+  int64_t kv_host_dropped = 0, kv_disk_dropped = 0;
+  int64_t kv_disk_writes = 0, kv_disk_write_errors = 0, kv_disk_rejected = 0;
+  bool kv_disk_writes_stopped = false;
   std::string last_error;          // the last backend failure, if any
 };
 
@@ -158,6 +168,9 @@ class Executor {
   virtual bool has_work() const = 0;  // something started and not yet finished
   virtual ExecutorStats stats() const = 0;  // called from the polling thread
   virtual Status check_invariants() const { return {}; }  // tests
+  // > 0: poll() also while nothing is live, at least this often (timed housekeeping such as
+  // moving idle KV blocks to a lower tier); 0: only when there is work.
+  virtual std::chrono::milliseconds idle_tick() const { return std::chrono::milliseconds(0); }
 };
 
 }  // namespace ss::backend

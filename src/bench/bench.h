@@ -158,6 +158,32 @@ LevelReport summarize(const LevelConfig& level, std::vector<RequestResult> resul
 LevelReport run_level(const ClientConfig& c, const LevelConfig& level, MixSampler& sampler);
 
 nlohmann::json to_json(const LevelReport& r, bool with_requests = false);
+
+// ---- multi-turn: conversations that come back after an idle gap ----------------------------------
+// Each conversation sends a long history (turn 1), waits `idle_s` (set it longer than the server's
+// KV TTL), then sends its returning turn (history + a short new message) twice, in alternating
+// order: once with the conversation's cache_salt (the server may reuse the history: from its pool
+// or a KV tier) and once with a fresh salt (the history must be recomputed). TTFT of both is the
+// comparison; sending them one after the other on the same server interleaves the noise.
+struct MultiTurnConfig {
+  int conversations = 6;
+  int history_tokens = 4000;  // estimated from tokens_per_word
+  int message_tokens = 16;    // the returning turn's new message
+  int answer_tokens = 8;
+  double idle_s = 3;
+  uint64_t seed = 0;
+  double tokens_per_word = 1.3;
+};
+struct MultiTurnReport {
+  std::vector<double> warm_ttft_s, cold_ttft_s;  // the returning turn: same salt / fresh salt
+  std::vector<int64_t> prompt_tokens;            // of each returning turn (usage)
+  std::map<std::string, int> errors;
+};
+MultiTurnReport run_multi_turn(const ClientConfig& c, const MultiTurnConfig& m,
+                               const std::function<void(const std::string&)>& progress = {});
+// One streaming completion, blocking (extra: fields merged into the body, e.g. cache_salt).
+RequestResult complete_once(const ClientConfig& c, const std::string& prompt, int max_tokens,
+                            const nlohmann::json& extra = nlohmann::json::object());
 // The stdout table: one header (when header) and one row per level.
 std::string table_header();
 std::string table_row(const LevelReport& r);

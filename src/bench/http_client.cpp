@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <memory>
+#include <thread>
 
 #include "bench/bench.h"
 
@@ -306,6 +308,67 @@ LevelReport run_level(const ClientConfig& c, const LevelConfig& level, MixSample
   ioc.run();
   const double wall = seconds(Clock::now() - start);
   return summarize(level, std::vector<RequestResult>(results.begin(), results.end()), wall);
+}
+
+RequestResult complete_once(const ClientConfig& c, const std::string& prompt, int max_tokens,
+                            const nlohmann::json& extra) {
+  RequestResult out;
+  net::io_context ioc;
+  auto eps = resolve(ioc, c.url);
+  if (!eps.ok()) {
+    out.error = eps.message();
+    return out;
+  }
+  ClientConfig cc = c;
+  cc.extra_body.update(extra);
+  RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_tokens = max_tokens;
+  net::co_spawn(ioc, stream_one(cc, *eps, std::move(spec), Clock::now(), out), net::detached);
+  ioc.run();
+  return out;
+}
+
+MultiTurnReport run_multi_turn(const ClientConfig& c, const MultiTurnConfig& m,
+                               const std::function<void(const std::string&)>& progress) {
+  MultiTurnReport rep;
+  std::mt19937_64 rng(m.seed ^ 0x4d554c5449ull);
+  const auto words_for = [&](int tokens) {
+    return MixSampler::words(rng, std::max(1, static_cast<int>(tokens / std::max(0.1, m.tokens_per_word))));
+  };
+  const std::string run = std::to_string(m.seed) + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (int i = 0; i < m.conversations; ++i) {
+    const std::string salt = "mt-" + run + "-" + std::to_string(i);
+    const std::string history = words_for(m.history_tokens);
+    RequestResult t1 = complete_once(c, history, m.answer_tokens, {{"cache_salt", salt}});
+    if (!t1.ok) {
+      ++rep.errors["turn 1: " + t1.error];
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(m.idle_s));
+    const std::string returning = history + " " + words_for(m.message_tokens);
+    RequestResult warm, cold;
+    for (int k = 0; k < 2; ++k) {  // even conversations: warm first; odd: cold first
+      if ((k == 0) == (i % 2 == 0))
+        warm = complete_once(c, returning, m.answer_tokens, {{"cache_salt", salt}});
+      else
+        cold = complete_once(c, returning, m.answer_tokens, {{"cache_salt", salt + "-cold"}});
+    }
+    if (!warm.ok || !cold.ok) {
+      ++rep.errors["returning turn: " + (warm.ok ? cold.error : warm.error)];
+      continue;
+    }
+    rep.warm_ttft_s.push_back(warm.ttft_s);
+    rep.cold_ttft_s.push_back(cold.ttft_s);
+    rep.prompt_tokens.push_back(warm.prompt_tokens);
+    if (progress) {
+      char line[160];
+      std::snprintf(line, sizeof line, "conversation %d: %lld prompt tokens, TTFT reused %.3f s, recomputed %.3f s", i,
+                    static_cast<long long>(warm.prompt_tokens), warm.ttft_s, cold.ttft_s);
+      progress(line);
+    }
+  }
+  return rep;
 }
 
 }  // namespace ss::bench

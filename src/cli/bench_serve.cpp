@@ -35,7 +35,64 @@ struct ServeBenchArgs {
   bool no_ignore_eos = false, no_calibrate = false;
   std::string json_path, plot_path;
   std::string extra_body;
+  bool multi_turn = false;
+  int conversations = 6, history_tokens = 4000, message_tokens = 16;
+  double idle_s = 3;
 };
+
+// A counter from GET /metrics (0 when absent or unreadable).
+double scrape(const bench::ClientConfig& c, const std::string& name) {
+  auto r = bench::http_get(c, "/metrics");
+  if (!r.ok() || r->status != 200) return 0;
+  const std::string& b = r->body;
+  for (size_t at = b.find(name + " "); at != std::string::npos; at = b.find(name + " ", at + 1))
+    if (at == 0 || b[at - 1] == '\n') return std::strtod(b.c_str() + at + name.size() + 1, nullptr);
+  return 0;
+}
+
+// --multi-turn: the TTFT of a returning conversation turn, history reused vs recomputed.
+void run_multi_turn_bench(const ServeBenchArgs& a, const bench::ClientConfig& c, double tokens_per_word) {
+  bench::MultiTurnConfig m;
+  m.conversations = a.conversations;
+  m.history_tokens = a.history_tokens;
+  m.message_tokens = a.message_tokens;
+  m.idle_s = a.idle_s;
+  m.seed = a.seed;
+  m.tokens_per_word = tokens_per_word;
+  const char* counters[] = {"selfserve_kv_restored_host_blocks_total", "selfserve_kv_restored_disk_blocks_total",
+                            "selfserve_prefix_cache_hits_total"};
+  double before[3];
+  for (int i = 0; i < 3; ++i) before[i] = scrape(c, counters[i]);
+  std::printf("multi-turn: %d conversations, ~%d-token history, ~%d-token new message, %.1f s idle before the "
+              "returning turn (sent twice: same cache_salt = reused, fresh salt = recomputed; order alternates)\n",
+              m.conversations, m.history_tokens, m.message_tokens, m.idle_s);
+  const auto rep = bench::run_multi_turn(c, m, [](const std::string& l) {
+    std::printf("  %s\n", l.c_str());
+    std::fflush(stdout);
+  });
+  for (const auto& [e, n] : rep.errors) std::printf("  %d x %s\n", n, e.c_str());
+  if (rep.warm_ttft_s.empty()) return fail("no conversation completed");
+  const double w50 = bench::percentile(rep.warm_ttft_s, 50), c50 = bench::percentile(rep.cold_ttft_s, 50);
+  std::printf("returning-turn TTFT p50: reused %.3f s, recomputed %.3f s, ratio %.1fx (min reused %.3f, max %.3f)\n",
+              w50, c50, w50 > 0 ? c50 / w50 : 0.0, *std::min_element(rep.warm_ttft_s.begin(), rep.warm_ttft_s.end()),
+              *std::max_element(rep.warm_ttft_s.begin(), rep.warm_ttft_s.end()));
+  std::printf("server counters during the run: %.0f blocks restored from host, %.0f from disk, %.0f prefix-hit tokens\n",
+              scrape(c, counters[0]) - before[0], scrape(c, counters[1]) - before[1], scrape(c, counters[2]) - before[2]);
+  if (!a.json_path.empty()) {
+    const nlohmann::json doc = {{"tool", "selfserve bench serve --multi-turn"},
+                                {"url", a.url},
+                                {"model", c.model},
+                                {"history_tokens", m.history_tokens},
+                                {"message_tokens", m.message_tokens},
+                                {"idle_s", m.idle_s},
+                                {"prompt_tokens", rep.prompt_tokens},
+                                {"ttft_reused_s", rep.warm_ttft_s},
+                                {"ttft_recomputed_s", rep.cold_ttft_s}};
+    std::ofstream f(a.json_path);
+    f << doc.dump(2) << "\n";
+    if (!f) return fail(a.json_path + ": cannot write");
+  }
+}
 
 void run_serve_bench(const ServeBenchArgs& a) {
   bench::ClientConfig c;
@@ -79,6 +136,7 @@ void run_serve_bench(const ServeBenchArgs& a) {
         mix.max_context = static_cast<int>(p->max_model_len);
     }
   }
+  if (a.multi_turn) return run_multi_turn_bench(a, c, mix.tokens_per_word);
   if (mix.max_context <= mix.out_max + 16)
     return fail("--max-context " + std::to_string(mix.max_context) + " leaves no room for prompts with up to " +
                 std::to_string(mix.out_max) + " output tokens");
@@ -201,6 +259,16 @@ void register_bench_serve(CLI::App& bench) {
                 "JSON object merged into every request body (e.g. a response_format, sampling fields)");
   s->add_option("--json", a->json_path, "Write the report (with every request) as JSON");
   s->add_option("--plot", a->plot_path, "Write a PNG of latency and throughput against load (matplotlib)");
+  s->add_flag("--multi-turn", a->multi_turn,
+              "Conversations returning after an idle gap: TTFT of the returning turn, history reused vs recomputed");
+  s->add_option("--conversations", a->conversations, "--multi-turn: conversations")
+      ->check(CLI::Range(1, 10000))->capture_default_str();
+  s->add_option("--history-tokens", a->history_tokens, "--multi-turn: history length (estimated tokens)")
+      ->check(CLI::Range(16, 1 << 20))->capture_default_str();
+  s->add_option("--message-tokens", a->message_tokens, "--multi-turn: the returning turn's new message")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  s->add_option("--idle", a->idle_s, "--multi-turn: seconds before the returning turn (more than the server's TTL)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   s->callback([a] { run_serve_bench(*a); });
 }
 

@@ -54,6 +54,11 @@ struct ServeArgs {
   double header_timeout = 10;
   bool metrics_require_key = false;
   bool no_prefix_caching = false;
+  int64_t kv_host_bytes = 0;
+  bool kv_host_compress = false;
+  int64_t kv_cache_ttl_ms = 30000;
+  std::string kv_disk_dir;
+  int64_t kv_disk_bytes = 0;
   bool log_requests = false;
   std::string log_format = "text";
   bool no_access_log = false;
@@ -172,6 +177,19 @@ void run_serve(const ServeArgs& a) {
   ec.scheduler.max_prefill_tokens_with_decodes = a.max_prefill_with_decodes;
   ec.scheduler.enable_prefix_caching = !a.no_prefix_caching;
   ec.scheduler.max_model_len = max_len;
+  ec.tiers.host_bytes = a.kv_host_bytes;
+  ec.tiers.host_compress = a.kv_host_compress;
+  ec.tiers.ttl_ms = a.kv_cache_ttl_ms;
+  ec.tiers.disk_dir = a.kv_disk_dir;
+  ec.tiers.disk_bytes = a.kv_disk_bytes;
+  if (!a.kv_disk_dir.empty()) {  // disk entries are bound to this exact model file
+    auto h = engine::model_file_hash(model->path);
+    if (!h.ok()) {
+      join.failed = true;
+      return fail(h.message());
+    }
+    ec.tiers.model_hash = *h;
+  }
   auto en = engine::Engine::create(*backend, ec);
   if (!en.ok()) {
     join.failed = true;
@@ -242,6 +260,13 @@ void run_serve(const ServeArgs& a) {
                   mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
                   backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str(), device.c_str());
     telemetry::log_info("server", msg);
+    if (ec.tiers.enabled()) {
+      std::snprintf(msg, sizeof msg, "KV tiers: host %lld bytes%s, disk %s (%lld bytes), idle TTL %lld ms",
+                    static_cast<long long>(ec.tiers.host_bytes), ec.tiers.host_compress ? " (zstd)" : "",
+                    ec.tiers.disk_dir.empty() ? "off" : ec.tiers.disk_dir.c_str(),
+                    static_cast<long long>(ec.tiers.disk_bytes), static_cast<long long>(ec.tiers.ttl_ms));
+      telemetry::log_info("server", msg);
+    }
   }
 
   io.join();  // until SIGTERM/SIGINT and the drain
@@ -297,6 +322,17 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--metrics-require-key", a->metrics_require_key, "With --api-key, /metrics needs the key too");
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
+  c->add_option("--kv-host-bytes", a->kv_host_bytes,
+                "Host-RAM tier for KV blocks leaving the cache (evicted, or idle past --kv-cache-ttl-ms); 0: none")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_flag("--kv-host-compress", a->kv_host_compress, "zstd-compress the host (and disk) tier's blocks");
+  c->add_option("--kv-cache-ttl-ms", a->kv_cache_ttl_ms,
+                "With a tier: cached KV blocks idle this long move from the cache to the tiers (0: never)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--kv-disk-dir", a->kv_disk_dir,
+                "Disk tier for KV blocks (kept across restarts; bound to the model file, KV dtype and block size)");
+  c->add_option("--kv-disk-bytes", a->kv_disk_bytes, "The disk tier's bound in bytes")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   c->add_flag("--log-requests", a->log_requests, "Log each request on stderr as it arrives");
   c->add_option("--log-format", a->log_format, "stderr log lines: text, or json (one object a line: timestamp, level, "
                                                "component, message, request_id, trace_id, ...)")

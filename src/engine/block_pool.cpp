@@ -16,7 +16,8 @@ BlockPool::BlockPool(int num_blocks, int block_size)
       cached_(num_blocks, 0),
       hash_(num_blocks, 0),
       parent_(num_blocks, 0),
-      tokens_(static_cast<size_t>(num_blocks) * block_size, -1) {
+      tokens_(static_cast<size_t>(num_blocks) * block_size, -1),
+      idle_since_(num_blocks) {
   index_.reserve(num_blocks);
   for (BlockId b = 0; b < num_blocks; ++b) push_back(blank_, kBlank, b);
 }
@@ -44,8 +45,11 @@ BlockId BlockPool::pop_front(List& l) {
   return b;
 }
 
-void BlockPool::evict(BlockId b) {
+void BlockPool::evict(BlockId b, bool idle) {
   if (!cached_[b]) return;
+  if (on_evict_)
+    on_evict_(b, hash_[b], parent_[b],
+              std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(b) * block_size_, block_size_), idle);
   auto it = index_.find(hash_[b]);
   if (it != index_.end() && it->second == b) index_.erase(it);
   cached_[b] = 0;
@@ -58,7 +62,7 @@ bool BlockPool::allocate(int n, std::vector<BlockId>& out) {
     BlockId b = pop_front(blank_);
     if (b < 0) {
       b = pop_front(lru_);
-      evict(b);
+      evict(b, false);
     }
     ref_[b] = 1;
     out.push_back(b);
@@ -77,7 +81,29 @@ void BlockPool::ref(BlockId b) {
 void BlockPool::unref(BlockId b) {
   assert(ref_[b] > 0);
   if (--ref_[b] > 0) return;
+  idle_since_[b] = now_;
   push_back(cached_[b] ? lru_ : blank_, cached_[b] ? kLru : kBlank, b);
+}
+
+int BlockPool::expire_idle(TimePoint cutoff, int max_blocks) {
+  int n = 0;
+  // The LRU list is in the order blocks became evictable, so the expired ones lead it.
+  while (n < max_blocks && lru_.head >= 0 && idle_since_[lru_.head] < cutoff) {
+    const BlockId b = pop_front(lru_);
+    evict(b, true);
+    push_back(blank_, kBlank, b);
+    ++n;
+  }
+  return n;
+}
+
+void BlockPool::for_each_cached(
+    const std::function<void(BlockId, BlockHash, BlockHash, std::span<const int32_t>)>& fn) const {
+  for (BlockId b = lru_.head; b >= 0; b = next_[b])
+    fn(b, hash_[b], parent_[b], std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(b) * block_size_, block_size_));
+  for (BlockId b = 0; b < num_blocks_; ++b)
+    if (cached_[b] && where_[b] != kLru)
+      fn(b, hash_[b], parent_[b], std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(b) * block_size_, block_size_));
 }
 
 BlockId BlockPool::lookup(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const {

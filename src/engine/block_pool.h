@@ -4,7 +4,9 @@
 // only when no blank block is left. Engine-thread only; allocates nothing after construction
 // except index nodes when a block is published.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +49,21 @@ class BlockPool {
 
   Status check() const;  // lists, counts and index agree (tests, debugging)
 
+  // Lower tiers (kv_tiers.h). The hook sees every cached block leaving the index while its K/V is
+  // still intact (before the block is handed out again): `idle` tells a TTL expiry from an
+  // eviction for room.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  using EvictHook = std::function<void(BlockId, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, bool idle)>;
+  void set_evict_hook(EvictHook hook) { on_evict_ = std::move(hook); }
+  // The time unref() stamps on a block that becomes evictable (the executor's clock, per step).
+  void set_now(TimePoint now) { now_ = now; }
+  // Evicts the cached, unreferenced blocks that became evictable before `cutoff` (they go blank),
+  // at most max_blocks of them (the oldest first).
+  int expire_idle(TimePoint cutoff, int max_blocks);
+  // Calls fn(block, hash, parent, tokens) for every cached block, least recently used first among
+  // the evictable ones (shutdown: a persistent tier keeps them).
+  void for_each_cached(const std::function<void(BlockId, BlockHash, BlockHash, std::span<const int32_t>)>& fn) const;
+
  private:
   struct List {
     BlockId head = -1, tail = -1;
@@ -56,7 +73,7 @@ class BlockPool {
   void push_back(List& l, uint8_t tag, BlockId b);
   void remove(List& l, BlockId b);
   BlockId pop_front(List& l);
-  void evict(BlockId b);
+  void evict(BlockId b, bool idle);
 
   int num_blocks_, block_size_;
   std::vector<int32_t> ref_;
@@ -68,6 +85,9 @@ class BlockPool {
   List blank_, lru_;
   std::unordered_map<BlockHash, BlockId> index_;
   uint64_t evictions_ = 0;
+  std::vector<TimePoint> idle_since_;
+  TimePoint now_{};
+  EvictHook on_evict_;
 };
 
 }  // namespace ss::engine

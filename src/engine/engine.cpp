@@ -7,7 +7,7 @@
 namespace ss::engine {
 
 Expected<std::unique_ptr<Engine>> Engine::create(backend::Backend& be, const EngineConfig& cfg) {
-  SS_ASSIGN(auto ex, HostExecutor::create(be, cfg.scheduler, cfg.clock));
+  SS_ASSIGN(auto ex, HostExecutor::create(be, cfg.scheduler, cfg.clock, cfg.tiers));
   return create(std::move(ex));
 }
 
@@ -144,7 +144,13 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       // live_ covers queued, running, and stopped-but-not-yet-reaped requests.
-      cv_.wait(lk, [&] { return stop_requested_ || !live_.empty(); });
+      const auto wake = [&] { return stop_requested_ || !live_.empty(); };
+      // An executor with timed housekeeping (KV blocks idling past their TTL) steps while idle too.
+      if (const auto tick = executor_->idle_tick(); tick.count() > 0) {
+        cv_.wait_for(lk, tick, wake);
+      } else {
+        cv_.wait(lk, wake);
+      }
       if (stop_requested_) return;
     }
     // A backend error has already failed that step's requests (and is in stats); keep serving.

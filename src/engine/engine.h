@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/kv_tiers.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 
@@ -27,6 +28,7 @@ namespace ss::engine {
 
 struct EngineConfig {
   SchedulerConfig scheduler;
+  KvTierConfig tiers;  // host / disk tiers below the KV pool (off by default)
   std::function<Clock::time_point()> clock;  // empty: steady_clock::now (tests inject one)
 };
 

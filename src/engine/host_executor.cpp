@@ -9,7 +9,8 @@ constexpr int kMaxLogprobs = 64;
 }
 
 Expected<std::unique_ptr<HostExecutor>> HostExecutor::create(backend::Backend& be, const SchedulerConfig& cfg,
-                                                             std::function<Clock::time_point()> clock) {
+                                                             std::function<Clock::time_point()> clock,
+                                                             const KvTierConfig& tiers) {
   SS_TRY(cfg.validate());
   const auto& kv = be.kv_config();
   if (kv.num_blocks < 1 || kv.block_size < 1)
@@ -19,13 +20,28 @@ Expected<std::unique_ptr<HostExecutor>> HostExecutor::create(backend::Backend& b
     return make_error("max_num_seqs (" + std::to_string(cfg.max_num_seqs) + ") is more than backend " + be.name() +
                       " keeps block tables for (" + std::to_string(be.max_slots()) + ")");
   if (!clock) clock = [] { return Clock::now(); };
-  return std::unique_ptr<HostExecutor>(new HostExecutor(be, cfg, kv.num_blocks, kv.block_size, std::move(clock)));
+  std::unique_ptr<KvTiers> t;
+  if (tiers.enabled()) {
+    if (!cfg.enable_prefix_caching)
+      return make_error("KV tiers (--kv-host-bytes, --kv-disk-dir) keep prefix-cache blocks: they need prefix caching on");
+    SS_ASSIGN(t, KvTiers::create(tiers, be));
+  } else {
+    SS_TRY(tiers.validate());
+  }
+  return std::unique_ptr<HostExecutor>(
+      new HostExecutor(be, cfg, kv.num_blocks, kv.block_size, std::move(clock), std::move(t)));
 }
 
 HostExecutor::HostExecutor(backend::Backend& be, const SchedulerConfig& cfg, int num_blocks, int block_size,
-                           std::function<Clock::time_point()> clock)
-    : be_(be), sched_(cfg, num_blocks, block_size, be.vocab_size()), clock_(std::move(clock)) {
+                           std::function<Clock::time_point()> clock, std::unique_ptr<KvTiers> tiers)
+    : be_(be), tiers_(std::move(tiers)), sched_(cfg, num_blocks, block_size, be.vocab_size()), clock_(std::move(clock)) {
+  sched_.set_tiers(tiers_.get());
   refresh_stats();
+}
+
+HostExecutor::~HostExecutor() {
+  if (tiers_ && !tiers_->config().disk_dir.empty()) sched_.demote_all_cached();
+  sched_.set_tiers(nullptr);
 }
 
 Status HostExecutor::check(const SeqStart& s) const {
@@ -43,6 +59,11 @@ void HostExecutor::start(SeqStart s) { sched_.add(std::move(s)); }
 void HostExecutor::stop(SeqId id, FinishReason why) { sched_.abort(id, why, emissions_); }
 
 Status HostExecutor::poll(std::vector<SeqEvent>& out) {
+  if (tiers_ && !sched_.has_work() && emissions_.empty()) {  // an idle tick: only the TTL's housekeeping
+    sched_.expire_idle(clock_());
+    refresh_stats();
+    return {};
+  }
   const auto t_begin = std::chrono::steady_clock::now();
   double forward_s = 0;
   sched_.schedule(clock_(), plan_, emissions_);
@@ -110,6 +131,25 @@ void HostExecutor::refresh_stats() {
   s.kv_paging_waste = slots.first > 0 ? 1.0 - double(slots.second) / double(slots.first) : 0.0;
   s.kv_slots_held_sum += slots.first;
   s.kv_slots_filled_sum += slots.second;
+  if (tiers_) {
+    const KvTierStats t = tiers_->stats();
+    s.kv_host_capacity_bytes = t.host_capacity_bytes;
+    s.kv_host_used_bytes = t.host_used_bytes;
+    s.kv_host_blocks = t.host_blocks;
+    s.kv_disk_capacity_bytes = t.disk_capacity_bytes;
+    s.kv_disk_used_bytes = t.disk_used_bytes;
+    s.kv_disk_blocks = t.disk_blocks;
+    s.kv_demoted_evicted = t.demoted_evicted;
+    s.kv_demoted_idle = t.demoted_idle;
+    s.kv_restored_host = t.restored_host;
+    s.kv_restored_disk = t.restored_disk;
+    s.kv_host_dropped = t.host_dropped;
+    s.kv_disk_dropped = t.disk_dropped;
+    s.kv_disk_writes = t.disk_writes;
+    s.kv_disk_write_errors = t.disk_write_errors;
+    s.kv_disk_rejected = t.disk_rejected;
+    s.kv_disk_writes_stopped = t.disk_writes_stopped;
+  }
 }
 
 }  // namespace ss::engine

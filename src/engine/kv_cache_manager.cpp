@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 
+#include "engine/kv_tiers.h"
+
 namespace ss::engine {
 
 namespace {
@@ -45,14 +47,60 @@ int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq
     const int bs = block_size();
     const int max_blocks = static_cast<int>(tokens.size() - 1) / bs;  // keep the last token to compute
     extend_hashes(seq, tokens, max_blocks);
+    bool pinned = false;
     for (int b = 0; b < max_blocks; ++b) {
       const BlockHash parent = b == 0 ? seq.root : seq.hashes[b - 1];
-      const BlockId id = pool_.lookup(seq.hashes[b], parent, tokens.subspan(static_cast<size_t>(b) * bs, bs));
+      const auto toks = tokens.subspan(static_cast<size_t>(b) * bs, bs);
+      BlockId id = pool_.lookup(seq.hashes[b], parent, toks);
+      if (id >= 0 && pinned) pool_.ref(id);  // held like the hits before it
+      if (id < 0 && tiers_ && tiers_->find(seq.hashes[b], parent, toks) != KvTiers::Where::None) {
+        // Restoring takes free blocks, which may be evictable hits of this very lookup: hold them.
+        if (!pinned) {
+          pinned = true;
+          for (BlockId h : hits) pool_.ref(h);
+        }
+        pinned_.clear();
+        if (pool_.allocate(1, pinned_)) {
+          id = pinned_[0];
+          if (tiers_->restore(seq.hashes[b], parent, toks, id)) {
+            pool_.publish(id, seq.hashes[b], parent, toks);
+          } else {
+            pool_.unref(id);  // uncached: blank again
+            id = -1;
+          }
+        }
+      }
       if (id < 0) break;
-      hits.push_back(id);
+      hits.push_back(id);  // restored blocks hold the reference allocate gave them
     }
+    if (pinned)  // last first, as free() does: the prefix's head stays the most recently used
+      for (auto it = hits.rbegin(); it != hits.rend(); ++it) pool_.unref(*it);
   }
   return static_cast<int>(hits.size()) * block_size();
+}
+
+void KvCacheManager::set_tiers(KvTiers* tiers) {
+  tiers_ = caching_ ? tiers : nullptr;
+  if (!tiers_) {
+    pool_.set_evict_hook({});
+    return;
+  }
+  pool_.set_evict_hook([t = tiers_](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks, bool idle) {
+    t->demote(b, h, p, toks, idle ? KvTiers::Why::Idle : KvTiers::Why::Evicted);
+  });
+}
+
+int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int max_blocks) {
+  pool_.set_now(now);
+  if (!tiers_ || tiers_->config().ttl_ms <= 0) return 0;
+  return pool_.expire_idle(now - std::chrono::milliseconds(tiers_->config().ttl_ms), max_blocks);
+}
+
+void KvCacheManager::demote_all_cached() {
+  if (!tiers_) return;
+  pool_.for_each_cached([&](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks) {
+    tiers_->demote(b, h, p, toks, KvTiers::Why::Shutdown);
+  });
 }
 
 int KvCacheManager::fit_tokens(const SeqBlocks& seq, int num_computed, std::span<const BlockId> hits) const {

@@ -13,6 +13,8 @@
 
 namespace ss::engine {
 
+class KvTiers;
+
 // Hash of a full block given its parent's hash (kRootBlockHash for the first block).
 inline constexpr BlockHash kRootBlockHash = 0x73656c6673657276ULL;  // "selfserv"
 BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens);
@@ -47,9 +49,21 @@ class KvCacheManager {
   const BlockPool& pool() const { return pool_; }
   const PrefixCacheStats& prefix_stats() const { return stats_; }
 
+  // Lower tiers (null: none): blocks leaving the pool are demoted there, and match_prefix restores
+  // from there what the pool misses. Needs prefix caching; `tiers` outlives the manager.
+  void set_tiers(KvTiers* tiers);
+  KvTiers* tiers() const { return tiers_; }
+  // Per step: stamps the time on blocks becoming evictable, and demotes those idle longer than the
+  // tiers' TTL, at most max_blocks of them. Returns how many left the pool.
+  int expire_idle(std::chrono::steady_clock::time_point now, int max_blocks);
+  // Copies every cached block into the tiers (they stay in the pool): at shutdown, so a disk
+  // tier keeps what the pool held.
+  void demote_all_cached();
+
   // Cached blocks covering the longest prefix of tokens[0, size-1) (whole blocks), written to
   // `hits` without taking references. Returns the number of tokens they cover. `seq` must hold no
-  // blocks; its hashes are extended as needed.
+  // blocks; its hashes are extended as needed. Blocks the pool misses but a lower tier holds are
+  // restored into free pool blocks (as far as there are free blocks) and count as hits.
   int match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq, std::vector<BlockId>& hits);
   // Hit-rate counters: a lookup of `queried` tokens of which `hit` came from the cache.
   void count_query(int queried, int hit) {
@@ -72,6 +86,8 @@ class KvCacheManager {
 
   BlockPool pool_;
   bool caching_;
+  KvTiers* tiers_ = nullptr;
+  std::vector<BlockId> pinned_;  // match_prefix: hits held while restoring
   PrefixCacheStats stats_;
 };
 

@@ -260,6 +260,7 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   ++counters_.steps;
   preempted_this_step_ = false;
   step_began_ = Clock::now();
+  kv_.expire_idle(now, running_.empty() ? INT_MAX : kMaxIdleDemotionsPerStep);
   reap(now, out);
 
   const int max_seqs = cfg_.max_num_seqs;

@@ -9,6 +9,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -158,6 +159,15 @@ class Scheduler {
   std::pair<int64_t, int64_t> kv_slots() const;
   int num_waiting() const { return static_cast<int>(resumed_.size() + short_.size() + long_.size()); }
   const KvCacheManager& kv() const { return kv_; }
+  // Lower KV tiers (kv_tiers.h; null: none). Each schedule() first demotes blocks idle past their TTL.
+  void set_tiers(KvTiers* tiers) { kv_.set_tiers(tiers); }
+  void demote_all_cached() { kv_.demote_all_cached(); }
+  // Demotes every block idle past the TTL (an idle engine's tick; schedule() demotes at most
+  // kMaxIdleDemotionsPerStep a step while sequences run).
+  void expire_idle(Clock::time_point now) { kv_.expire_idle(now, INT_MAX); }
+  // A 4,000-token history is 250 blocks (92 MB on the default model): copied out in one step, it
+  // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
+  static constexpr int kMaxIdleDemotionsPerStep = 32;
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerConfig& config() const { return cfg_; }
   int max_model_len() const { return max_len_; }

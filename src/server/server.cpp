@@ -503,6 +503,37 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
       counter_family("selfserve_engine_decode_step_tokens_total", "Tokens sampled by the steps that only decoded",
                      n(s.decode_step_tokens)),
   };
+  {  // KV tiers below the pool (zeros when off)
+    const std::pair<const char*, const char*> tier_gauges[] = {
+        {"selfserve_kv_host_capacity_bytes", "Host KV tier bound (--kv-host-bytes)"},
+        {"selfserve_kv_host_used_bytes", "Bytes held by the host KV tier"},
+        {"selfserve_kv_host_blocks", "KV blocks held by the host tier"},
+        {"selfserve_kv_disk_capacity_bytes", "Disk KV tier bound (--kv-disk-bytes)"},
+        {"selfserve_kv_disk_used_bytes", "Bytes of the disk KV tier's files"},
+        {"selfserve_kv_disk_blocks", "KV blocks held by the disk tier"},
+        {"selfserve_kv_disk_writes_stopped", "1 after a failed disk-tier write (disk full): no more writes"}};
+    const double tier_gauge_values[] = {n(s.kv_host_capacity_bytes), n(s.kv_host_used_bytes), n(s.kv_host_blocks),
+                                        n(s.kv_disk_capacity_bytes), n(s.kv_disk_used_bytes), n(s.kv_disk_blocks),
+                                        s.kv_disk_writes_stopped ? 1.0 : 0.0};
+    for (size_t i = 0; i < std::size(tier_gauges); ++i)
+      f.push_back(gauge_family(tier_gauges[i].first, tier_gauges[i].second, tier_gauge_values[i]));
+    const std::pair<const char*, const char*> tier_counters[] = {
+        {"selfserve_kv_demoted_evicted_blocks_total", "KV blocks demoted to the tiers when the pool needed room"},
+        {"selfserve_kv_demoted_idle_blocks_total", "KV blocks demoted to the tiers after idling past the TTL"},
+        {"selfserve_kv_restored_host_blocks_total", "KV blocks restored into the pool from the host tier"},
+        {"selfserve_kv_restored_disk_blocks_total", "KV blocks restored into the pool from the disk tier"},
+        {"selfserve_kv_host_dropped_blocks_total", "Host-tier blocks pushed out by its byte bound"},
+        {"selfserve_kv_disk_dropped_blocks_total", "Disk-tier files removed by its byte bound"},
+        {"selfserve_kv_disk_writes_total", "Disk-tier files written"},
+        {"selfserve_kv_disk_write_errors_total", "Disk-tier writes that failed or were skipped (writer behind)"},
+        {"selfserve_kv_disk_rejected_files_total",
+         "Disk-tier files deleted unread: corrupt, truncated, partial, or of another model / dtype / block size"}};
+    const double tier_counter_values[] = {n(s.kv_demoted_evicted), n(s.kv_demoted_idle), n(s.kv_restored_host),
+                                          n(s.kv_restored_disk),   n(s.kv_host_dropped),  n(s.kv_disk_dropped),
+                                          n(s.kv_disk_writes),     n(s.kv_disk_write_errors), n(s.kv_disk_rejected)};
+    for (size_t i = 0; i < std::size(tier_counters); ++i)
+      f.push_back(counter_family(tier_counters[i].first, tier_counters[i].second, tier_counter_values[i]));
+  }
   if (opts.tracer) {
     const telemetry::ExporterStats t = opts.tracer->stats();
     f.push_back(counter_family("selfserve_otlp_spans_queued_total", "Spans accepted for OTLP export", n(t.spans_queued)));

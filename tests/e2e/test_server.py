@@ -995,6 +995,86 @@ def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
         assert tiny.stop() == 0
 
 
+def test_kv_tiers_host_ttl_disk_restart_and_rejected_files(srv, tmp_path):
+    """Issue 18: a prompt's blocks idle past the TTL leave the pool for the host tier and come back
+    from it; after a restart they come back from disk; a damaged file is deleted and counted. The
+    greedy text is the tier-less server's every time."""
+    prompt = "The history of the lighthouse keepers of the northern coast, told slowly: " + " ".join(
+        f"In year {i} the lamp was tended by a new keeper who wrote in the log." for i in range(12))
+    expect = greedy_completion(srv, prompt, 24)
+    kv_dir = tmp_path / "kv"
+    args = [*_model_args(srv), "--api-key", API_KEY, "--kv-host-bytes", str(256 << 20), "--kv-cache-ttl-ms", "300",
+            "--kv-disk-dir", str(kv_dir), "--kv-disk-bytes", str(256 << 20)]
+    s = Server(tmp_path, "tiers", *args)
+    try:
+        assert greedy_completion(s, prompt, 24) == expect
+        deadline = time.time() + 10
+        while s.metric("selfserve_kv_demoted_idle_blocks_total") == 0 and time.time() < deadline:
+            time.sleep(0.2)
+        assert s.metric("selfserve_kv_demoted_idle_blocks_total") > 0
+        assert s.metric("selfserve_kv_cache_blocks_cached") == 0
+        assert s.metric("selfserve_kv_host_blocks") > 0
+        assert s.metric("selfserve_kv_host_capacity_bytes") == 256 << 20
+        assert greedy_completion(s, prompt, 24) == expect
+        restored = s.metric("selfserve_kv_restored_host_blocks_total")
+        assert restored > 0
+        assert s.metric("selfserve_prefix_cache_hits_total") == 16 * restored
+    finally:
+        assert s.stop() == 0, s.log_text()
+    files = sorted(kv_dir.glob("*.kvb"))
+    assert files
+    s = Server(tmp_path, "tiers2", *args)
+    try:
+        assert s.metric("selfserve_kv_disk_blocks") == len(files)
+        assert greedy_completion(s, prompt, 24) == expect
+        assert s.metric("selfserve_kv_restored_disk_blocks_total") > 0
+        assert s.metric("selfserve_kv_disk_rejected_files_total") == 0
+    finally:
+        assert s.stop() == 0, s.log_text()
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0x10
+    files[0].write_bytes(bytes(data))
+    s = Server(tmp_path, "tiers3", *args)
+    try:
+        assert s.metric("selfserve_kv_disk_rejected_files_total") == 1
+        assert not files[0].exists()
+        assert greedy_completion(s, prompt, 24) == expect
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_kv_disk_tier_on_a_full_filesystem_stops_writing_and_keeps_serving(srv, tmp_path):
+    """A 2 MiB tmpfs holds five blocks: the disk tier fills it, its writes stop (counted), and every
+    request still gets the tier-less server's text. Needs mount (root); skipped otherwise."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        prompts = [f"Chapter {i}: the orchard keeper counted the trees, one by one, " + "and then again " * 40
+                   for i in range(3)]
+        expect = [greedy_completion(srv, p, 16) for p in prompts]
+        s = Server(tmp_path, "full", *_model_args(srv), "--api-key", API_KEY, "--kv-cache-ttl-ms", "200",
+                   "--kv-disk-dir", str(mnt), "--kv-disk-bytes", str(1 << 30))
+        try:
+            for p, e in zip(prompts, expect):
+                assert greedy_completion(s, p, 16) == e
+                time.sleep(1.5)  # past the TTL and the idle tick: the blocks go to disk
+            deadline = time.time() + 10
+            while s.metric("selfserve_kv_disk_writes_stopped") == 0 and time.time() < deadline:
+                time.sleep(0.2)
+            assert s.metric("selfserve_kv_disk_writes_stopped") == 1, s.log_text()
+            assert s.metric("selfserve_kv_disk_write_errors_total") >= 1
+            assert s.metric("selfserve_kv_disk_writes_total") >= 1
+            for p, e in zip(prompts, expect):
+                assert greedy_completion(s, p, 16) == e
+            assert requests.get(s.url + "/health", timeout=5).status_code == 200
+        finally:
+            assert s.stop() == 0, s.log_text()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def _model_args(srv):
     args = srv.proc.args
     i = args.index("--model")

@@ -604,6 +604,27 @@ Status CpuBackend::forward(const StepBatch& b) {
   return {};
 }
 
+// Block-major cache: a block's every layer is one contiguous run of kv_block_bytes().
+Status CpuBackend::read_kv_block(int32_t block, std::span<uint8_t> out) {
+  const int64_t n = kv_block_bytes();
+  if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(out.size()) != n)
+    return make_error("cpu backend: read_kv_block(" + std::to_string(block) + ", " + std::to_string(out.size()) +
+                      " bytes): want a block in [0, " + std::to_string(kv_.num_blocks) + ") and " +
+                      std::to_string(n) + " bytes");
+  std::memcpy(out.data(), kv_cache_.data() + static_cast<size_t>(block) * n, static_cast<size_t>(n));
+  return {};
+}
+
+Status CpuBackend::write_kv_block(int32_t block, std::span<const uint8_t> in) {
+  const int64_t n = kv_block_bytes();
+  if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(in.size()) != n)
+    return make_error("cpu backend: write_kv_block(" + std::to_string(block) + ", " + std::to_string(in.size()) +
+                      " bytes): want a block in [0, " + std::to_string(kv_.num_blocks) + ") and " +
+                      std::to_string(n) + " bytes");
+  std::memcpy(kv_cache_.data() + static_cast<size_t>(block) * n, in.data(), static_cast<size_t>(n));
+  return {};
+}
+
 const char* kv_dtype_name(KvCacheConfig::DType t) {
   switch (t) {
     case KvCacheConfig::DType::F32: return "f32";

@@ -27,6 +27,9 @@ class CpuBackend final : public Backend {
   int vocab_size() const override { return V_; }
   int max_slots() const override { return tables_.size(); }
   Status step(const StepBatch& batch, StepOutput& out) override;
+  int64_t kv_block_bytes() const override { return 2 * kv_layer_bytes_ * cfg_.n_layers; }
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override;
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override;
 
   void set_profiling(bool on, bool thread_cpu_time = false) override {
     profiling_ = on;

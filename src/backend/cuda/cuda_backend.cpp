@@ -96,6 +96,15 @@ class CudaBackend final : public Backend {
   int vocab_size() const override { return V_; }
   int max_slots() const override { return tables_.size(); }
   Status step(const StepBatch& b, StepOutput& out) override;
+  // A block's K/V is one run of block_elems per layer, the layers layer_cache_elems_ apart: one 2-D
+  // copy (L_ rows) on the step stream, synchronised, so the step that follows sees it.
+  int64_t kv_block_bytes() const override {
+    return static_cast<int64_t>(sizeof(bf16_bits)) * 2 * nkv_ * kv_.block_size * hd_ * L_;
+  }
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override { return copy_kv_block(block, out.data(), out.size(), true); }
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
+    return copy_kv_block(block, const_cast<uint8_t*>(in.data()), in.size(), false);
+  }
   // Stage times for bench decode, only with SS_CUDA_PROFILE=1 in the environment: the step then
   // runs eagerly with an event after every kernel (no graphs, no PDL overlap across the events), so
   // each kernel's own time is measured; the per-kernel table goes to stderr when profiling stops.
@@ -116,6 +125,7 @@ class CudaBackend final : public Backend {
   // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
   Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
   Status upload_table_edits(const StepBatch& b);
+  Status copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bool to_host);
   enum Stage { kEmbed, kQkv, kAttn, kOProj, kGateUp, kDown, kNormQkvEtc, kLmHead, kSample, kStages };
   void mark(Stage st);   // the kernels since the previous mark belong to stage st
   void collect_marks();  // after the step's sync: adds the marked intervals to stage_ms_
@@ -592,6 +602,24 @@ bool simple_greedy(const SampleRow& r) {
          p.frequency_penalty == 0.0f && r.banned.empty() && !r.mask && r.logprobs < 0;
 }
 }  // namespace
+
+// Not run on a GPU yet (written on a machine without one): the same bytes the CPU backend's
+// tier tests check, through cudaMemcpy2DAsync over the [layer][block][2][n_kv][block_size][hd] cache.
+Status CudaBackend::copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bool to_host) {
+  if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(bytes) != kv_block_bytes())
+    return make_error("cuda backend: KV block copy of block " + std::to_string(block) + " (" + std::to_string(bytes) +
+                      " bytes): want a block in [0, " + std::to_string(kv_.num_blocks) + ") and " +
+                      std::to_string(kv_block_bytes()) + " bytes");
+  const size_t row = sizeof(bf16_bits) * 2 * static_cast<size_t>(nkv_) * kv_.block_size * hd_;  // one layer
+  bf16_bits* dev = cache_ + static_cast<int64_t>(block) * 2 * nkv_ * kv_.block_size * hd_;
+  const size_t pitch = sizeof(bf16_bits) * static_cast<size_t>(layer_cache_elems_);
+  if (to_host)
+    SS_CUDA(cudaMemcpy2DAsync(host, row, dev, pitch, row, L_, cudaMemcpyDeviceToHost, stream_));
+  else
+    SS_CUDA(cudaMemcpy2DAsync(dev, pitch, host, row, row, L_, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  return {};
+}
 
 Status CudaBackend::upload_table_edits(const StepBatch& b) {
   for (const TableEdit& e : b.table_edits) {

@@ -29,6 +29,8 @@ struct FakeOptions {
   bool split_events = false; // write each event in two pieces, 1 ms apart
   int status = 200;          // non-200: a JSON error body
   std::string api_key;       // required when non-empty
+  // >= 0: a request whose cache_salt came before gets its first token this soon (a prefix cache)
+  std::chrono::milliseconds seen_salt_first_token{-1};
 };
 
 class FakeServer {
@@ -49,6 +51,10 @@ class FakeServer {
     return last_body_;
   }
   int max_in_flight() const { return max_in_flight_; }
+  std::vector<nlohmann::json> bodies() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return bodies_;
+  }
 
  private:
   net::awaitable<void> accept_loop() {
@@ -101,9 +107,14 @@ class FakeServer {
         co_await reply(opt_.status, R"({"error":{"message":"nope","type":"server_error"}})");
       } else {
         const auto body = nlohmann::json::parse(req.body());
+        std::chrono::milliseconds first_token = opt_.first_token;
         {
           std::lock_guard<std::mutex> lk(mu_);
           last_body_ = body;
+          if (opt_.seen_salt_first_token.count() >= 0 && body.contains("cache_salt"))
+            for (const auto& b : bodies_)
+              if (b.contains("cache_salt") && b["cache_salt"] == body["cache_salt"]) first_token = opt_.seen_salt_first_token;
+          bodies_.push_back(body);
         }
         const int n = body.at("max_tokens").get<int>();
         const bool usage = opt_.usage && body.at("stream_options").at("include_usage").get<bool>();
@@ -117,7 +128,7 @@ class FakeServer {
         // An empty first chunk (as chat's role chunk) must not count as the first token.
         co_await event(sock, R"({"choices":[{"index":0,"text":""}]})");
         for (int i = 0; i < n; ++i) {
-          t.expires_after(i == 0 ? opt_.first_token : opt_.gap);
+          t.expires_after(i == 0 ? first_token : opt_.gap);
           co_await t.async_wait(net::use_awaitable);
           co_await event(sock, R"({"choices":[{"index":0,"text":" tok"}]})");
         }
@@ -143,6 +154,7 @@ class FakeServer {
   std::atomic<int> completions_{0}, in_flight_{0}, max_in_flight_{0};
   mutable std::mutex mu_;
   nlohmann::json last_body_;
+  std::vector<nlohmann::json> bodies_;
 };
 
 ClientConfig client_for(const std::string& url, double timeout_s = 5) {
@@ -299,6 +311,48 @@ TEST(FakeServer, ApiKeyModelsAndTokenize) {
   c.api_key = "sekret";
   r = run_level(c, {1, 0, 2, 30, 0}, s);
   EXPECT_EQ(r.ok, 2);
+}
+
+// --multi-turn against a server whose prefix cache we script: a salt seen before answers in 10 ms,
+// a new one in 150 ms. The returning turn extends turn 1's prompt, goes out once under the
+// conversation's salt and once under a fresh one (order alternating), and each TTFT lands in its list.
+TEST(FakeServer, MultiTurnReusedAndRecomputedTurns) {
+  FakeOptions o;
+  o.first_token = 150ms;
+  o.seen_salt_first_token = 10ms;
+  FakeServer srv(o);
+  auto c = client_for(srv.url());
+  MultiTurnConfig m;
+  m.conversations = 2;
+  m.history_tokens = 200;
+  m.message_tokens = 10;
+  m.answer_tokens = 2;
+  m.idle_s = 0.05;
+  const MultiTurnReport r = run_multi_turn(c, m);
+  ASSERT_TRUE(r.errors.empty());
+  ASSERT_EQ(r.warm_ttft_s.size(), 2u);
+  ASSERT_EQ(r.cold_ttft_s.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(r.warm_ttft_s[i], 10 * kMs);
+    EXPECT_LT(r.warm_ttft_s[i], 100 * kMs);
+    EXPECT_GE(r.cold_ttft_s[i], 150 * kMs);
+  }
+  const auto b = srv.bodies();
+  ASSERT_EQ(b.size(), 6u);
+  for (int i = 0; i < 2; ++i) {
+    const auto& t1 = b[3 * i];
+    const auto& first = b[3 * i + 1];
+    const auto& second = b[3 * i + 2];
+    const auto& warm = i % 2 == 0 ? first : second;
+    const auto& cold = i % 2 == 0 ? second : first;
+    EXPECT_EQ(warm.at("cache_salt"), t1.at("cache_salt"));
+    EXPECT_NE(cold.at("cache_salt"), t1.at("cache_salt"));
+    EXPECT_EQ(warm.at("prompt"), cold.at("prompt"));
+    const std::string history = t1.at("prompt"), returning = warm.at("prompt");
+    EXPECT_GT(returning.size(), history.size());
+    EXPECT_EQ(returning.compare(0, history.size(), history), 0) << "the returning turn extends the history";
+  }
+  EXPECT_NE(b[0].at("cache_salt"), b[3].at("cache_salt"));  // conversations do not share a salt
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -79,6 +80,25 @@ class FakeBackend : public backend::Backend {
   const backend::KvCacheConfig& kv_config() const override { return kv_; }
   int vocab_size() const override { return vocab_; }
   int max_slots() const override { return tables_.size(); }
+
+  // A block's cells as bytes (the KV tiers move these): a restored block that is not the demoted
+  // one reads back the wrong (token, position) pairs, and the step fails or samples differently.
+  int64_t kv_block_bytes() const override { return static_cast<int64_t>(sizeof(Cell)) * kv_.block_size; }
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
+    if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(out.size()) != kv_block_bytes())
+      return make_error("read_kv_block: bad block or size");
+    std::memcpy(out.data(), cache_.data() + static_cast<size_t>(block) * kv_.block_size, out.size());
+    ++blocks_read;
+    return {};
+  }
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
+    if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(in.size()) != kv_block_bytes())
+      return make_error("write_kv_block: bad block or size");
+    std::memcpy(cache_.data() + static_cast<size_t>(block) * kv_.block_size, in.data(), in.size());
+    ++blocks_written;
+    return {};
+  }
+  int blocks_read = 0, blocks_written = 0;
 
   // Limits every batch must respect (0: unchecked).
   int max_tokens = 0, max_seqs = 0;

@@ -1,0 +1,146 @@
+// The KV cache's lower tiers: full blocks that leave the backend's pool (evicted for room, or idle
+// longer than the TTL) are demoted here instead of dropped, and a prefix lookup that misses the
+// pool restores them instead of recomputing them. Two tiers, both named by the pool's content hash
+// chain (hash, parent hash and tokens are compared, as in the pool, so a collision never serves
+// wrong K/V):
+//   host: a byte-bounded LRU of blocks in RAM, optionally zstd-compressed;
+//   disk: one file per block in a directory, byte-bounded LRU, kept across restarts. Each file is
+//         written to a temporary name, checksummed (XXH64), fsynced and renamed by a writer
+//         thread; at start-up the index is rebuilt from the files, and a file that is truncated,
+//         fails its checksum or belongs to another model / KV dtype / block size is deleted and
+//         counted, never served. A failed write (disk full) stops disk writes; serving goes on.
+// Every demotion is written through to disk (when there is a disk tier) so a crash loses at most
+// the writes in flight. Bytes are the backend's own (Backend::read_kv_block): restored K/V are
+// bit-identical. Engine-thread only, except the writer thread inside.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/block_pool.h"
+
+namespace ss::engine {
+
+struct KvTierConfig {
+  int64_t host_bytes = 0;      // 0: no host tier
+  bool host_compress = false;  // zstd (level 1) in the host tier (and so on disk)
+  int64_t ttl_ms = 30000;      // cached blocks idle this long leave the pool for the tiers (0: never)
+  std::string disk_dir;        // empty: no disk tier
+  int64_t disk_bytes = 0;      // the disk tier's bound (> 0 with a dir)
+  // Binds disk entries to the model: a hash of the model file (model_file_hash). Files written for
+  // another model, KV dtype or block size are rejected.
+  uint64_t model_hash = 0;
+  bool enabled() const { return host_bytes > 0 || !disk_dir.empty(); }
+  Status validate() const;
+};
+
+// XXH3-64 of a file's bytes (the model binding of disk entries).
+Expected<uint64_t> model_file_hash(const std::string& path);
+
+struct KvTierStats {
+  int64_t host_capacity_bytes = 0, host_used_bytes = 0, host_blocks = 0;
+  int64_t disk_capacity_bytes = 0, disk_used_bytes = 0, disk_blocks = 0;
+  int64_t demoted_evicted = 0;  // blocks demoted because the pool needed their room
+  int64_t demoted_idle = 0;     // blocks demoted because they outlived the TTL
+  int64_t restored_host = 0;    // blocks restored into the pool from each tier
+  int64_t restored_disk = 0;
+  int64_t host_dropped = 0;     // host entries pushed out by its byte bound
+  int64_t disk_writes = 0;      // files written
+  int64_t disk_write_errors = 0;
+  int64_t disk_dropped = 0;     // files removed by the byte bound
+  int64_t disk_rejected = 0;    // files deleted as corrupt, truncated, partial or of another model
+  bool disk_writes_stopped = false;
+};
+
+class KvTiers {
+ public:
+  enum class Where { None, Host, Disk };
+
+  // be must outlive the tiers; its kv_block_bytes() must be > 0. Scans the disk directory.
+  static Expected<std::unique_ptr<KvTiers>> create(const KvTierConfig& cfg, backend::Backend& be);
+  ~KvTiers();  // finishes the queued disk writes
+  KvTiers(const KvTiers&) = delete;
+  KvTiers& operator=(const KvTiers&) = delete;
+
+  const KvTierConfig& config() const { return cfg_; }
+  // Why a block is demoted: the pool needed its room, it idled past the TTL, or the engine is
+  // shutting down (a copy for the disk tier; not counted as a demotion).
+  enum class Why { Evicted, Idle, Shutdown };
+  // Copies pool block b (full, holding this content) into the tiers.
+  void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
+  Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
+  // Writes the entry's K/V into pool block b. False if no tier has it, or the disk file turned out
+  // corrupt (then it is deleted and counted).
+  bool restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b);
+  KvTierStats stats() const;
+  void wait_for_writes();  // tests, shutdown: returns when the writer's queue is empty
+
+ private:
+  struct HostEntry {
+    BlockHash parent;
+    std::vector<int32_t> tokens;
+    std::shared_ptr<const std::vector<uint8_t>> data;  // shared with a queued disk write
+    bool compressed;
+    std::list<BlockHash>::iterator lru;
+  };
+  struct DiskEntry {
+    BlockHash parent;
+    std::vector<int32_t> tokens;
+    int64_t bytes;
+    std::list<BlockHash>::iterator lru;
+  };
+  struct DiskJob {
+    BlockHash hash, parent;
+    std::vector<int32_t> tokens;
+    std::shared_ptr<const std::vector<uint8_t>> data;
+    bool compressed;
+  };
+
+  KvTiers(const KvTierConfig& cfg, backend::Backend& be);
+  Status scan_disk();
+  void writer_loop();
+  Status write_file(const DiskJob& j, int64_t* bytes);
+  // Reads and checks a file; on success data holds the payload as stored.
+  Status read_file(const std::string& path, BlockHash* hash, BlockHash* parent, std::vector<int32_t>* tokens,
+                   std::vector<uint8_t>* data, bool* compressed) const;
+  bool unpack(const std::vector<uint8_t>& data, bool compressed, std::vector<uint8_t>& out) const;
+  std::string path_of(BlockHash h) const;
+  void disk_forget_locked(BlockHash h, bool count_rejected);
+  void host_insert(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
+                   std::shared_ptr<const std::vector<uint8_t>> data, bool compressed);
+
+  KvTierConfig cfg_;
+  backend::Backend& be_;
+  int block_size_;
+  int64_t block_bytes_;
+  uint32_t dtype_;
+  std::vector<uint8_t> raw_, packed_;  // engine-thread scratch
+
+  std::unordered_map<BlockHash, HostEntry> host_;
+  std::list<BlockHash> host_lru_;  // front: least recently used
+  int64_t host_used_ = 0;
+
+  mutable std::mutex mu_;  // the disk index, the queue and the stats below
+  std::condition_variable cv_, idle_cv_;
+  std::unordered_map<BlockHash, DiskEntry> disk_;
+  std::list<BlockHash> disk_lru_;
+  std::unordered_set<BlockHash> queued_;
+  std::deque<DiskJob> queue_;
+  int64_t queued_bytes_ = 0;
+  int64_t disk_used_ = 0;
+  bool writing_ = false, stop_ = false;
+  KvTierStats st_;
+  std::thread writer_;
+};
+
+}  // namespace ss::engine

@@ -1,0 +1,419 @@
+// KV tiers below the pool over the fake backend, whose blocks hold the (token, position) of each
+// slot: a block restored with the wrong bytes makes a step fail or sample differently from the
+// request run alone. Round trips, eviction and TTL demotion, restart, rejected files, disk full,
+// kill -9 during writes.
+#include "engine/kv_tiers.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "engine/kv_cache_manager.h"
+#include "fake_backend.h"
+
+using namespace ss;
+using namespace ss::engine;
+using namespace ss::engine::testing;
+namespace fs = std::filesystem;
+
+namespace {
+constexpr int kVocab = 97;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "ss_kv_tiers_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  return d;
+}
+
+// A fresh directory, removed with everything in it when the test ends.
+struct ScopedDir {
+  std::string path;
+  explicit ScopedDir(const std::string& name) : path(fresh_dir(name)) {}
+  ~ScopedDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<fs::path> kv_files(const std::string& dir) {
+  std::vector<fs::path> v;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".kvb") v.push_back(e.path());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+struct TestClock {
+  Clock::time_point now = Clock::now();
+  std::function<Clock::time_point()> fn() {
+    return [this] { return now; };
+  }
+};
+
+std::unique_ptr<Engine> tier_engine(backend::Backend& be, const KvTierConfig& tc, std::function<Clock::time_point()> clock = {}) {
+  EngineConfig cfg;
+  cfg.scheduler.max_num_seqs = 4;
+  cfg.scheduler.max_num_batched_tokens = 64;
+  cfg.tiers = tc;
+  cfg.clock = std::move(clock);
+  auto e = Engine::create(be, cfg);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.message());
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+Outcome run_one(Engine& e, const Spec& s) {
+  Collector c;
+  auto id = e.add_request(make_request(s, &c));
+  EXPECT_TRUE(id.ok()) << (id.ok() ? "" : id.message());
+  run_all(e);
+  return c.out[*id];
+}
+
+KvTierConfig host_config(int64_t bytes = 1 << 20) {
+  KvTierConfig tc;
+  tc.host_bytes = bytes;
+  return tc;
+}
+KvTierConfig disk_config(const std::string& dir, int64_t host = 1 << 20) {
+  KvTierConfig tc;
+  tc.host_bytes = host;
+  tc.disk_dir = dir;
+  tc.disk_bytes = 1 << 20;
+  tc.model_hash = 0x1234;
+  return tc;
+}
+}  // namespace
+
+// Bytes in, the same bytes out, from host (plain and zstd) and from disk after a restart.
+TEST(KvTiers, BlockRoundTripIsBitExactThroughEveryTier) {
+  std::mt19937 g(7);
+  for (bool compress : {false, true}) {
+    const ScopedDir scoped_dir(compress ? "rt_z" : "rt");
+    const std::string& dir = scoped_dir.path;
+    FakeBackend be(8, 16, kVocab);
+    std::vector<uint8_t> bytes(static_cast<size_t>(be.kv_block_bytes()));
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = compress && i % 4 ? 0 : static_cast<uint8_t>(g());
+    ASSERT_TRUE(be.write_kv_block(2, bytes).ok());
+    const auto tokens = random_tokens(g, 16, kVocab);
+    const BlockHash parent = kRootBlockHash, hash = hash_block(parent, tokens);
+    KvTierConfig tc = disk_config(dir);
+    tc.host_compress = compress;
+    std::vector<uint8_t> back(bytes.size());
+    {
+      auto t = KvTiers::create(tc, be);
+      ASSERT_TRUE(t.ok()) << t.message();
+      (*t)->demote(2, hash, parent, tokens, KvTiers::Why::Evicted);
+      (*t)->wait_for_writes();
+      EXPECT_EQ((*t)->find(hash, parent, tokens), KvTiers::Where::Host);
+      auto other = tokens;
+      other[3] ^= 1;  // same hash asked with other tokens: never found
+      EXPECT_EQ((*t)->find(hash, parent, other), KvTiers::Where::None);
+      ASSERT_TRUE((*t)->restore(hash, parent, tokens, 5));
+      ASSERT_TRUE(be.read_kv_block(5, back).ok());
+      EXPECT_EQ(back, bytes);
+      const auto tokens2 = random_tokens(g, 16, kVocab);  // a shutdown copy: written, not a demotion
+      (*t)->demote(3, hash_block(hash, tokens2), hash, tokens2, KvTiers::Why::Shutdown);
+      (*t)->wait_for_writes();
+      const KvTierStats st = (*t)->stats();
+      EXPECT_EQ(st.disk_writes, 2);
+      EXPECT_EQ(st.demoted_evicted, 1);
+      EXPECT_EQ(st.demoted_idle, 0);
+      EXPECT_EQ(st.restored_host, 1);
+      if (compress) {
+        EXPECT_LT(st.host_used_bytes, static_cast<int64_t>(bytes.size()));
+      }
+    }
+    auto t = KvTiers::create(tc, be);  // a restart: only the disk remembers
+    ASSERT_TRUE(t.ok()) << t.message();
+    EXPECT_EQ((*t)->find(hash, parent, tokens), KvTiers::Where::Disk);
+    ASSERT_TRUE((*t)->restore(hash, parent, tokens, 6));
+    ASSERT_TRUE(be.read_kv_block(6, back).ok());
+    EXPECT_EQ(back, bytes);
+    EXPECT_EQ((*t)->stats().restored_disk, 1);
+    EXPECT_EQ((*t)->find(hash, parent, tokens), KvTiers::Where::Host);  // promoted on the way up
+  }
+}
+
+// A prefix evicted by other work comes back from the host tier: same tokens, no recompute.
+TEST(KvTiers, EvictedPrefixIsRestoredFromHostWithSameOutputs) {
+  std::mt19937 g(3);
+  const Spec a = spec(random_tokens(g, 100, kVocab), 8);  // 6 full blocks cacheable
+  std::vector<Spec> others;
+  for (int i = 0; i < 3; ++i) others.push_back(spec(random_tokens(g, 100, kVocab), 8));
+  const Outcome ref = run_alone(a, kVocab);
+  for (bool tiers : {false, true}) {
+    FakeBackend be(12, 16, kVocab);  // 192 slots: one request's blocks at a time
+    auto e = tier_engine(be, tiers ? host_config() : KvTierConfig{});
+    EXPECT_EQ(run_one(*e, a).tokens, ref.tokens);
+    for (const Spec& s : others) EXPECT_EQ(run_one(*e, s).tokens, run_alone(s, kVocab).tokens);
+    const EngineStats before = e->stats();
+    const int64_t computed_before = before.computed_tokens;
+    EXPECT_EQ(run_one(*e, a).tokens, ref.tokens);
+    const EngineStats st = e->stats();
+    if (!tiers) {
+      EXPECT_EQ(st.prefix_hit_tokens, before.prefix_hit_tokens) << "the pool should have lost the prefix";
+      continue;
+    }
+    EXPECT_GT(before.kv_demoted_evicted, 0);
+    EXPECT_EQ(st.kv_restored_host - before.kv_restored_host, 6);
+    EXPECT_EQ(st.prefix_hit_tokens - before.prefix_hit_tokens, 96);
+    EXPECT_EQ(st.computed_tokens - computed_before, 100 - 96 + 8 - 1);  // the rest, then decodes
+    EXPECT_EQ(be.blocks_written, 6);
+  }
+}
+
+// Cached blocks idle past the TTL leave the pool for the host tier (no sooner), and a returning
+// turn of the conversation finds them there.
+TEST(KvTiers, IdleBlocksLeaveThePoolAfterTheTtlAndComeBack) {
+  std::mt19937 g(5);
+  TestClock clock;
+  FakeBackend be(64, 16, kVocab);
+  KvTierConfig tc = host_config();
+  tc.ttl_ms = 30000;
+  auto e = tier_engine(be, tc, clock.fn());
+  const Spec t1 = spec(random_tokens(g, 70, kVocab), 10);
+  const Outcome o1 = run_one(*e, t1);
+  EXPECT_EQ(o1.tokens, run_alone(t1, kVocab).tokens);
+  const int cached = e->stats().kv_blocks_cached;
+  EXPECT_EQ(cached, (70 + 10 - 1) / 16);
+  clock.now += std::chrono::seconds(29);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->stats().kv_demoted_idle, 0);
+  EXPECT_EQ(e->stats().kv_blocks_cached, cached);
+  clock.now += std::chrono::seconds(2);
+  ASSERT_TRUE(e->step().ok());  // an idle step: housekeeping only
+  EXPECT_EQ(e->stats().kv_demoted_idle, cached);
+  EXPECT_EQ(e->stats().kv_blocks_cached, 0);
+  EXPECT_EQ(e->stats().kv_host_blocks, cached);
+
+  Spec t2 = t1;  // the next turn: history + answer + a new message
+  t2.prompt.insert(t2.prompt.end(), o1.tokens.begin(), o1.tokens.end());
+  const auto msg = random_tokens(g, 20, kVocab);
+  t2.prompt.insert(t2.prompt.end(), msg.begin(), msg.end());
+  const int64_t hits = e->stats().prefix_hit_tokens;
+  EXPECT_EQ(run_one(*e, t2).tokens, run_alone(t2, kVocab).tokens);
+  EXPECT_EQ(e->stats().kv_restored_host, cached);
+  EXPECT_EQ(e->stats().prefix_hit_tokens - hits, cached * 16);
+}
+
+// While streams decode, TTL demotions are spread over steps (each copies a block out), at most
+// Scheduler::kMaxIdleDemotionsPerStep a step, oldest first; an idle engine demotes them all at once.
+TEST(KvTiers, IdleDemotionsAreSpreadOverStepsWhileStreamsRun) {
+  std::mt19937 g(21);
+  TestClock clock;
+  FakeBackend be(256, 16, kVocab);
+  KvTierConfig tc = host_config(int64_t(1) << 24);
+  auto e = tier_engine(be, tc, clock.fn());
+  const Spec a = spec(random_tokens(g, 80 * 16 + 1, kVocab), 1);  // leaves 80 cached blocks
+  run_one(*e, a);
+  ASSERT_EQ(e->stats().kv_blocks_cached, 80);
+  const Spec b = spec(random_tokens(g, 8, kVocab), 12);
+  Collector c;
+  const RequestId id = *e->add_request(make_request(b, &c));
+  ASSERT_TRUE(e->step().ok());  // b is running
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  std::vector<int64_t> per_step;
+  int64_t before = e->stats().kv_demoted_idle;
+  while (e->has_work()) {
+    ASSERT_TRUE(e->step().ok());
+    per_step.push_back(e->stats().kv_demoted_idle - before);
+    before = e->stats().kv_demoted_idle;
+  }
+  const int k = Scheduler::kMaxIdleDemotionsPerStep;
+  ASSERT_GE(per_step.size(), 3u);
+  EXPECT_EQ(per_step[0], k);
+  EXPECT_EQ(per_step[1], k);
+  EXPECT_EQ(per_step[2], 80 - 2 * k);
+  EXPECT_EQ(c.out[id].tokens, run_alone(b, kVocab).tokens);
+  // Idle: b's blocks too, all in one tick.
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->stats().kv_blocks_cached, 0);
+}
+
+// The disk tier survives a restart: a new engine on a blank backend hits the old prefix.
+TEST(KvTiers, DiskTierKeepsPrefixHitsAcrossRestart) {
+  std::mt19937 g(9);
+  const ScopedDir scoped_dir("restart");
+  const std::string& dir = scoped_dir.path;
+  const Spec a = spec(random_tokens(g, 100, kVocab), 8);
+  const Outcome ref = run_alone(a, kVocab);
+  {
+    FakeBackend be(64, 16, kVocab);
+    auto e = tier_engine(be, disk_config(dir));
+    EXPECT_EQ(run_one(*e, a).tokens, ref.tokens);
+  }  // shutdown: the pool's cached blocks go to disk
+  EXPECT_EQ(kv_files(dir).size(), 6u);
+  FakeBackend be(64, 16, kVocab);
+  auto e = tier_engine(be, disk_config(dir));
+  EXPECT_EQ(e->stats().kv_disk_blocks, 6);
+  EXPECT_EQ(run_one(*e, a).tokens, ref.tokens);
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.kv_restored_disk, 6);
+  EXPECT_EQ(st.prefix_hit_tokens, 96);
+  EXPECT_EQ(st.kv_disk_rejected, 0);
+}
+
+// Flipped bytes, a truncated file, a partial write and another model's files are deleted and
+// counted, never served; what is intact is still used.
+TEST(KvTiers, CorruptTruncatedPartialAndForeignFilesAreRejected) {
+  std::mt19937 g(11);
+  const ScopedDir scoped_dir("reject");
+  const std::string& dir = scoped_dir.path;
+  const Spec a = spec(random_tokens(g, 100, kVocab), 8);
+  const Spec b = spec(random_tokens(g, 100, kVocab), 8);
+  {
+    FakeBackend be(64, 16, kVocab);
+    auto e = tier_engine(be, disk_config(dir));
+    run_one(*e, a);
+    run_one(*e, b);
+  }
+  auto files = kv_files(dir);
+  ASSERT_EQ(files.size(), 12u);
+  // Damage three of the files: a flipped payload byte, a cut tail, a flipped header byte.
+  auto flip = [](const fs::path& p, std::streamoff at) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x40));
+  };
+  flip(files[0], 64 + 64 + 10);
+  fs::resize_file(files[1], fs::file_size(files[1]) - 5);
+  flip(files[2], 40);
+  std::ofstream(dir + "/00000000deadbeef.kvb.tmp") << "half a write";
+  {
+    FakeBackend be(64, 16, kVocab);
+    auto e = tier_engine(be, disk_config(dir, 0));
+    EXPECT_EQ(e->stats().kv_disk_rejected, 4);
+    EXPECT_EQ(e->stats().kv_disk_blocks, 9);
+    EXPECT_EQ(kv_files(dir).size(), 9u);
+    // Whatever survived of each chain is used; the rest recomputed; outputs exact.
+    EXPECT_EQ(run_one(*e, a).tokens, run_alone(a, kVocab).tokens);
+    EXPECT_EQ(run_one(*e, b).tokens, run_alone(b, kVocab).tokens);
+    EXPECT_GT(e->stats().kv_restored_disk, 0);
+  }
+  {  // damage after start-up: caught when read, deleted, recomputed
+    FakeBackend be(64, 16, kVocab);
+    auto e = tier_engine(be, disk_config(dir, 0));
+    const int64_t rejected = e->stats().kv_disk_rejected;
+    EXPECT_EQ(rejected, 0);
+    for (const auto& p : kv_files(dir)) flip(p, static_cast<std::streamoff>(fs::file_size(p) - 20));
+    EXPECT_EQ(run_one(*e, a).tokens, run_alone(a, kVocab).tokens);
+    EXPECT_EQ(e->stats().kv_restored_disk, 0);
+    EXPECT_GE(e->stats().kv_disk_rejected, 1);
+  }
+  {  // another model: every file rejected
+    FakeBackend be(64, 16, kVocab);
+    KvTierConfig tc = disk_config(dir, 0);
+    const size_t n = kv_files(dir).size();
+    ASSERT_GT(n, 0u);
+    tc.model_hash ^= 1;
+    auto e = tier_engine(be, tc);
+    EXPECT_EQ(e->stats().kv_disk_rejected, static_cast<int64_t>(n));
+    EXPECT_EQ(e->stats().kv_disk_blocks, 0);
+  }
+}
+
+// The disk tier's byte bound drops the oldest files; a failing disk (the file-size limit stands in
+// for a full filesystem) stops the writes while every request still completes exactly.
+TEST(KvTiers, DiskBoundAndDiskFull) {
+  std::mt19937 g(13);
+  std::vector<Spec> specs;
+  for (int i = 0; i < 4; ++i) specs.push_back(spec(random_tokens(g, 100, kVocab), 8));
+  {
+    const ScopedDir scoped_dir("bound");
+    const std::string& dir = scoped_dir.path;
+    FakeBackend be(12, 16, kVocab);
+    KvTierConfig tc = disk_config(dir);
+    const int64_t file_bytes = 64 + 16 * 4 + be.kv_block_bytes() + 8;
+    tc.disk_bytes = 5 * file_bytes;
+    auto e = tier_engine(be, tc);
+    for (const Spec& s : specs) EXPECT_EQ(run_one(*e, s).tokens, run_alone(s, kVocab).tokens);
+    e.reset();
+    EXPECT_LE(kv_files(dir).size(), 5u);
+    FakeBackend be2(12, 16, kVocab);
+    auto e2 = tier_engine(be2, tc);
+    EXPECT_LE(e2->stats().kv_disk_used_bytes, tc.disk_bytes);
+  }
+  const ScopedDir scoped_dir("full");
+  const std::string& dir = scoped_dir.path;
+  FakeBackend be(12, 16, kVocab);
+  auto e = tier_engine(be, disk_config(dir));
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 100;  // smaller than one entry: every write fails (EFBIG)
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  for (const Spec& s : specs) EXPECT_EQ(run_one(*e, s).tokens, run_alone(s, kVocab).tokens);
+  EXPECT_EQ(run_one(*e, specs[0]).tokens, run_alone(specs[0], kVocab).tokens);
+  EngineStats st = e->stats();
+  for (int i = 0; i < 500 && !st.kv_disk_writes_stopped; ++i) {  // the writer thread is asynchronous
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(e->step().ok());  // an idle step refreshes the stats
+    st = e->stats();
+  }
+  e.reset();
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(st.kv_disk_writes_stopped);
+  EXPECT_GE(st.kv_disk_write_errors, 1);
+  EXPECT_EQ(st.kv_disk_writes, 0);
+  EXPECT_GT(st.kv_restored_host, 0);  // the host tier still serves
+  EXPECT_TRUE(kv_files(dir).empty());
+}
+
+// kill -9 while the disk tier writes: the next start serves nothing wrong and uses the rest.
+TEST(KvTiers, KillDuringWritesNeverServesWrongKv) {
+  const ScopedDir scoped_dir("kill");
+  const std::string& dir = scoped_dir.path;
+  auto make_specs = [] {
+    std::mt19937 g(17);
+    std::vector<Spec> v;
+    for (int i = 0; i < 40; ++i) v.push_back(spec(random_tokens(g, 100, kVocab), 4));
+    return v;
+  };
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the child demotes as fast as it can until killed
+    FakeBackend be(12, 16, kVocab);
+    auto e = tier_engine(be, disk_config(dir));
+    for (;;)
+      for (const Spec& s : make_specs()) run_one(*e, s);
+  }
+  for (int i = 0; i < 500 && (!fs::exists(dir) || kv_files(dir).size() < 20); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_GT(kv_files(dir).size(), 0u);
+  FakeBackend be(12, 16, kVocab);
+  auto e = tier_engine(be, disk_config(dir));
+  for (const Spec& s : make_specs()) EXPECT_EQ(run_one(*e, s).tokens, run_alone(s, kVocab).tokens);
+  EXPECT_GT(e->stats().kv_restored_disk, 0);
+}
+
+TEST(KvTiers, BadConfigurationsAreClearErrors) {
+  FakeBackend be(8, 16, kVocab);
+  KvTierConfig tc;
+  tc.disk_dir = fresh_dir("cfg");
+  EXPECT_FALSE(KvTiers::create(tc, be).ok());  // no bound
+  tc = host_config();
+  tc.ttl_ms = -1;
+  EXPECT_FALSE(KvTiers::create(tc, be).ok());
+  EngineConfig cfg;
+  cfg.tiers = host_config();
+  cfg.scheduler.enable_prefix_caching = false;
+  auto e = Engine::create(be, cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.message().find("prefix caching"), std::string::npos);
+}
