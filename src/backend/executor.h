@@ -76,12 +76,16 @@ struct SeqMark {
     PrefillChunk,  // a step computed tokens [position, position + tokens) of the prompt (or, after a
                    // preemption, of prompt + output); at: the step's start, end: its end
     Preempted,     // its KV blocks were taken back; it waits and is recomputed later
+    KvRestore,     // prompt blocks the pool had lost were copied back from a lower KV tier instead of
+                   // recomputed: tokens [position, position + tokens), from_disk of them from disk;
+                   // at / end: the copies' start and end
   };
   Kind kind = Kind::Queued;
   Clock::time_point at{};
   Clock::time_point end{};
   int32_t position = 0;
   int32_t tokens = 0;
+  int32_t from_disk = 0;  // KvRestore
 };
 
 // One event per sampled token (token >= 0). The last event of a sequence has finish != None; it

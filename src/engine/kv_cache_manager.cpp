@@ -43,6 +43,7 @@ void KvCacheManager::extend_hashes(SeqBlocks& seq, std::span<const int32_t> toke
 int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq, std::vector<BlockId>& hits) {
   assert(seq.table.empty());
   hits.clear();
+  restored_ = {};
   if (caching_ && !tokens.empty()) {
     const int bs = block_size();
     const int max_blocks = static_cast<int>(tokens.size() - 1) / bs;  // keep the last token to compute
@@ -53,7 +54,9 @@ int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq
       const auto toks = tokens.subspan(static_cast<size_t>(b) * bs, bs);
       BlockId id = pool_.lookup(seq.hashes[b], parent, toks);
       if (id >= 0 && pinned) pool_.ref(id);  // held like the hits before it
-      if (id < 0 && tiers_ && tiers_->find(seq.hashes[b], parent, toks) != KvTiers::Where::None) {
+      const KvTiers::Where where =
+          id < 0 && tiers_ ? tiers_->find(seq.hashes[b], parent, toks) : KvTiers::Where::None;
+      if (where != KvTiers::Where::None) {
         // Restoring takes free blocks, which may be evictable hits of this very lookup: hold them.
         if (!pinned) {
           pinned = true;
@@ -62,8 +65,13 @@ int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq
         pinned_.clear();
         if (pool_.allocate(1, pinned_)) {
           id = pinned_[0];
+          const auto t0 = std::chrono::steady_clock::now();
           if (tiers_->restore(seq.hashes[b], parent, toks, id)) {
             pool_.publish(id, seq.hashes[b], parent, toks);
+            if (restored_.blocks == 0) restored_.first_block = b, restored_.begin = t0;
+            ++restored_.blocks;
+            if (where == KvTiers::Where::Disk) ++restored_.from_disk;
+            restored_.end = std::chrono::steady_clock::now();
           } else {
             pool_.unref(id);  // uncached: blank again
             id = -1;

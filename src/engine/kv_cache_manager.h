@@ -4,6 +4,7 @@
 // blocks from its start. The last prompt token is never taken from the cache (its logits are
 // needed), so a match stops at the last full block before it.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -65,6 +66,12 @@ class KvCacheManager {
   // blocks; its hashes are extended as needed. Blocks the pool misses but a lower tier holds are
   // restored into free pool blocks (as far as there are free blocks) and count as hits.
   int match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq, std::vector<BlockId>& hits);
+  // What the last match_prefix restored from the tiers (blocks: 0 when nothing).
+  struct Restored {
+    int first_block = 0, blocks = 0, from_disk = 0;
+    std::chrono::steady_clock::time_point begin{}, end{};
+  };
+  const Restored& last_restored() const { return restored_; }
   // Hit-rate counters: a lookup of `queried` tokens of which `hit` came from the cache.
   void count_query(int queried, int hit) {
     stats_.queried_tokens += queried;
@@ -88,6 +95,7 @@ class KvCacheManager {
   bool caching_;
   KvTiers* tiers_ = nullptr;
   std::vector<BlockId> pinned_;  // match_prefix: hits held while restoring
+  Restored restored_;
   PrefixCacheStats stats_;
 };
 

@@ -310,6 +310,12 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     int cached = 0;
     if (s->wants_prompt_lp()) hits_.clear();
     else cached = kv_.match_prefix(s->tokens, s->kv, hits_);
+    if (const auto& r = kv_.last_restored(); r.blocks > 0) {
+      const int bs = kv_.block_size();
+      backend::SeqMark m{backend::SeqMark::Kind::KvRestore, r.begin, r.end, r.first_block * bs, r.blocks * bs};
+      m.from_disk = r.from_disk * bs;
+      s->marks.push_back(m);
+    }
     const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
     const int want = cap_prompt_rows(s, cached, std::min({s->num_tokens() - cached, budget_, charged ? long_left_ : INT_MAX}));
     const int n = std::min(want, kv_.fit_tokens(s->kv, cached, hits_));

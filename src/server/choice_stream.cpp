@@ -43,6 +43,7 @@ std::optional<Delta> ChoiceFeed::on_event(const engine::TokenEvent& e, bool* sto
         break;
       case K::PrefillChunk: t.prefill_chunks.push_back({m.at, m.end, m.position, m.tokens}); break;
       case K::Preempted: t.preemptions.push_back(m.at); break;
+      case K::KvRestore: t.kv_restores.push_back({m.at, m.end, m.position, m.tokens, m.from_disk}); break;
     }
   }
   if (e.token >= 0 && !surplus) {

@@ -122,6 +122,18 @@ std::vector<Span> request_spans(const RequestSpanInfo& r, const ClockAnchor& anc
     Span q = child("queue", c.arrival, happened(c.scheduled) ? c.scheduled : end, idx);
     if (happened(c.queued))
       q.events.push_back({"engine_queued", ns(c.queued), {}});
+    // A restore from the KV tiers happens when the scheduler looks the prompt up, which may be in
+    // a step that cannot admit it yet: the event goes to the stage it fell in.
+    const auto restore_event = [&](const ChoiceTimeline::Restore& k) {
+      return SpanEvent{"kv_restore",
+                       ns(k.end),
+                       {{"position", static_cast<int64_t>(k.position)},
+                        {"tokens", static_cast<int64_t>(k.tokens)},
+                        {"tokens_from_disk", static_cast<int64_t>(k.from_disk)},
+                        {"seconds", seconds(k.end - k.begin)}}};
+    };
+    for (const auto& k : c.kv_restores)
+      if (!happened(c.scheduled) || k.end < c.scheduled) q.events.push_back(restore_event(k));
     out.push_back(std::move(q));
     if (!happened(c.scheduled)) continue;
     // prefill: admission → first token; one event per chunk the engine ran.
@@ -129,6 +141,8 @@ std::vector<Span> request_spans(const RequestSpanInfo& r, const ClockAnchor& anc
     Span p = child("prefill", c.scheduled, prefill_end, idx);
     p.attributes.push_back({"gen_ai.usage.cached_tokens", static_cast<int64_t>(c.cached_tokens)});
     p.attributes.push_back({"selfserve.prefill_chunks", static_cast<int64_t>(c.prefill_chunks.size())});
+    for (const auto& k : c.kv_restores)
+      if (k.end >= c.scheduled) p.events.push_back(restore_event(k));
     for (const auto& ch : c.prefill_chunks)
       p.events.push_back({"prefill_chunk",
                           ns(ch.end),

@@ -179,6 +179,11 @@ struct ChoiceTimeline {
   int cached_tokens = 0;  // prompt tokens found in the prefix cache at the first admission
   std::vector<Chunk> prefill_chunks;
   std::vector<SteadyClock::time_point> preemptions, resumptions;
+  struct Restore {
+    SteadyClock::time_point begin, end;
+    int position = 0, tokens = 0, from_disk = 0;
+  };
+  std::vector<Restore> kv_restores;  // prompt blocks copied back from the KV tiers
   int completion_tokens = 0;
   std::string finish_reason;  // OpenAI's ("stop", "length", "abort", "error")
 };

@@ -494,6 +494,54 @@ TEST(RequestSpans, ATreeUnderTheServerSpanWithinItsTime) {
   EXPECT_EQ(s[2].end_unix_ns, s[3].start_unix_ns);  // prefill ends at the first token
 }
 
+// Prompt blocks restored from the KV tiers: an event in the stage the restore fell in (the queue,
+// when the scheduler looked the prompt up in a step that could not admit it yet), with its counts.
+TEST(RequestSpans, KvRestoresAreEventsOfTheirStage) {
+  const ClockAnchor anchor;
+  const auto t0 = SteadyClock::now();
+  ChoiceTimeline c;
+  c.arrival = t0;
+  c.queued = t0 + 1ms;
+  c.scheduled = t0 + 4ms;
+  c.kv_restores = {{t0 + 2ms, t0 + 3ms, 0, 64, 16}, {t0 + 4ms, t0 + 5ms, 64, 32, 0}};
+  c.prefill_chunks = {{t0 + 5ms, t0 + 6ms, 96, 10}};
+  c.first_token = t0 + 6ms;
+  c.last_token = c.finished = t0 + 8ms;
+  c.completion_tokens = 2;
+  c.finish_reason = "length";
+  RequestSpanInfo r;
+  r.ctx.trace_id = new_trace_id();
+  r.ctx.span_id = new_span_id();
+  r.ctx.flags = 1;
+  r.operation = "text_completion";
+  r.model = "m";
+  r.start = t0;
+  r.end = t0 + 9ms;
+  r.choices = {c};
+  const std::vector<Span> s = request_spans(r, anchor);
+  ASSERT_EQ(s.size(), 4u);
+  const auto find = [](const Span& sp, const char* name) -> const SpanEvent* {
+    for (const SpanEvent& e : sp.events)
+      if (e.name == name) return &e;
+    return nullptr;
+  };
+  const SpanEvent* q = find(s[1], "kv_restore");
+  const SpanEvent* p = find(s[2], "kv_restore");
+  ASSERT_NE(q, nullptr);
+  ASSERT_NE(p, nullptr);
+  std::map<std::string, AttrValue> qa, pa;
+  for (const Attribute& x : q->attributes) qa[x.key] = x.value;
+  for (const Attribute& x : p->attributes) pa[x.key] = x.value;
+  EXPECT_EQ(std::get<int64_t>(qa["tokens"]), 64);
+  EXPECT_EQ(std::get<int64_t>(qa["tokens_from_disk"]), 16);
+  EXPECT_NEAR(std::get<double>(qa["seconds"]), 0.001, 1e-9);
+  EXPECT_EQ(std::get<int64_t>(pa["position"]), 64);
+  EXPECT_EQ(std::get<int64_t>(pa["tokens"]), 32);
+  std::vector<std::string> pe;
+  for (const SpanEvent& e : s[2].events) pe.push_back(e.name);
+  EXPECT_EQ(pe, (std::vector<std::string>{"kv_restore", "prefill_chunk", "first_token"}));
+}
+
 // --- logs ------------------------------------------------------------------------------------------
 
 TEST(Logger, JsonLinesCarryTheIdsAndFields) {
