@@ -407,3 +407,32 @@ def test_sample_ratio_and_the_flush_on_shutdown(default_model, tmp_path, collect
     assert collector.trace(new_tid, timeout=0.5) == []
     log = s.log_path.read_text()
     assert "POST /v1/completions" not in log  # --no-access-log
+
+
+def test_a_restore_from_the_kv_tiers_is_an_event_of_the_trace(tmp_path, default_model, collector):
+    """A prompt whose blocks went idle past the TTL into the host tier comes back from it: the second
+    request's trace carries a kv_restore event whose token count is the restored blocks'."""
+    prompt = "The keepers of the northern lights wrote in their logs: " + " ".join(
+        f"Night {i}: the lamp burned and the sea was calm." for i in range(10))
+    s = Server(tmp_path, "traced-tiers", *model_args(default_model), "--otlp-traces-endpoint", collector.url,
+               "--kv-host-bytes", str(64 << 20), "--kv-cache-ttl-ms", "200")
+    try:
+        body = {"model": s.model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        assert post(s, "/v1/completions", body).status_code == 200
+        deadline = time.time() + 10
+        while s.metric("selfserve_kv_demoted_idle_blocks_total") == 0 and time.time() < deadline:
+            time.sleep(0.1)
+        assert s.metric("selfserve_kv_demoted_idle_blocks_total") > 0
+        r = post(s, "/v1/completions", body)
+        assert r.status_code == 200
+        tid = re.fullmatch(r"00-([0-9a-f]{32})-[0-9a-f]{16}-01", r.headers["traceresponse"]).group(1)
+        restored = s.metric("selfserve_kv_restored_host_blocks_total")
+        assert restored > 0
+        spans = collector.trace(tid)
+        events = [e for sp in spans for e in sp.events if e.name == "kv_restore"]
+        assert len(events) == 1, [(sp.name, [e.name for e in sp.events]) for sp in spans]
+        a = attrs(events[0].attributes)
+        assert a["tokens"] == 16 * restored and a["position"] == 0 and a["tokens_from_disk"] == 0
+        assert a["seconds"] >= 0
+    finally:
+        assert s.stop() == 0, s.log_text()
