@@ -115,6 +115,7 @@ TEST(SeqMarks, EveryPreemptionIsReportedAndFollowedByAResumption) {
           cached = m.tokens;
           waiting_resume = false;
           break;
+        case Kind::KvRestore: ADD_FAILURE() << "a KV restore with no tiers configured"; break;
         case Kind::Preempted:
           ++pre;
           EXPECT_FALSE(waiting_resume);
