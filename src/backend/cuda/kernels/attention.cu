@@ -45,16 +45,6 @@ __device__ __forceinline__ int split_keys(int ctx, int splits) {
   return max(per, kMinSplitKeys);
 }
 
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // Workspace: (max, sum) pairs [n_q][n_heads][max_splits][2], then the unnormalised outputs
 // [n_q][n_heads][max_splits][hd] (16-byte aligned rows, so a merge reads them with vector loads).

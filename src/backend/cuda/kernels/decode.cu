@@ -38,16 +38,6 @@ constexpr int kThreads = kWarps * 32;
 // thread (three CTAs a SM: two of this kernel, one of the next, under PDL); kU 8 needs 128 (two).
 // Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas> overrides both for tuning.
 
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // d += A (16 x 16, bf16, row) * B (16 x 8, bf16, col), fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -83,22 +73,8 @@ struct DecArgs {
 template <Op OP>
 __device__ __forceinline__ int64_t tile_row(const DecArgs& a, int tile, int lr) {
   if constexpr (OP == Op::Qkv) {
-    const RopeKv& k = a.rk;
-    const int pair = tile * 8 + (lr & 7);
-    const int pph = k.hd / 2;
-    const int hh = pair / pph, p = pair % pph;
-    const bool is_v = hh >= k.n_heads + k.n_kv;
-    const int half = k.rope_dim / 2;
-    int i0, i1;
-    if (!is_v && p < half) {
-      i0 = k.interleaved ? 2 * p : p;
-      i1 = k.interleaved ? 2 * p + 1 : p + half;
-    } else if (!is_v) {
-      i0 = k.rope_dim + 2 * (p - half), i1 = i0 + 1;
-    } else {
-      i0 = 2 * p, i1 = 2 * p + 1;
-    }
-    return static_cast<int64_t>(hh) * k.hd + (lr < 8 ? i0 : i1);
+    const QkvPair pp = qkv_pair(a.rk, tile * 8 + (lr & 7));
+    return static_cast<int64_t>(pp.hh) * a.rk.hd + (lr < 8 ? pp.i0 : pp.i1);
   } else if constexpr (OP == Op::GateUp) {
     const int i = tile * 8 + (lr & 7);
     if (i >= a.N) return -1;
@@ -114,38 +90,12 @@ __device__ __forceinline__ int64_t tile_row(const DecArgs& a, int tile, int lr) 
 template <Op OP>
 __device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int t, const float (&c)[4]) {
   if constexpr (OP == Op::Qkv) {
-    const RopeKv& k = a.rk;
-    const int pair = tile * 8 + g;
-    const int pph = k.hd / 2;
-    const int hh = pair / pph, p = pair % pph;
-    const bool is_v = hh >= k.n_heads + k.n_kv;
-    const int half = k.rope_dim / 2;
-    const bool rotate = !is_v && p < half;
-    const int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
-    const int i0 = static_cast<int>(r0 - static_cast<int64_t>(hh) * k.hd), i1 = static_cast<int>(r1 - static_cast<int64_t>(hh) * k.hd);
+    const QkvPair pp = qkv_pair(a.rk, tile * 8 + g);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int b = 2 * t + j;
       if (b >= a.B) break;
-      float v0 = c[j], v1 = c[2 + j];
-      if (k.bias) v0 += k.bias[r0], v1 += k.bias[r1];
-      const int pos = k.positions[b];
-      if (rotate) {
-        const float* cs = k.rope_cs + static_cast<int64_t>(pos) * k.rope_dim;
-        const float cn = cs[p], sn = cs[half + p];
-        const float x0 = v0 * cn - v1 * sn, x1 = v1 * cn + v0 * sn;
-        v0 = x0, v1 = x1;
-      }
-      if (hh < k.n_heads) {
-        float* q = k.q_out + (static_cast<int64_t>(b) * k.n_heads + hh) * k.hd;
-        q[i0] = v0, q[i1] = v1;
-      } else {
-        const int kvh = is_v ? hh - k.n_heads - k.n_kv : hh - k.n_heads;
-        const int blk = k.tables[static_cast<int64_t>(k.seq_of_token[b]) * k.max_blocks + pos / kBlockTokens];
-        uint16_t* dst = k.cache + ((static_cast<int64_t>(blk) * 2 + (is_v ? 1 : 0)) * k.n_kv + kvh) * kBlockTokens * k.hd +
-                        static_cast<int64_t>(pos % kBlockTokens) * k.hd;
-        dst[i0] = f2bf(v0), dst[i1] = f2bf(v1);
-      }
+      qkv_pair_out(a.rk, b, pp.hh, pp.p, pp.i0, pp.i1, pp.rotate, c[j], c[2 + j]);
     }
   } else if constexpr (OP == Op::GateUp) {
     const int i = tile * 8 + g;

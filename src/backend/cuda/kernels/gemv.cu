@@ -169,19 +169,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_qkv_rope_k(const uint16_t* _
   const int pair = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int pairs_per_head = a.hd / 2, heads = a.n_heads + 2 * a.n_kv;
   if (pair >= heads * pairs_per_head) return;
-  const int hh = pair / pairs_per_head, p = pair % pairs_per_head;
-  const bool is_v = hh >= a.n_heads + a.n_kv;
-  const int half = a.rope_dim / 2;
-  const bool rotate = !is_v && p < half;
-  int i0, i1;
-  if (rotate) {
-    i0 = a.interleaved ? 2 * p : p;
-    i1 = a.interleaved ? 2 * p + 1 : p + half;
-  } else if (!is_v) {
-    i0 = a.rope_dim + 2 * (p - half), i1 = i0 + 1;
-  } else {
-    i0 = 2 * p, i1 = 2 * p + 1;
-  }
+  const QkvPair pp = qkv_pair(a, pair);
+  const int hh = pp.hh, i0 = pp.i0, i1 = pp.i1;
   const int64_t base = static_cast<int64_t>(hh) * a.hd;
   const uint4* wr[2] = {reinterpret_cast<const uint4*>(W + (base + i0) * K),
                         reinterpret_cast<const uint4*>(W + (base + i1) * K)};
@@ -191,24 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_qkv_rope_k(const uint16_t* _
   for (int b = 0; b < B; ++b) {
     float v0 = warp_sum(acc[b][0]), v1 = warp_sum(acc[b][1]);
     if (lane != 0) continue;
-    if (a.bias) v0 += a.bias[base + i0], v1 += a.bias[base + i1];
-    const int pos = a.positions[b];
-    if (rotate) {
-      const float* cs = a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim;
-      const float c = cs[p], sn = cs[half + p];
-      const float r0 = v0 * c - v1 * sn, r1 = v1 * c + v0 * sn;
-      v0 = r0, v1 = r1;
-    }
-    if (hh < a.n_heads) {
-      float* q = a.q_out + (static_cast<int64_t>(b) * a.n_heads + hh) * a.hd;
-      q[i0] = v0, q[i1] = v1;
-    } else {
-      const int kvh = is_v ? hh - a.n_heads - a.n_kv : hh - a.n_heads;
-      const int blk = a.tables[static_cast<int64_t>(a.seq_of_token[b]) * a.max_blocks + pos / kBlockTokens];
-      uint16_t* dst = a.cache + ((static_cast<int64_t>(blk) * 2 + (is_v ? 1 : 0)) * a.n_kv + kvh) * kBlockTokens * a.hd +
-                      static_cast<int64_t>(pos % kBlockTokens) * a.hd;
-      dst[i0] = f2bf(v0), dst[i1] = f2bf(v1);
-    }
+    qkv_pair_out(a, b, hh, pp.p, i0, i1, pp.rotate, v0, v1);
   }
 }
 
