@@ -577,6 +577,15 @@ Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
   constexpr bool pdl = true;
+  // Benchmarking only: SS_CUDA_SKIP=<letters> leaves kernels out of the fused step (q: QKV, a: attention,
+  // o: o_proj, g: gate/up, d: down), so the step's time without them gives each kernel's marginal cost
+  // inside the graph, PDL overlap included (docs/perf/gpu.md). The outputs are then wrong.
+  static const std::string skip = [] {
+    const char* e = std::getenv("SS_CUDA_SKIP");
+    if (e && *e) std::fprintf(stderr, "SS_CUDA_SKIP=%s: kernels left out of every decode step, outputs are WRONG\n", e);
+    return std::string(e ? e : "");
+  }();
+  auto on = [&](char c) { return skip.find(c) == std::string::npos; };
   mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   mark(kEmbed);
@@ -588,7 +597,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     rk.n_heads = nh_, rk.n_kv = nkv_, rk.hd = hd_, rk.positions = d_pos_, rk.seq_of_token = d_tok_table_;
     rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.cache = layer_cache, rk.bias = d.bqkv;
     rk.norm_eps = eps;
-    SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
+    if (on('q')) SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
     mark(kQkv);
     k::Attention a{q_,       layer_cache,    nh_,         nkv_,        hd_,  1.0f / std::sqrt(static_cast<float>(hd_)),
                    d_ctx_,   d_tok_table_,   d_tables_,   max_blocks_, att_, attn_ws_,
@@ -596,13 +605,13 @@ Status CudaBackend::forward_fused(int T, int R) {
     a.pdl = pdl;
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
-    SS_TRY(k::attention(a, T, max_splits_, stream_));
+    if (on('a')) SS_TRY(k::attention(a, T, max_splits_, stream_));
     mark(kAttn);
-    SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+    if (on('o')) SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
     mark(kOProj);
-    SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
+    if (on('g')) SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
     mark(kGateUp);
-    SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+    if (on('d')) SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
     mark(kDown);
   }
   if (R == 0) return {};

@@ -14,7 +14,7 @@ namespace {
 using namespace dev;
 
 constexpr int kAttnWarps = 4;
-constexpr int kMaxGroup = 8;
+constexpr int kMaxGroup = 8;  // query heads a KV head serves, at most
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -93,39 +93,55 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
   }
 }
 
-template <int HD>
+// MG: the group size rounded up to 2, 4 or 8 (the register arrays' size; G <= MG heads are live).
+template <int HD, int MG>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int splits) {
   constexpr int EPL = HD / 32;
   const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = a.n_heads / a.n_kv;
-  pdl_wait();
-  pdl_trigger();
+  // Before the wait, what the previous kernel (the QKV projection) does not write: the context
+  // length and block table (host inputs of the step) and the keys and values of this split, which
+  // go to L2 (prefetch, no registers). L2 is where writes land, so a line the QKV kernel is still
+  // writing (this step's own key) is read fresh after the wait; the rest are L2 hits instead of
+  // DRAM round trips on the step's critical path.
   const int ctx = a.ctx_len[qi];
   const int per = split_keys<HD>(ctx, splits);
   const int ns = (ctx + per - 1) / per;  // splits holding keys: the others have nothing to do
   if (split >= ns) return;
   const int begin = split * per, end = min(ctx, begin + per);
+  const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
+  const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
+  {
+    constexpr int kLines = kBlockTokens * HD * 2 / 128;  // 128-byte lines of one head's K (or V) in a block
+    const int b0 = begin / kBlockTokens, nb = (end - 1) / kBlockTokens - b0 + 1;
+    for (int i = threadIdx.x; i < nb * 2 * kLines; i += blockDim.x) {
+      const int blk_i = i / (2 * kLines), kv = (i / kLines) & 1, line = i % kLines;
+      const uint16_t* p = a.cache + static_cast<int64_t>(table[b0 + blk_i]) * 2 * kv_stride + kv * kv_stride +
+                          static_cast<int64_t>(kvh) * kBlockTokens * HD + line * 64;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
 
   // q in registers, pre-scaled by scale * log2(e) so the softmax runs on exp2.
-  float q[kMaxGroup][EPL];
+  float q[MG][EPL];
   const float qs = a.scale * kLog2e;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
+  for (int g = 0; g < MG; ++g)
 #pragma unroll
     for (int e = 0; e < EPL; ++e)
       q[g][e] = g < G ? a.q[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + lane * EPL + e] * qs : 0.0f;
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][EPL];
+  float m[MG], l[MG], acc[MG][EPL];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < MG; ++g) {
     m[g] = -INFINITY, l[g] = 0.0f;
 #pragma unroll
     for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
   }
-  const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
   const int64_t head_off = static_cast<int64_t>(kvh) * kBlockTokens * HD + lane * EPL;
-  const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
   // Keys in batches of TB per warp: all TB K and V loads issued before any arithmetic (a key's
   // latency is ~1 us; one key at a time would leave the warp waiting on each), then one running-max
   // update per batch.
@@ -141,7 +157,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       load_bf<EPL>(kp + kv_stride, v[u]);
     }
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
+    for (int g = 0; g < MG; ++g) {
       if (g >= G) break;
       float sc[TB];
       float bm = m[g];
@@ -170,10 +186,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   }
 
   // Merge the warps: per head, the max of the warps' maxima, then their rescaled sums.
-  __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
-  __shared__ float sm_acc[kAttnWarps][kMaxGroup][HD];
+  __shared__ float sm_m[kAttnWarps][MG], sm_l[kAttnWarps][MG];
+  __shared__ float sm_acc[kAttnWarps][MG][HD];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < MG; ++g) {
     if (g >= G) break;
     if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
 #pragma unroll
@@ -219,6 +235,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
 }
 
+template <int HD>
+auto split_kernel(int G) {
+  return G <= 2 ? attn_split_k<HD, 2> : G <= 4 ? attn_split_k<HD, 4> : attn_split_k<HD, 8>;
+}
+
 // One CTA (4 warps) per (query row, KV head): merges the splits' partial softmaxes.
 template <int HD>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_combine_k(Attention a, int splits) {
@@ -240,7 +261,7 @@ void launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, attn_split_k<HD>, a, splits);
+  cudaLaunchKernelEx(&cfg, split_kernel<HD>(a.n_heads / a.n_kv), a, splits);
   if (splits > 1 && !a.split_counters) attn_combine_k<HD><<<dim3(n_q, a.n_kv), kAttnWarps * 32, 0, s>>>(a, splits);
 }
 
