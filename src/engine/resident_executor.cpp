@@ -1,0 +1,424 @@
+#include "engine/resident_executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace ss::engine {
+
+using backend::FinishReason;
+using backend::SeqEvent;
+using backend::SeqId;
+using backend::SeqStart;
+using backend::Clock;
+
+namespace {
+
+// The transport of the host runner: a mutex and a queue each way. (The GPU runner's are the mapped
+// rings of backend/cuda/queues; the protocol over them is the same.)
+template <class T>
+class Channel {
+ public:
+  explicit Channel(size_t capacity) : cap_(capacity) {}
+  bool push(const T& v) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (q_.size() >= cap_) return false;
+      q_.push_back(v);
+    }
+    cv_.notify_one();
+    return true;
+  }
+  bool pop(T& out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (q_.empty()) return false;
+    out = q_.front();
+    q_.pop_front();
+    return true;
+  }
+  // Everything queued, waiting up to `wait` for the first item.
+  size_t drain(std::vector<T>& out, std::chrono::microseconds wait) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (q_.empty() && wait.count() > 0) cv_.wait_for(lk, wait, [&] { return !q_.empty(); });
+    const size_t n = q_.size();
+    out.insert(out.end(), q_.begin(), q_.end());
+    q_.clear();
+    return n;
+  }
+  void notify() { cv_.notify_all(); }
+  template <class Pred>
+  void wait_for(std::chrono::microseconds d, Pred p) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, d, [&] { return !q_.empty() || p(); });
+  }
+
+ private:
+  size_t cap_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> q_;
+};
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+class HostLoopRunner final : public LoopRunner {
+ public:
+  HostLoopRunner(backend::Backend& be, const resident::Geometry& g)
+      : be_(be),
+        geo_(g),
+        slots_(static_cast<size_t>(g.max_slots)),
+        tables_(static_cast<size_t>(g.max_slots) * g.max_blocks, -1),
+        prompts_(static_cast<size_t>(g.max_slots) * g.max_len, 0),
+        params_(static_cast<size_t>(g.max_slots)),
+        submits_(1024),
+        blocks_(static_cast<size_t>(be.kv_config().num_blocks) + 1),
+        completions_(1u << 20),
+        rows_tokens_(static_cast<size_t>(g.max_rows)),
+        rows_pos_(static_cast<size_t>(g.max_rows)),
+        rows_slots_(static_cast<size_t>(g.max_rows)),
+        rows_sample_(static_cast<size_t>(g.max_rows)) {
+    st_.geo = geo_;
+    st_.slots = slots_.data();
+    st_.tables = tables_.data();
+    st_.prompts = prompts_.data();
+    thread_ = std::thread([this] { run(); });
+  }
+  ~HostLoopRunner() override {
+    quit_.store(true, std::memory_order_release);
+    submits_.notify();
+    thread_.join();
+  }
+
+  std::string name() const override { return "host loop, " + be_.name(); }
+  const resident::Geometry& geometry() const override { return geo_; }
+  int num_blocks() const override { return be_.kv_config().num_blocks; }
+  int32_t* prompt_row(int slot) override { return prompts_.data() + static_cast<size_t>(slot) * geo_.max_len; }
+  const int32_t* table_row(int slot) const override { return tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks; }
+  bool submit(const resident::Submit& m) override { return submits_.push(m); }
+  bool grant_block(int32_t b) override {
+    if (!blocks_.push(b)) return false;
+    submits_.notify();  // a loop waiting for a block
+    return true;
+  }
+  size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) override {
+    return completions_.drain(out, wait);
+  }
+  int64_t now_ns() const override { return steady_ns(); }
+  Status error() const override {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    return err_;
+  }
+
+ private:
+  void emit(const resident::Completion& c) {
+    while (!completions_.push(c)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  // The resident loop: messages at the step boundary, plan, forward + sample, commit; idle: wait
+  // for a message (the GPU loop sleeps with __nanosleep instead).
+  void run() {
+    resident::StepRows r{rows_tokens_.data(), rows_pos_.data(), rows_slots_.data(), rows_sample_.data(), 0, 0};
+    backend::StepBatch batch;
+    backend::StepOutput out;
+    auto emit_fn = [this](const resident::Completion& c) { emit(c); };
+    auto take = [this](int32_t* b) { return blocks_.pop(*b); };
+    while (!quit_.load(std::memory_order_acquire)) {
+      resident::Submit m;
+      while (submits_.pop(m)) {
+        if (m.kind == resident::MsgKind::Admit && m.slot >= 0 && m.slot < geo_.max_slots) {
+          // The host mirror of the slot's sampling parameters (a Backend samples from these).
+          backend::SamplingParams& p = params_[static_cast<size_t>(m.slot)];
+          p = backend::SamplingParams{};
+          p.temperature = m.sampling.temperature;
+          p.top_k = m.sampling.top_k;
+          p.top_p = m.sampling.top_p;
+          p.min_p = m.sampling.min_p;
+          p.seed = m.sampling.seed;
+        }
+        resident::apply(st_, m, emit_fn);
+      }
+      resident::plan(st_, r, now_ns(), take, emit_fn);
+      if (r.n == 0) {
+        submits_.wait_for(std::chrono::microseconds(2000), [this] { return quit_.load(std::memory_order_acquire); });
+        continue;
+      }
+      Status s = forward(r, batch, out);
+      if (!s.ok()) {
+        {
+          std::lock_guard<std::mutex> lk(err_mu_);
+          err_ = s;
+        }
+        // Every live sequence ends with the error; the loop stops taking work.
+        for (int32_t i = 0; i < geo_.max_slots; ++i) {
+          resident::Slot& sl = slots_[static_cast<size_t>(i)];
+          if (!sl.live) continue;
+          sl.live = 0;
+          emit(resident::Completion{sl.id, -1, i, sl.n_blocks, sl.len, resident::Finish::Rejected});
+        }
+        return;
+      }
+      resident::commit(st_, r, out.tokens.data(), emit_fn);
+    }
+  }
+
+  // One step through the Backend interface: rows grouped per slot (contiguous already), each
+  // slot's whole table row sent as an edit (a GPU runner's tables live on the device instead).
+  Status forward(const resident::StepRows& r, backend::StepBatch& b, backend::StepOutput& out) {
+    b.clear();
+    int32_t prev_slot = -1;
+    for (int32_t k = 0; k < r.n; ++k) {
+      const int32_t slot = r.slots[k];
+      if (slot != prev_slot) {
+        b.seq_slot.push_back(slot);
+        const resident::Slot& s = slots_[static_cast<size_t>(slot)];
+        b.edit_table(slot, 0, std::span<const int32_t>(table_row(slot), static_cast<size_t>(s.n_blocks)));
+        prev_slot = slot;
+      }
+      b.tokens.push_back(r.tokens[k]);
+      b.positions.push_back(r.positions[k]);
+      b.seq_index.push_back(static_cast<int32_t>(b.seq_slot.size()) - 1);
+      if (r.sample[k]) {
+        const resident::Slot& s = slots_[static_cast<size_t>(slot)];
+        backend::SampleRow row;
+        row.token = k;
+        row.params = &params_[static_cast<size_t>(slot)];
+        row.n = static_cast<uint64_t>(s.n_output);
+        if (resident::stop_ids_banned(s)) row.banned = std::span<const int32_t>(s.stop_ids, static_cast<size_t>(s.n_stop));
+        b.sample_rows.push_back(row);
+      }
+    }
+    return be_.step(b, out);
+  }
+
+  backend::Backend& be_;
+  resident::Geometry geo_;
+  std::vector<resident::Slot> slots_;
+  std::vector<int32_t> tables_;
+  std::vector<int32_t> prompts_;
+  std::vector<backend::SamplingParams> params_;
+  resident::State st_;
+  Channel<resident::Submit> submits_;
+  Channel<int32_t> blocks_;
+  Channel<resident::Completion> completions_;
+  std::vector<int32_t> rows_tokens_, rows_pos_, rows_slots_;
+  std::vector<uint8_t> rows_sample_;
+  std::atomic<bool> quit_{false};
+  mutable std::mutex err_mu_;
+  Status err_;
+  std::thread thread_;
+};
+
+FinishReason to_reason(resident::Finish f) {
+  switch (f) {
+    case resident::Finish::None: return FinishReason::None;
+    case resident::Finish::Length: return FinishReason::Length;
+    case resident::Finish::Stop: return FinishReason::Stop;
+    case resident::Finish::Abort: return FinishReason::Abort;
+    case resident::Finish::Timeout: return FinishReason::Timeout;
+    case resident::Finish::Rejected: break;
+  }
+  return FinishReason::Error;
+}
+
+resident::Finish to_finish(FinishReason r) {
+  switch (r) {
+    case FinishReason::Timeout: return resident::Finish::Timeout;
+    case FinishReason::Stop: return resident::Finish::Stop;
+    case FinishReason::Length: return resident::Finish::Length;
+    default: return resident::Finish::Abort;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len) {
+  resident::Geometry g;
+  g.block_size = be.kv_config().block_size;
+  g.max_slots = std::min(max_slots, be.max_slots());
+  g.max_len = max_len;
+  g.max_blocks = (max_len + g.block_size - 1) / g.block_size;
+  g.max_rows = max_rows;
+  g.vocab = be.vocab_size();
+  return std::make_unique<HostLoopRunner>(be, g);
+}
+
+ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<Clock::time_point()> clock)
+    : runner_(std::move(runner)),
+      clock_(clock ? std::move(clock) : std::function<Clock::time_point()>([] { return Clock::now(); })),
+      slot_used_(static_cast<size_t>(runner_->geometry().max_slots), 0) {
+  const int n = runner_->num_blocks();
+  free_blocks_.reserve(static_cast<size_t>(n));
+  for (int b = n - 1; b >= 0; --b) free_blocks_.push_back(b);
+  stats_.kv_blocks_total = n;
+  grant_blocks();
+}
+
+ResidentExecutor::~ResidentExecutor() = default;
+
+int ResidentExecutor::blocks_needed(const SeqStart& s) const {
+  const resident::Geometry& g = runner_->geometry();
+  const int64_t most = std::min<int64_t>(static_cast<int64_t>(s.prompt.size()) + s.max_tokens, g.max_len);
+  return static_cast<int>((most + g.block_size - 1) / g.block_size);
+}
+
+Status ResidentExecutor::check(const SeqStart& s) const {
+  const resident::Geometry& g = runner_->geometry();
+  const auto unsupported = [](const char* what) {
+    return make_error(std::string("the resident loop does not run ") + what +
+                      " yet; serve this request with --scheduling host");
+  };
+  if (s.prompt.empty()) return make_error("empty prompt");
+  if (static_cast<int64_t>(s.prompt.size()) >= g.max_len)
+    return make_error("prompt of " + std::to_string(s.prompt.size()) + " tokens leaves no room in the context of " +
+                      std::to_string(g.max_len));
+  if (s.max_tokens < 1) return make_error("max_tokens must be at least 1");
+  if (s.min_tokens < 0 || s.min_tokens > s.max_tokens) return make_error("min_tokens must be in [0, max_tokens]");
+  if (static_cast<int>(s.stop_ids.size()) > resident::kMaxStopIds)
+    return make_error("at most " + std::to_string(resident::kMaxStopIds) + " stop ids");
+  for (int32_t t : s.stop_ids)
+    if (t < 0 || t >= g.vocab) return make_error("stop id " + std::to_string(t) + " outside the vocabulary");
+  for (int32_t t : s.prompt)
+    if (t < 0 || t >= g.vocab) return make_error("prompt token " + std::to_string(t) + " outside the vocabulary");
+  if (Status st = s.sampling.validate(); !st.ok()) return st;
+  const auto& p = s.sampling;
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    return unsupported("penalties");
+  if (!p.logit_bias.empty()) return unsupported("logit_bias");
+  if (s.constraint) return unsupported("structured output");
+  if (s.logprobs >= 0 || s.prompt_logprobs >= 0) return unsupported("logprobs");
+  if (s.cached_prefix > 0 || !s.reserved_blocks.empty()) return unsupported("restored prefixes");
+  if (blocks_needed(s) > runner_->num_blocks())
+    return make_error("the request needs " + std::to_string(blocks_needed(s)) + " KV blocks, the cache has " +
+                      std::to_string(runner_->num_blocks()));
+  return {};
+}
+
+void ResidentExecutor::start(SeqStart s) { waiting_.push_back(std::move(s)); }
+
+void ResidentExecutor::finish_waiting(SeqId id, FinishReason why, std::vector<SeqEvent>& out) {
+  SeqEvent ev;
+  ev.id = id;
+  ev.finish = why;
+  out.push_back(std::move(ev));
+  ++stats_.finished_requests;
+}
+
+void ResidentExecutor::stop(SeqId id, FinishReason why) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->id != id) continue;
+    waiting_.erase(it);
+    finish_waiting(id, why, pending_);
+    return;
+  }
+  auto it = live_.find(id);
+  if (it == live_.end() || it->second.cancel != FinishReason::None) return;
+  it->second.cancel = why;
+  resident::Submit m;
+  m.kind = resident::MsgKind::Cancel;
+  m.slot = it->second.slot;
+  m.id = id;
+  m.reason = to_finish(why);
+  while (!runner_->submit(m)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+void ResidentExecutor::grant_blocks() {
+  while (!free_blocks_.empty() && runner_->grant_block(free_blocks_.back())) free_blocks_.pop_back();
+}
+
+void ResidentExecutor::admit_waiting() {
+  while (!waiting_.empty()) {
+    SeqStart& s = waiting_.front();
+    const int need = blocks_needed(s);
+    if (reserved_ + need > runner_->num_blocks()) return;  // in arrival order: no overtaking
+    const auto free_slot = std::find(slot_used_.begin(), slot_used_.end(), 0);
+    if (free_slot == slot_used_.end()) return;
+    const int slot = static_cast<int>(free_slot - slot_used_.begin());
+    resident::Submit m;
+    m.kind = resident::MsgKind::Admit;
+    m.slot = slot;
+    m.id = s.id;
+    m.prompt_len = static_cast<int32_t>(s.prompt.size());
+    m.max_tokens = s.max_tokens;
+    m.min_tokens = s.min_tokens;
+    m.n_stop = static_cast<int32_t>(s.stop_ids.size());
+    std::copy(s.stop_ids.begin(), s.stop_ids.end(), m.stop_ids);
+    if (s.deadline) {
+      const int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(*s.deadline - clock_()).count();
+      m.deadline_ns = std::max<int64_t>(1, runner_->now_ns() + left);
+    }
+    m.sampling.temperature = s.sampling.temperature;
+    m.sampling.top_k = s.sampling.top_k;
+    m.sampling.top_p = s.sampling.top_p;
+    m.sampling.min_p = s.sampling.min_p;
+    m.sampling.seed = s.sampling.seed;
+    std::copy(s.prompt.begin(), s.prompt.end(), runner_->prompt_row(slot));
+    if (!runner_->submit(m)) return;  // the ring is full: next poll
+    slot_used_[static_cast<size_t>(slot)] = 1;
+    reserved_ += need;
+    live_[s.id] = Live{slot, need, 0};
+    stats_.prompt_tokens += static_cast<int64_t>(s.prompt.size());
+    waiting_.pop_front();
+  }
+}
+
+Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
+  for (auto& e : pending_) out.push_back(std::move(e));
+  pending_.clear();
+  admit_waiting();
+  grant_blocks();
+  completions_.clear();
+  runner_->drain(completions_, live_.empty() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
+  for (const resident::Completion& c : completions_) {
+    auto it = live_.find(c.id);
+    if (it == live_.end() || it->second.slot != c.slot) continue;  // not a live sequence's (cannot happen)
+    Live& lv = it->second;
+    SeqEvent ev;
+    ev.id = c.id;
+    ev.token = c.token;
+    ev.finish = to_reason(c.finish);
+    const int bs = runner_->geometry().block_size;
+    lv.filled_blocks = c.len / bs;
+    ev.kv_blocks_filled = lv.filled_blocks;
+    if (c.token >= 0) ++stats_.generation_tokens;
+    if (lv.cancel != FinishReason::None) {
+      if (c.finish == resident::Finish::None) continue;  // made before the loop saw the Cancel
+      ev.token = -1;
+      ev.finish = lv.cancel;
+    }
+    if (c.finish == resident::Finish::Rejected)
+      ev.error = runner_->error().ok() ? "the resident loop rejected the sequence (a bug)" : runner_->error().message();
+    if (c.finish != resident::Finish::None) {
+      // The slot's blocks come back; those still in the free-block ring stay the loop's.
+      const int32_t* row = runner_->table_row(c.slot);
+      for (int32_t i = 0; i < c.n_blocks; ++i) free_blocks_.push_back(row[i]);
+      slot_used_[static_cast<size_t>(c.slot)] = 0;
+      reserved_ -= lv.reserved;
+      live_.erase(it);
+      ++stats_.finished_requests;
+    }
+    out.push_back(std::move(ev));
+  }
+  grant_blocks();
+  admit_waiting();
+  stats_.num_running = static_cast<int>(live_.size());
+  stats_.num_waiting = static_cast<int>(waiting_.size());
+  stats_.kv_blocks_used = reserved_;
+  stats_.kv_usage = stats_.kv_blocks_total > 0 ? static_cast<double>(reserved_) / stats_.kv_blocks_total : 0.0;
+  return runner_->error();
+}
+
+Status ResidentExecutor::check_invariants() const {
+  int used = 0, reserved = 0;
+  for (uint8_t u : slot_used_) used += u;
+  for (const auto& [id, lv] : live_) reserved += lv.reserved;
+  if (used != static_cast<int>(live_.size())) return make_error("resident: slots in use != live sequences");
+  if (reserved != reserved_) return make_error("resident: reservations do not add up");
+  if (reserved_ > runner_->num_blocks()) return make_error("resident: more blocks reserved than exist");
+  return {};
+}
+
+}  // namespace ss::engine

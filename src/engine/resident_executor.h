@@ -1,0 +1,97 @@
+// The device executor's host side (issue 17): sequences go to a resident loop that admits, plans,
+// samples, stops and streams by itself (backend/resident/loop.h); this class only feeds it and
+// turns its completions into events. What it does per token: nothing but draining completions.
+//
+//   start()  → a free slot and the blocks the sequence can ever need reserved (admission control:
+//              a running sequence can always get its next block, so the loop never deadlocks and
+//              never drops one; without room it waits here, in arrival order), its prompt written
+//              to the slot's row, an Admit pushed.
+//   stop()   → a Cancel pushed (or, still waiting here, finished at once).
+//   poll()   → free blocks granted to the loop, completions drained (waiting up to a millisecond for
+//              one), a finished slot's blocks taken back from its table row.
+//
+// The loop runs behind a LoopRunner: HostLoopRunner runs the control plane on a thread of its own
+// with any Backend for the forward pass (CPU, and the reference the GPU runner is tested against);
+// a GPU runner runs it in a scheduler kernel between decode graphs, its rings in mapped memory.
+// Not yet: penalties, logit bias, grammars, logprobs and prefix reuse (check() says so: those
+// sequences belong to the host executor).
+#pragma once
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/resident/loop.h"
+
+namespace ss::engine {
+
+class LoopRunner {
+ public:
+  virtual ~LoopRunner() = default;
+  virtual std::string name() const = 0;
+  virtual const resident::Geometry& geometry() const = 0;
+  virtual int num_blocks() const = 0;
+  // The slot's prompt row (geometry().max_len tokens): written before the Admit that names it.
+  virtual int32_t* prompt_row(int slot) = 0;
+  // The slot's block-table row: the host's to read once the slot's final completion is drained.
+  virtual const int32_t* table_row(int slot) const = 0;
+  virtual bool submit(const resident::Submit& m) = 0;  // false: the ring is full (try again later)
+  virtual bool grant_block(int32_t block) = 0;         // false: the free-block ring is full
+  // Appends completions, waiting up to `wait` for the first; returns how many were appended.
+  virtual size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) = 0;
+  // The loop's clock (deadlines are sent in it), nanoseconds.
+  virtual int64_t now_ns() const = 0;
+  virtual Status error() const { return {}; }  // a failed forward pass stops the loop
+};
+
+// The control plane on a host thread, each step's forward pass and sampling on `be` (which must
+// outlive it and is used by this thread only).
+std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len);
+
+class ResidentExecutor final : public backend::Executor {
+ public:
+  // clock: what deadlines are measured against (empty: steady_clock::now); it must tick with the
+  // runner's now_ns().
+  explicit ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<backend::Clock::time_point()> clock = {});
+  ~ResidentExecutor() override;
+
+  std::string name() const override { return "resident (" + runner_->name() + ")"; }
+  Status check(const backend::SeqStart& s) const override;
+  void start(backend::SeqStart s) override;
+  void stop(backend::SeqId id, backend::FinishReason why) override;
+  Status poll(std::vector<backend::SeqEvent>& out) override;
+  bool has_work() const override { return !waiting_.empty() || !live_.empty(); }
+  backend::ExecutorStats stats() const override { return stats_; }
+  Status check_invariants() const override;
+
+ private:
+  struct Live {
+    int slot = -1;
+    int reserved = 0;  // blocks reserved for it
+    int32_t filled_blocks = 0;
+    // stop() was called: tokens the loop made before it saw the Cancel are dropped, and the final
+    // completion becomes this reason with no token (the Executor contract: nothing after stop()).
+    backend::FinishReason cancel = backend::FinishReason::None;
+  };
+  int blocks_needed(const backend::SeqStart& s) const;
+  void admit_waiting();
+  void grant_blocks();
+  void finish_waiting(backend::SeqId id, backend::FinishReason why, std::vector<backend::SeqEvent>& out);
+
+  std::unique_ptr<LoopRunner> runner_;
+  std::function<backend::Clock::time_point()> clock_;
+  std::deque<backend::SeqStart> waiting_;
+  std::unordered_map<backend::SeqId, Live> live_;
+  std::vector<uint8_t> slot_used_;
+  std::vector<int32_t> free_blocks_;  // the host's; granted ones are the loop's until they come back
+  int reserved_ = 0;                  // sum of live sequences' reservations
+  std::vector<backend::SeqEvent> pending_;  // finished here (waiting sequences stopped) for the next poll
+  std::vector<resident::Completion> completions_;
+  backend::ExecutorStats stats_;
+};
+
+}  // namespace ss::engine
