@@ -108,6 +108,10 @@ class CudaBackend final : public Backend {
   // Stage times for bench decode, only with SS_CUDA_PROFILE=1 in the environment: the step then
   // runs eagerly with an event after every kernel (no graphs, no PDL overlap across the events), so
   // each kernel's own time is measured; the per-kernel table goes to stderr when profiling stops.
+  BackendMemory memory() const override {  // the three device arenas, as reserved at start-up
+    return {static_cast<int64_t>(weights_.capacity()), static_cast<int64_t>(kv_mem_.capacity()),
+            static_cast<int64_t>(scratch_.capacity()), "device"};
+  }
   void set_profiling(bool on, bool) override;
   StepProfile profile() const override;
   void reset_profile() override;
