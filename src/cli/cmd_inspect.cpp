@@ -43,6 +43,8 @@ void run_inspect_memory(const InspectArgs& a) {
   const backend::BackendMemory mem = (*be)->memory();
   const backend::KvCacheConfig& kv = (*be)->kv_config();
   const auto& t = plan->tiers;
+  const int64_t block_bytes = (*be)->kv_block_bytes() > 0 ? (*be)->kv_block_bytes()
+                                                          : (kv.num_blocks > 0 ? mem.kv_pool_bytes / kv.num_blocks : 0);
   if (a.json) {
     nlohmann::json j = {{"backend", (*be)->name()},
                         {"where", mem.where},
@@ -51,7 +53,7 @@ void run_inspect_memory(const InspectArgs& a) {
                         {"kv_pool_bytes", mem.kv_pool_bytes},
                         {"kv_blocks", kv.num_blocks},
                         {"kv_block_tokens", kv.block_size},
-                        {"kv_block_bytes", kv.num_blocks > 0 ? mem.kv_pool_bytes / kv.num_blocks : 0},
+                        {"kv_block_bytes", block_bytes},
                         {"kv_dtype", backend::kv_dtype_name(kv.dtype)},
                         {"scratch_bytes", mem.scratch_bytes},
                         {"kv_host_tier_bytes", t.host_bytes},
@@ -69,7 +71,7 @@ void run_inspect_memory(const InspectArgs& a) {
   std::printf("KV pool   %14lld bytes  %9.1f MiB  %d blocks of %d tokens (%s), %lld bytes a block\n",
               static_cast<long long>(mem.kv_pool_bytes), mib(mem.kv_pool_bytes), kv.num_blocks, kv.block_size,
               backend::kv_dtype_name(kv.dtype),
-              static_cast<long long>(kv.num_blocks > 0 ? mem.kv_pool_bytes / kv.num_blocks : 0));
+              static_cast<long long>(block_bytes));
   std::printf("scratch   %14lld bytes  %9.1f MiB  after the warm-up step (grows with bigger batches)\n",
               static_cast<long long>(mem.scratch_bytes), mib(mem.scratch_bytes));
   std::printf("total     %14lld bytes  %9.1f MiB\n",

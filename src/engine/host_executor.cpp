@@ -139,7 +139,8 @@ void HostExecutor::refresh_stats() {
   s.mem_kv_pool_bytes = mem.kv_pool_bytes;
   s.mem_scratch_bytes = mem.scratch_bytes;
   s.mem_where = mem.where;
-  s.kv_block_bytes = kv.num_blocks() > 0 ? mem.kv_pool_bytes / kv.num_blocks() : 0;
+  s.kv_block_bytes = be_.kv_block_bytes() > 0 ? be_.kv_block_bytes()
+                                              : (kv.num_blocks() > 0 ? mem.kv_pool_bytes / kv.num_blocks() : 0);
   s.kv_block_tokens = kv.block_size();
   s.pressure_level = sched_.pressure_level();
   s.host_available_ratio = sched_.host_available();
