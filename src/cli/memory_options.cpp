@@ -40,6 +40,8 @@ void add_memory_options(CLI::App* c, MemoryArgs* a) {
                 "Memory pressure watermarks, KV idle TTL and tier sizes together: aggressive (act late, long TTL, "
                 "a host tier of 1/4 of RAM), balanced, conservative (act early, short TTL); explicit flags win")
       ->check(CLI::IsMember({"aggressive", "balanced", "conservative"}))->capture_default_str();
+  c->add_flag("--no-memory-pressure", a->no_memory_pressure,
+              "Never raise the memory pressure level (no early demotion, prefill shrinking or seat cap)");
   c->add_option("--kv-host-bytes", a->kv_host_bytes,
                 "Host-RAM tier for KV blocks leaving the cache (evicted, or idle past --kv-cache-ttl-ms); 0: none "
                 "(default: --memory-mode's)")
@@ -106,7 +108,7 @@ Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs&
   t.disk_dir = a.kv_disk_dir;
   if (!a.kv_disk_dir.empty()) t.disk_bytes = a.kv_disk_bytes >= 0 ? a.kv_disk_bytes : p.mode.disk_tier_bytes;
 
-  p.pressure.enabled = true;
+  p.pressure.enabled = !a.no_memory_pressure;
   p.pressure.watermarks = p.mode.watermarks;
   p.pressure.has_lower_backend = false;  // a GPU build would fall back to the CPU backend here (not done)
   return p;
@@ -115,6 +117,7 @@ Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs&
 std::map<std::string, std::string> memory_mode_labels(const MemoryPlan& p) {
   const auto& w = p.pressure.watermarks;
   return {{"mode", engine::memory_mode_name(p.mode.mode)},
+          {"pressure", p.pressure.enabled ? "on" : "off"},
           {"kv_watermarks", join3(w.kv.data(), 3)},
           {"host_available_watermarks", join3(w.host_available.data(), 3)},
           {"queue_per_seat_watermarks", join3(w.queue_per_seat.data(), 2)},
@@ -125,7 +128,7 @@ std::map<std::string, std::string> memory_mode_labels(const MemoryPlan& p) {
 
 std::string memory_mode_line(const MemoryPlan& p) {
   const auto l = memory_mode_labels(p);
-  return "memory mode " + l.at("mode") + ": pressure watermarks KV use " + l.at("kv_watermarks") +
+  return "memory mode " + l.at("mode") + ": pressure " + l.at("pressure") + ", watermarks KV use " + l.at("kv_watermarks") +
          ", host available <= " + l.at("host_available_watermarks") + ", queue per seat " +
          l.at("queue_per_seat_watermarks") + " (levels 1,2,3); KV idle TTL " + l.at("kv_cache_ttl_ms") +
          " ms; host tier " + l.at("kv_host_bytes") + " bytes; disk tier " +

@@ -26,6 +26,7 @@ struct MemoryArgs {
   double kv_cache_mib = 0;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
   std::string memory_mode = "balanced";
+  bool no_memory_pressure = false;  // level 0 always (A/B runs)
   int64_t kv_host_bytes = -1;    // -1: the mode's
   bool kv_host_compress = false;
   int64_t kv_cache_ttl_ms = -1;  // -1: the mode's

@@ -383,6 +383,7 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
 void Scheduler::update_pressure(Clock::time_point now) {
   if (!cfg_.pressure.enabled) {
     level_ = 0;
+    ++pressure_.steps_at_level[0];
     return;
   }
   // /proc/meminfo costs ~20 us to read: sample it 4 times a second, not every step (an injected

@@ -198,3 +198,53 @@ TEST(MemoryPressure, SchedulerSlowsDownUnderATinyPoolAndCompletesEverything) {
   EXPECT_EQ(s.pressure_level, 0) << "the load is gone";
   EXPECT_EQ(s.pressure_steps[0] + s.pressure_steps[1] + s.pressure_steps[2] + s.pressure_steps[3], s.steps);
 }
+
+// Level 1 shortens the TTL: blocks idle for a quarter of it leave the pool for the host tier while
+// work runs (at level 0 they stay), are counted as early demotions, and come back bit-exact.
+TEST(MemoryPressure, LevelOneDemotesIdleBlocksEarly) {
+  std::mt19937 g(3);
+  Clock::time_point now = Clock::now();
+  FakeBackend be(64, 16, kVocab);
+  EngineConfig cfg;
+  cfg.scheduler.max_num_seqs = 4;
+  cfg.scheduler.max_num_batched_tokens = 64;
+  cfg.scheduler.pressure.enabled = true;
+  int64_t host_avail = 90;
+  cfg.scheduler.pressure.host_memory = [&](int64_t* a, int64_t* t) {
+    *a = host_avail;
+    *t = 100;
+    return true;
+  };
+  cfg.tiers.host_bytes = 1 << 20;
+  cfg.tiers.ttl_ms = 30000;
+  cfg.clock = [&] { return now; };
+  auto e = std::move(Engine::create(be, cfg)).value();
+  Collector c;
+  const Spec t1 = spec(random_tokens(g, 70, kVocab), 10);
+  const RequestId id1 = *e->add_request(make_request(t1, &c));
+  run_all(*e);
+  const int cached = e->stats().kv_blocks_cached;
+  ASSERT_EQ(cached, (70 + 10 - 1) / 16);
+  const Spec busy = spec(random_tokens(g, 5, kVocab), 40);  // keeps steps running
+  const RequestId idb = *e->add_request(make_request(busy, &c));
+  ASSERT_TRUE(e->step().ok());
+  now += std::chrono::seconds(10);  // past ttl * ttl_factor (7.5 s), not past the TTL
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->stats().pressure_level, 0);
+  EXPECT_EQ(e->stats().kv_demoted_idle, 0);
+  EXPECT_GE(e->stats().kv_blocks_cached, cached);
+  host_avail = 8;  // level 1 (balanced: host available <= 10%)
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->stats().pressure_level, 1);
+  EXPECT_EQ(e->stats().pressure_demoted_early, cached);
+  EXPECT_EQ(e->stats().kv_host_blocks, cached);
+  host_avail = 90;
+  run_all(*e);
+  EXPECT_EQ(c.out[idb].tokens, run_alone(busy, kVocab).tokens);
+  Spec t2 = t1;  // the returning turn finds its history in the host tier
+  t2.prompt.insert(t2.prompt.end(), c.out[id1].tokens.begin(), c.out[id1].tokens.end());
+  const RequestId id2 = *e->add_request(make_request(t2, &c));
+  run_all(*e);
+  EXPECT_EQ(c.out[id2].tokens, run_alone(t2, kVocab).tokens);
+  EXPECT_EQ(e->stats().kv_restored_host, cached);
+}
