@@ -73,8 +73,8 @@ Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs&
   } else {
     const auto t = topology::load_or_measure(selfserve_home() + "/topology.json");
     bo.threads = topology::default_threads(t.topology);
-    p.threads_source = "one per physical core, from the topology (" +
-                       std::string(t.from_cache ? "cached" : "measured: " + t.why) + ")";
+    p.threads_source = "one per physical core; topology " +
+                       std::string(t.from_cache ? "from the cache" : "measured, " + t.why);
   }
   bo.kv.block_size = a.block_size;
   bo.kv.dtype = a.kv_dtype;
