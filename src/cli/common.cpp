@@ -107,6 +107,8 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", d->enforce_eager, "CUDA: no CUDA graphs (every step launched kernel by kernel)");
+  cmd->add_flag("--gpu-native-quant", d->gpu_native_quant,
+                "CUDA: keep Q4_0/Q4_1/Q8_0 weights quantized on the GPU (default: convert to bf16 at load)");
 }
 
 bool wants_cuda(const DeviceArgs& d) {
@@ -118,6 +120,7 @@ Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, 
   bo.gpu_memory_utilization = d.gpu_memory_utilization;
   bo.weight_chunk_mb = d.weight_chunk_mb;
   bo.enforce_eager = d.enforce_eager;
+  bo.gpu_native_quant = d.gpu_native_quant;
   const std::string gpu = backend::cuda_device_summary();
   if (d.device == "cuda" || (d.device == "auto" && !gpu.empty())) {
     if (chosen) *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")";

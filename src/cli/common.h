@@ -26,6 +26,7 @@ struct DeviceArgs {
   double gpu_memory_utilization = 0.9;
   int weight_chunk_mb = 64;
   bool enforce_eager = false;
+  bool gpu_native_quant = false;
 };
 void add_device_options(CLI::App* cmd, DeviceArgs* d);
 // The backend the flags ask for; `chosen` says which and why (for the startup line).

@@ -24,3 +24,17 @@ for shape in "${shapes[@]}"; do
     sed 's/^/eager: /'
   "$S" bench offline --model "$M/$shape" --device cuda --threads 16 --prompt-tokens 512 --gen-tokens 128 --reps 3
 done
+# QUANT=1: the same decode bench on GGUF Q4_0 / Q4_1 / Q8_0 files (seed 1) kept quantized on the GPU
+# (--gpu-native-quant) beside the bf16 conversion of the same file.
+if [ "${QUANT:-0}" = 1 ]; then
+  for shape in "${shapes[@]}"; do
+    for dt in q4_0 q4_1 q8_0; do
+      f="$M/$shape-$dt.gguf"
+      [ -f "$f" ] || "$S" synth --shape "$shape" --format gguf --dtype "$dt" --seed 1 --out "$f" --quiet
+      echo "=== $shape $dt native"
+      "$S" bench decode --model "$f" --device cuda --gpu-native-quant --batch 1,8 --context 512 --steps 64 --reps 3
+      echo "=== $shape $dt as bf16"
+      "$S" bench decode --model "$f" --device cuda --batch 1 --context 512 --steps 64 --reps 3
+    done
+  done
+fi

@@ -21,6 +21,11 @@ for pkg in civetweb:civetweb::civetweb-cpp ZLIB:ZLIB::ZLIB CURL:CURL::libcurl; d
     "$target" "$target" "$name" > "$SHIM/${name}Config.cmake"
 done
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# pkg-config files (libxxhash) name prefix=/usr: point them at the unpacked tree.
+for pc in "$LIBDIR"/pkgconfig/*.pc; do
+  [ -f "$pc" ] && sed -i "s|^prefix=/usr\$|prefix=$DEPS/usr|" "$pc"
+done
+export PKG_CONFIG_PATH="$LIBDIR/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 if [ ! -f build-gpu/build.ninja ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON \
     -DCMAKE_PREFIX_PATH="$DEPS/usr;$LIBDIR/cmake" -DICU_ROOT="$DEPS/usr" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \

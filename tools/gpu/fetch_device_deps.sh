@@ -7,4 +7,4 @@ cd "$(dirname "$0")/../.."
 mkdir -p .gpu-deps
 cd .gpu-deps
 apt-get download libicu-dev libicu72 prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
-  libprometheus-cpp-push1.0 libgtest-dev
+  libprometheus-cpp-push1.0 libgtest-dev libxxhash-dev libxxhash0

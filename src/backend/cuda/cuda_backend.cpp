@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -121,6 +122,12 @@ class CudaBackend final : public Backend {
       : model_(m), c_(m.config), opts_(o), kv_(o.kv), tables_(std::max(1, o.max_slots)) {}
   Status init();
   Status upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out);
+  // The projection as the decode kernels read it: packed GGUF blocks when --gpu-native-quant and
+  // every part is Q4_0 / Q4_1 / Q8_0 of one type, else bf16 (upload_matrix).
+  Status upload_weights(std::initializer_list<const model::Tensor*> parts, cuda::kern::DevWeights* out, int* rows);
+  size_t weight_bytes(std::initializer_list<const model::Tensor*> parts) const;
+  // The bf16 matrix the cuBLAS path multiplies: w itself, or w dequantized into wtmp_.
+  Expected<const bf16_bits*> bf16_of(const cuda::kern::DevWeights& w, int N, int K);
   Status upload_vector(const model::Tensor& t, float** out);
   Status gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16_bits* x, int n, float* y);
   Status forward(int n_tok, int n_rows);
@@ -148,7 +155,7 @@ class CudaBackend final : public Backend {
 
   Arena weights_, kv_mem_, scratch_;
   struct Layer {
-    bf16_bits *wqkv, *wo, *wgu, *wdown;
+    cuda::kern::DevWeights wqkv, wo, wgu, wdown;
     float *attn_norm, *ffn_norm, *bqkv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   };
   std::vector<Layer> layers_;
@@ -176,6 +183,8 @@ class CudaBackend final : public Backend {
   // blocks, head_dim 64/128/256, GQA group <= 8), else basic_ops' one CTA per (token, head).
   bool split_attention_ = false;
   int sm_count_ = 0, max_splits_ = 64;
+  bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
+  size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;
   int32_t* d_ctx_ = nullptr;  // positions + 1
   // The fused small-batch path (kernels/decode.cu): split attention shapes without per-head q/k norms.
@@ -245,11 +254,15 @@ Status CudaBackend::init() {
   const auto& w = model_.weights;
   size_t wbytes = padded(sizeof(bf16_bits) * static_cast<size_t>(V_) * H_) * (c_.tie_embeddings ? 1 : 2) +
                   padded(sizeof(float) * H_);
-  const size_t per_layer = padded(sizeof(bf16_bits) * static_cast<size_t>(qd_ + 2 * kvd_) * H_) +
-                           padded(sizeof(bf16_bits) * static_cast<size_t>(H_) * qd_) +
-                           padded(sizeof(bf16_bits) * static_cast<size_t>(2 * I_) * H_) +
-                           padded(sizeof(bf16_bits) * static_cast<size_t>(H_) * I_) + 2 * padded(sizeof(float) * H_) +
-                           padded(sizeof(float) * (qd_ + 2 * kvd_)) + 2 * padded(sizeof(float) * hd_);
+  size_t per_layer_max = 0;
+  for (int l = 0; l < L_; ++l) {
+    const model::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const size_t b = weight_bytes({&lw.wq, &lw.wk, &lw.wv}) + weight_bytes({&lw.wo}) +
+                     weight_bytes({&lw.w_gate, &lw.w_up}) + weight_bytes({&lw.w_down}) + 2 * padded(sizeof(float) * H_) +
+                     padded(sizeof(float) * (qd_ + 2 * kvd_)) + 2 * padded(sizeof(float) * hd_);
+    per_layer_max = std::max(per_layer_max, b);
+  }
+  const size_t per_layer = per_layer_max;
   wbytes += per_layer * static_cast<size_t>(L_);
   SS_TRY(weights_.reserve(wbytes, "weights"));
   const size_t chunk = static_cast<size_t>(std::max(1, opts_.weight_chunk_mb)) << 20;
@@ -266,10 +279,11 @@ Status CudaBackend::init() {
   for (int l = 0; l < L_; ++l) {
     const model::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
     Layer& d = layers_[static_cast<size_t>(l)];
-    SS_TRY(upload_matrix({&lw.wq, &lw.wk, &lw.wv}, &d.wqkv));
-    SS_TRY(upload_matrix({&lw.wo}, &d.wo));
-    SS_TRY(upload_matrix({&lw.w_gate, &lw.w_up}, &d.wgu));
-    SS_TRY(upload_matrix({&lw.w_down}, &d.wdown));
+    int rows = 0;
+    SS_TRY(upload_weights({&lw.wq, &lw.wk, &lw.wv}, &d.wqkv, &rows));
+    SS_TRY(upload_weights({&lw.wo}, &d.wo, &rows));
+    SS_TRY(upload_weights({&lw.w_gate, &lw.w_up}, &d.wgu, &rows));
+    SS_TRY(upload_weights({&lw.w_down}, &d.wdown, &rows));
     SS_TRY(upload_vector(lw.attn_norm, &d.attn_norm));
     SS_TRY(upload_vector(lw.ffn_norm, &d.ffn_norm));
     if (c_.qkv_bias) {
@@ -289,6 +303,12 @@ Status CudaBackend::init() {
       SS_TRY(upload_vector(lw.k_norm, &d.k_norm));
     }
   }
+
+  // The largest packed matrix, dequantized for one cuBLAS call at a time (prefill, batch > 8).
+  for (const Layer& d : layers_)
+    for (auto [wt, n, k] : {std::tuple{&d.wqkv, qd_ + 2 * kvd_, H_}, std::tuple{&d.wo, H_, qd_},
+                            std::tuple{&d.wgu, 2 * I_, H_}, std::tuple{&d.wdown, H_, I_}})
+      if (wt->format != cuda::kern::WFormat::BF16) wtmp_elems_ = std::max(wtmp_elems_, static_cast<size_t>(n) * k);
 
   // Scratch for max_batch_tokens tokens and as many logits rows as a step can want.
   cap_tokens_ = std::max(1, opts_.max_batch_tokens);
@@ -331,7 +351,7 @@ Status CudaBackend::init() {
                             padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_);
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
-                          static_cast<double>(scratch_bytes + attn_bytes);
+                          static_cast<double>(scratch_bytes + attn_bytes + padded(2 * wtmp_elems_));
     if (budget < static_cast<double>(block_bytes))
       return make_error("cuda backend: no room for the KV cache (" + std::to_string(free_b >> 20) + " MiB free of " +
                         std::to_string(total_b >> 20) + " MiB; --gpu-memory-utilization " + std::to_string(util) + ")");
@@ -346,7 +366,8 @@ Status CudaBackend::init() {
   max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
   max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
 
-  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes, "scratch"));
+  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes + padded(2 * wtmp_elems_), "scratch"));
+  if (wtmp_elems_ > 0) wtmp_ = scratch_.take<bf16_bits>(wtmp_elems_);
   x_ = scratch_.take<float>(T * H_);
   tmp_ = scratch_.take<float>(T * H_);
   qkv_ = scratch_.take<float>(T * (qd_ + 2 * kvd_));
@@ -450,6 +471,93 @@ Status CudaBackend::upload_matrix(std::initializer_list<const model::Tensor*> pa
   return st;
 }
 
+namespace {
+cuda::kern::WFormat packed_format(std::initializer_list<const model::Tensor*> parts, bool enabled) {
+  using cuda::kern::WFormat;
+  if (!enabled) return WFormat::BF16;
+  const model::DType t0 = (*parts.begin())->type;
+  for (const model::Tensor* t : parts)
+    if (t->type != t0 || t->cols() % 32 != 0) return WFormat::BF16;
+  switch (t0) {
+    case model::DType::Q4_0: return WFormat::Q4_0;
+    case model::DType::Q4_1: return WFormat::Q4_1;
+    case model::DType::Q8_0: return WFormat::Q8_0;
+    default: return WFormat::BF16;
+  }
+}
+}  // namespace
+
+size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> parts) const {
+  int64_t rows = 0, cols = 0;
+  for (const model::Tensor* t : parts) rows += t->rows(), cols = t->cols();
+  const cuda::kern::WFormat f = packed_format(parts, opts_.gpu_native_quant);
+  if (f == cuda::kern::WFormat::BF16) return padded(sizeof(bf16_bits) * static_cast<size_t>(rows * cols));
+  const int K = static_cast<int>(cols);
+  const size_t scales = padded(2 * cuda::kern::packed_scale_count(f, rows, K));
+  return padded(cuda::kern::packed_q_bytes(f, rows, K)) + scales * (f == cuda::kern::WFormat::Q4_1 ? 2 : 1);
+}
+
+Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> parts, cuda::kern::DevWeights* out,
+                                   int* rows_out) {
+  namespace k = cuda::kern;
+  const k::WFormat f = packed_format(parts, opts_.gpu_native_quant);
+  int64_t rows = 0, cols = -1;
+  for (const model::Tensor* t : parts) {
+    if (!t->valid()) return make_error("cuda backend: a weight is missing");
+    if (cols >= 0 && t->cols() != cols) return make_error("cuda backend: fused parts of unequal width: " + t->name);
+    cols = t->cols();
+    rows += t->rows();
+  }
+  *rows_out = static_cast<int>(rows);
+  if (f == k::WFormat::BF16) {
+    bf16_bits* p = nullptr;
+    SS_TRY(upload_matrix(parts, &p));
+    *out = k::bf16_weights(p);
+    return {};
+  }
+  // Pack on the host (the whole matrix), then copy each array through the pinned staging buffer.
+  const int K = static_cast<int>(cols);
+  const size_t rq = k::packed_q_bytes(f, 1, K), rs = k::packed_scale_count(f, 1, K);
+  std::vector<uint8_t> q(rq * rows);
+  std::vector<uint16_t> d(rs * rows), m(f == k::WFormat::Q4_1 ? rs * rows : 0);
+  int64_t r = 0;
+  for (const model::Tensor* t : parts)
+    for (int64_t i = 0; i < t->rows(); ++i, ++r)
+      SS_TRY(k::pack_row(f, t->row(i), K, q.data() + r * rq, d.data() + r * rs, m.empty() ? nullptr : m.data() + r * rs));
+  auto copy = [&](const void* src, size_t bytes) -> Expected<void*> {
+    void* dst = weights_.take<uint8_t>(bytes);
+    if (!dst) return make_error("cuda backend: weight arena too small (a bug)");
+    const size_t chunk = static_cast<size_t>(std::max(1, opts_.weight_chunk_mb)) << 20;
+    for (size_t off = 0; off < bytes; off += chunk) {
+      const size_t n = std::min(chunk, bytes - off);
+      std::memcpy(pinned_[0], static_cast<const uint8_t*>(src) + off, n);
+      SS_TRY(cuda_status(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + off, pinned_[0], n, cudaMemcpyHostToDevice, stream_),
+                         "weight upload", __FILE__, __LINE__));
+      SS_TRY(cuda_status(cudaStreamSynchronize(stream_), "weight upload", __FILE__, __LINE__));
+    }
+    return dst;
+  };
+  auto qd = copy(q.data(), q.size());
+  if (!qd.ok()) return make_error(qd.message());
+  auto dd = copy(d.data(), 2 * d.size());
+  if (!dd.ok()) return make_error(dd.message());
+  void* md = nullptr;
+  if (!m.empty()) {
+    auto mm = copy(m.data(), 2 * m.size());
+    if (!mm.ok()) return make_error(mm.message());
+    md = mm.value();
+  }
+  *out = k::DevWeights{f, qd.value(), static_cast<const uint16_t*>(dd.value()), static_cast<const uint16_t*>(md)};
+  return {};
+}
+
+Expected<const bf16_bits*> CudaBackend::bf16_of(const cuda::kern::DevWeights& w, int N, int K) {
+  if (w.format == cuda::kern::WFormat::BF16) return static_cast<const bf16_bits*>(w.q);
+  if (!wtmp_ || static_cast<size_t>(N) * K > wtmp_elems_) return make_error("cuda backend: no room to dequantize (a bug)");
+  SS_TRY(cuda::kern::dequantize_weights(w, N, K, wtmp_, stream_));
+  return static_cast<const bf16_bits*>(wtmp_);
+}
+
 Status CudaBackend::upload_vector(const model::Tensor& t, float** out) {
   if (!t.valid()) return make_error("cuda backend: a norm weight is missing");
   std::vector<float> v(static_cast<size_t>(t.numel()));
@@ -502,7 +610,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     mark(kDown);
   }
   if (R == 0) return {};
-  SS_TRY(k::dec_norm_gemv(out_w_, x_, d_rows_, out_norm_, eps, logits_, V_, H_, R, pdl, stream_));
+  SS_TRY(k::dec_norm_gemv(k::bf16_weights(out_w_), x_, d_rows_, out_norm_, eps, logits_, V_, H_, R, pdl, stream_));
   mark(kLmHead);
   return {};
 }
@@ -572,7 +680,9 @@ Status CudaBackend::forward(int T, int R) {
     bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
     // The previous layer's FFN output joins the residual here (none before the first layer).
     cuda::add_rmsnorm(x_, l == 0 ? nullptr : tmp_, d.attn_norm, T, H_, eps, xn_, stream_);
-    SS_TRY(gemm(d.wqkv, qd_ + 2 * kvd_, H_, xn_, T, qkv_));
+    auto wqkv = bf16_of(d.wqkv, qd_ + 2 * kvd_, H_);
+    if (!wqkv.ok()) return make_error(wqkv.message());
+    SS_TRY(gemm(wqkv.value(), qd_ + 2 * kvd_, H_, xn_, T, qkv_));
     cuda::QkvEpilogue e{qkv_, d.bqkv, d.bqkv ? d.bqkv + qd_ : nullptr, d.bqkv ? d.bqkv + qd_ + kvd_ : nullptr,
                         d.q_norm, d.k_norm, eps, rope_cs_, rope_dim_,
                         c_.rope_style == model::RopeStyle::Interleaved, 1.0f / std::sqrt(static_cast<float>(hd_)),
@@ -587,11 +697,17 @@ Status CudaBackend::forward(int T, int R) {
       cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
       cuda::attention(a, T, stream_);
     }
-    SS_TRY(gemm(d.wo, H_, qd_, att_, T, tmp_));
+    auto wo = bf16_of(d.wo, H_, qd_);
+    if (!wo.ok()) return make_error(wo.message());
+    SS_TRY(gemm(wo.value(), H_, qd_, att_, T, tmp_));
     cuda::add_rmsnorm(x_, tmp_, d.ffn_norm, T, H_, eps, xn_, stream_);
-    SS_TRY(gemm(d.wgu, 2 * I_, H_, xn_, T, gu_));
+    auto wgu = bf16_of(d.wgu, 2 * I_, H_);
+    if (!wgu.ok()) return make_error(wgu.message());
+    SS_TRY(gemm(wgu.value(), 2 * I_, H_, xn_, T, gu_));
     cuda::silu_mul(gu_, T, I_, act_, stream_);
-    SS_TRY(gemm(d.wdown, H_, I_, act_, T, tmp_));
+    auto wdown = bf16_of(d.wdown, H_, I_);
+    if (!wdown.ok()) return make_error(wdown.message());
+    SS_TRY(gemm(wdown.value(), H_, I_, act_, T, tmp_));
   }
   if (R == 0) return {};
   cuda::add_rmsnorm(x_, tmp_, out_norm_, T, H_, eps, xn_, stream_);

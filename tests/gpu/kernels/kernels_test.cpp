@@ -13,52 +13,6 @@ namespace {
 using namespace ss::cuda::kern;
 
 // --- embedding ----------------------------------------------------------------------------------
-// Host dequantization of GGUF rows (ggml-common.h layouts), written apart from the kernels'.
-std::vector<float> host_rows(const std::vector<uint8_t>& raw, TableType t, int vocab, int h) {
-  std::vector<float> out(static_cast<size_t>(vocab) * h);
-  const int nb = h / 32;
-  const int bytes = t == TableType::Q8_0 ? 34 : t == TableType::Q4_0 ? 18 : 20;
-  for (int r = 0; r < vocab; ++r)
-    for (int b = 0; b < nb; ++b) {
-      const uint8_t* p = raw.data() + (static_cast<size_t>(r) * nb + b) * bytes;
-      const float d = from_f16(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-      for (int j = 0; j < 32; ++j) {
-        float v;
-        if (t == TableType::Q8_0) {
-          v = d * static_cast<int8_t>(p[2 + j]);
-        } else if (t == TableType::Q4_0) {
-          const int q = j < 16 ? (p[2 + j] & 0xf) : (p[2 + j - 16] >> 4);
-          v = d * (q - 8);
-        } else {
-          const float m = from_f16(static_cast<uint16_t>(p[2] | (p[3] << 8)));
-          const int q = j < 16 ? (p[4 + j] & 0xf) : (p[4 + j - 16] >> 4);
-          v = d * q + m;
-        }
-        out[static_cast<size_t>(r) * h + b * 32 + j] = v;
-      }
-    }
-  return out;
-}
-
-// Random GGUF blocks: a positive f16 scale (and f16 min), random quants.
-std::vector<uint8_t> random_blocks(std::mt19937& rng, TableType t, size_t n_blocks) {
-  const int bytes = t == TableType::Q8_0 ? 34 : t == TableType::Q4_0 ? 18 : 20;
-  std::vector<uint8_t> raw(n_blocks * bytes);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f), mn(-0.2f, 0.2f);
-  for (size_t b = 0; b < n_blocks; ++b) {
-    uint8_t* p = raw.data() + b * bytes;
-    for (int i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(byte(rng));
-    const uint16_t d = to_f16(scale(rng));
-    p[0] = d & 0xff, p[1] = d >> 8;
-    if (t == TableType::Q4_1) {
-      const uint16_t m = to_f16(mn(rng));
-      p[2] = m & 0xff, p[3] = m >> 8;
-    }
-  }
-  return raw;
-}
-
 TEST(GpuEmbed, EveryTableTypeGathersTheRightRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);

@@ -51,7 +51,10 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
 enum class Op { Qkv, Add, GateUp, Logits };
 
 struct DecArgs {
-  const uint16_t* W;
+  const uint16_t* W;     // bf16 rows, or the packed quants (DevWeights)
+  const uint16_t* qd;    // fp16 scales [N][Kp/32]
+  const uint16_t* qm;    // fp16 mins (Q4_1)
+  int Kp;                // K rounded up to 256 (quantized formats)
   int K;
   int tiles;             // 16-row tiles
   int N;                 // Add / Logits: rows of W; GateUp: F (W has 2F rows)
@@ -124,13 +127,43 @@ __device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int 
   }
 }
 
+__device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a), y = *reinterpret_cast<__nv_bfloat162*>(&b);
+  const __nv_bfloat162 r = __hsub2(x, y);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// Two int8 (bytes j, j + 1 of w) as a bf16 pair, exactly.
+__device__ __forceinline__ uint32_t i8x2_bf(uint32_t w, int j) {
+  const __nv_bfloat162 r = __floats2bfloat162_rn(static_cast<float>(static_cast<int8_t>((w >> (8 * j)) & 0xff)),
+                                                 static_cast<float>(static_cast<int8_t>((w >> (8 * j + 8)) & 0xff)));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ float h_at(const uint4& v, int i) {  // fp16 i (0..7) of 8 packed
+  const uint32_t w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+  return h2f(static_cast<uint16_t>(w >> (16 * (i & 1))));
+}
+__device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The weight registers of one round of kU chunks, for rows g and g + 8 (bf16: kU 16-byte vectors
+// a row; Q4: two words-of-four-chunks a row; Q8: four 16-byte pair-of-chunks a row; quantized: the
+// round's 8 scales (and mins) a row).
+template <WFormat F, int kU>
+struct Round {
+  static constexpr int kVecs = F == WFormat::BF16 ? kU : F == WFormat::Q8_0 ? kU / 2 : kU / 4;
+  uint4 a[kVecs], b[kVecs];
+  uint4 da, db, ma, mb;
+};
+
 // W (16 rows a tile) times x (B <= 8 columns) on the tensor cores: one m16n8k16 per 16 K, the
 // A fragment loaded straight from global memory. A lane loads 16 bytes (8 consecutive K) of rows
 // g and g + 8 and feeds them to two mmas as K slots (2t, 2t+1, 2t+8, 2t+9); its B fragment is
 // the same 8 K of batch row g, so the permutation cancels in the dot product. S warps split a
 // tile's K (fixed order reduction through shared memory); CTAs loop over tiles, and the next
-// tile's first chunks are in flight while the current one reduces.
-template <Op OP, int kU>
+// tile's first chunks are in flight while the current one reduces. Quantized formats (F) build
+// the same A fragment from the packed quants in registers and scale each chunk's mma partial.
+template <Op OP, int kU, WFormat F>
 __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool kNorm = OP != Op::Add;
@@ -139,23 +172,51 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   const int S = a.S, TPC = kWarps / S;
   const int sub = warp % S, tw = warp / S;
   const int K = a.K, chunks = K / 32;
-  const int cpw = (chunks + S - 1) / S;
+  constexpr bool kQuant = F != WFormat::BF16;
+  // Quantized rounds start on 8-chunk boundaries (their scale vectors and packed words align there).
+  const int cpw = kQuant ? ((chunks + S - 1) / S + 7) / 8 * 8 : (chunks + S - 1) / S;
   const int c_begin = min(chunks, sub * cpw), c_end = min(chunks, c_begin + cpw);
   const size_t xs_bytes = kNorm ? sizeof(uint16_t) * static_cast<size_t>(a.B) * K : 0;
-  float* red = reinterpret_cast<float*>(smem_raw + xs_bytes);  // [kWarps][32][4]
+  const size_t sx_bytes = F == WFormat::Q4_1 ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
+  float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // Q4_1: [8][chunks] sums of x
+  float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
 
   const uint4 *pa = nullptr, *pb = nullptr;
-  uint4 wa[kU], wb[kU];
+  const uint4 *da = nullptr, *db = nullptr, *ma = nullptr, *mb = nullptr;
+  Round<F, kU> w;
   auto set_rows = [&](int tile) {
     int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
     r0 = r0 < 0 ? 0 : r0, r1 = r1 < 0 ? 0 : r1;  // a row past the matrix: loads row 0, result dropped
-    pa = reinterpret_cast<const uint4*>(a.W + r0 * K) + t;
-    pb = reinterpret_cast<const uint4*>(a.W + r1 * K) + t;
+    if constexpr (F == WFormat::BF16) {
+      pa = reinterpret_cast<const uint4*>(a.W + r0 * K) + t;
+      pb = reinterpret_cast<const uint4*>(a.W + r1 * K) + t;
+    } else {
+      const int64_t rb = F == WFormat::Q8_0 ? a.Kp : a.Kp / 2;  // packed bytes a row
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(a.W);
+      pa = reinterpret_cast<const uint4*>(q + r0 * rb) + t;
+      pb = reinterpret_cast<const uint4*>(q + r1 * rb) + t;
+      da = reinterpret_cast<const uint4*>(a.qd + r0 * (a.Kp / 32));
+      db = reinterpret_cast<const uint4*>(a.qd + r1 * (a.Kp / 32));
+      if constexpr (F == WFormat::Q4_1) {
+        ma = reinterpret_cast<const uint4*>(a.qm + r0 * (a.Kp / 32));
+        mb = reinterpret_cast<const uint4*>(a.qm + r1 * (a.Kp / 32));
+      }
+    }
   };
   auto load = [&](int c0) {
+    if constexpr (F == WFormat::BF16) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (c0 + u < c_end) wa[u] = ld_stream(pa + 4 * (c0 + u)), wb[u] = ld_stream(pb + 4 * (c0 + u));
+      for (int u = 0; u < kU; ++u)
+        if (c0 + u < c_end) w.a[u] = ld_stream(pa + 4 * (c0 + u)), w.b[u] = ld_stream(pb + 4 * (c0 + u));
+    } else {
+      // c0 % 8 == 0; a 64-byte group (4 lanes x 16 bytes) holds 4 chunks (Q4) or 2 (Q8).
+      constexpr int per = F == WFormat::Q8_0 ? 2 : 4;
+#pragma unroll
+      for (int v = 0; v < Round<F, kU>::kVecs; ++v)
+        if (c0 + v * per < c_end) w.a[v] = ld_stream(pa + 4 * (c0 / per + v)), w.b[v] = ld_stream(pb + 4 * (c0 / per + v));
+      w.da = ld_stream(da + c0 / 8), w.db = ld_stream(db + c0 / 8);
+      if constexpr (F == WFormat::Q4_1) w.ma = ld_stream(ma + c0 / 8), w.mb = ld_stream(mb + c0 / 8);
+    }
   };
 
   int tb = blockIdx.x * TPC;
@@ -204,6 +265,22 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
     x = a.x;
   }
   const uint4* xp = g < a.B ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g) * K) + t : nullptr;
+  if constexpr (F == WFormat::Q4_1) {  // each chunk's sum of x, for the mins' term m * sum(x)
+    for (int i = threadIdx.x; i < 8 * chunks; i += kThreads) {
+      const int b = i / chunks, c = i % chunks;
+      float sum = 0.0f;
+      if (b < a.B) {
+        const uint4* p = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(b) * K + 32 * c);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint4 v = p[j];
+          sum += lo_bf(v.x) + hi_bf(v.x) + lo_bf(v.y) + hi_bf(v.y) + lo_bf(v.z) + hi_bf(v.z) + lo_bf(v.w) + hi_bf(v.w);
+        }
+      }
+      sx[i] = sum;
+    }
+    __syncthreads();
+  }
 
   for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
@@ -216,8 +293,41 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
         for (int u = 0; u < kU; ++u) {
           if (c0 + u >= c_end) break;
           const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
-          mma_bf16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
-          mma_bf16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
+          if constexpr (F == WFormat::BF16) {
+            mma_bf16(c, w.a[u].x, w.b[u].x, w.a[u].y, w.b[u].y, xv.x, xv.y);
+            mma_bf16(c, w.a[u].z, w.b[u].z, w.a[u].w, w.b[u].w, xv.z, xv.w);
+          } else {
+            uint32_t pa4[4], pb4[4];  // the lane's 8 weights of rows g and g + 8 as bf16 pairs
+            if constexpr (F == WFormat::Q8_0) {
+              const uint4& va = w.a[u / 2];
+              const uint4& vb = w.b[u / 2];
+              const uint32_t a0 = (u & 1) ? va.z : va.x, a1 = (u & 1) ? va.w : va.y;
+              const uint32_t b0 = (u & 1) ? vb.z : vb.x, b1 = (u & 1) ? vb.w : vb.y;
+              pa4[0] = i8x2_bf(a0, 0), pa4[1] = i8x2_bf(a0, 2), pa4[2] = i8x2_bf(a1, 0), pa4[3] = i8x2_bf(a1, 2);
+              pb4[0] = i8x2_bf(b0, 0), pb4[1] = i8x2_bf(b0, 2), pb4[2] = i8x2_bf(b1, 0), pb4[3] = i8x2_bf(b1, 2);
+            } else {
+              // 128 + q as bf16 (0x4300 | q), then minus 136 (Q4_0: q - 8) or 128 (Q4_1: q), exactly.
+              const uint32_t off = F == WFormat::Q4_0 ? 0x43084308u : 0x43004300u;
+              const uint32_t wa32 = word_at(w.a[u / 4], u % 4), wb32 = word_at(w.b[u / 4], u % 4);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                pa4[i] = bf2_sub(((wa32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
+                pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
+              }
+            }
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
+            mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
+            const float dg = h_at(w.da, u), dg8 = h_at(w.db, u);
+            c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
+            c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
+            if constexpr (F == WFormat::Q4_1) {
+              const float mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
+              const float s0 = sx[(2 * t) * chunks + c0 + u], s1 = sx[(2 * t + 1) * chunks + c0 + u];
+              c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
+              c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
+            }
+          }
         }
       }
     }
@@ -269,8 +379,13 @@ const Tuning& tuning() {
 }
 
 template <Op OP>
-Status dispatch(const char* what, DecArgs a, bool pdl, cudaStream_t s) {
-  const int kU = tuning().u, kCtasPerSm = tuning().ctas;
+Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s) {
+  a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
+  const bool quant = W.format != WFormat::BF16;
+  const int kU = quant ? 8 : tuning().u, kCtasPerSm = tuning().ctas;
+  if (quant && (!W.d || (W.format == WFormat::Q4_1 && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
+                (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
+    return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1)");
   if (a.K <= 0 || a.K % 32 != 0 || a.B < 1 || a.B > 8 || a.tiles <= 0)
     return make_error(std::string(what) + ": needs K a positive multiple of 32, batch 1..8 and rows (K=" +
                       std::to_string(a.K) + ", batch=" + std::to_string(a.B) + ")");
@@ -280,7 +395,9 @@ Status dispatch(const char* what, DecArgs a, bool pdl, cudaStream_t s) {
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
   const size_t xs = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
-  const size_t smem = xs + sizeof(float) * kWarps * 32 * 4;
+  const size_t sx = W.format == WFormat::Q4_1 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
+  if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
+  const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
@@ -297,7 +414,11 @@ Status dispatch(const char* what, DecArgs a, bool pdl, cudaStream_t s) {
   a.S = S;
   const int tpc = kWarps / S;
   const int grid = static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms));
-  auto* k = kU == 4 ? dec_k<OP, 4> : dec_k<OP, 8>;
+  auto* k = W.format == WFormat::Q4_0   ? dec_k<OP, 8, WFormat::Q4_0>
+            : W.format == WFormat::Q4_1 ? dec_k<OP, 8, WFormat::Q4_1>
+            : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
+            : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
+                                        : dec_k<OP, 8, WFormat::BF16>;
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
@@ -316,7 +437,7 @@ Status dispatch(const char* what, DecArgs a, bool pdl, cudaStream_t s) {
 
 }  // namespace
 
-Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
+Status dec_qkv(const DevWeights& W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
                const RopeKv& rk, bool pdl, cudaStream_t s) {
   if (rk.hd <= 0 || rk.hd % 2 != 0 || rk.rope_dim <= 0 || rk.rope_dim > rk.hd || rk.rope_dim % 2 != 0 ||
       rk.n_heads <= 0 || rk.n_kv <= 0)
@@ -325,35 +446,73 @@ Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, 
   if (rk.q_norm || rk.k_norm) return make_error("dec_qkv: per-head q/k norms are not fused (use rope_kv_store)");
   if (rk.hd % 16 != 0) return make_error("dec_qkv: head_dim must be a multiple of 16");
   DecArgs a{};
-  a.W = W_qkv, a.K = K, a.tiles = (rk.n_heads + 2 * rk.n_kv) * rk.hd / 16, a.N = 0, a.B = batch;
+  a.K = K, a.tiles = (rk.n_heads + 2 * rk.n_kv) * rk.hd / 16, a.N = 0, a.B = batch;
   a.resid = resid, a.norm_w = norm_w, a.eps = eps, a.rk = rk;
-  return dispatch<Op::Qkv>("dec_qkv", a, pdl, s);
+  return dispatch<Op::Qkv>("dec_qkv", W_qkv, a, pdl, s);
 }
 
-Status dec_add(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
+Status dec_add(const DevWeights& W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
                cudaStream_t s) {
   if (N <= 0) return make_error("dec_add: N must be positive");
   DecArgs a{};
-  a.W = W, a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.x = x, a.y = resid;
-  return dispatch<Op::Add>("dec_add", a, pdl, s);
+  a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.x = x, a.y = resid;
+  return dispatch<Op::Add>("dec_add", W, a, pdl, s);
 }
 
-Status dec_gate_up(const bf16_bits* W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
+Status dec_gate_up(const DevWeights& W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
                    int F, int K, int batch, bool pdl, cudaStream_t s) {
   if (F <= 0) return make_error("dec_gate_up: F must be positive");
   DecArgs a{};
-  a.W = W_gate_up, a.K = K, a.N = F, a.tiles = (F + 7) / 8, a.B = batch, a.resid = resid, a.norm_w = norm_w;
+  a.K = K, a.N = F, a.tiles = (F + 7) / 8, a.B = batch, a.resid = resid, a.norm_w = norm_w;
   a.eps = eps, a.act = act;
-  return dispatch<Op::GateUp>("dec_gate_up", a, pdl, s);
+  return dispatch<Op::GateUp>("dec_gate_up", W_gate_up, a, pdl, s);
 }
 
-Status dec_norm_gemv(const bf16_bits* W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
+Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s) {
   if (N <= 0) return make_error("dec_norm_gemv: N must be positive");
   DecArgs a{};
-  a.W = W, a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.resid = resid, a.rows = rows;
+  a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.resid = resid, a.rows = rows;
   a.norm_w = norm_w, a.eps = eps, a.y = y;
-  return dispatch<Op::Logits>("dec_norm_gemv", a, pdl, s);
+  return dispatch<Op::Logits>("dec_norm_gemv", W, a, pdl, s);
+}
+
+namespace {
+// One thread a (row, chunk): the chunk's 32 weights from the packed layout, as bf16.
+__global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int N, int K, int kp,
+                          uint16_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int chunks = K / 32;
+  if (i >= static_cast<int64_t>(N) * chunks) return;
+  const int64_t row = i / chunks;
+  const int c = static_cast<int>(i % chunks);
+  const float dc = h2f(d[row * (kp / 32) + c]);
+  const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
+  uint16_t* o = out + row * K + 32 * c;
+  for (int t = 0; t < 4; ++t) {
+    if (f == WFormat::Q8_0) {
+      const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
+      for (int e = 0; e < 8; ++e) o[8 * t + e] = f2bf(dc * static_cast<float>(p[e]));
+    } else {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+      for (int e = 0; e < 8; ++e) {
+        const float v = static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF);
+        o[8 * t + e] = f2bf(f == WFormat::Q4_0 ? dc * (v - 8.0f) : fmaf(dc, v, mc));
+      }
+    }
+  }
+}
+}  // namespace
+
+Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s) {
+  if (W.format == WFormat::BF16) return make_error("dequantize_weights: the weights are bf16 already");
+  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (W.format == WFormat::Q4_1 && !W.m))
+    return make_error("dequantize_weights: bad shape or missing arrays");
+  const int64_t n = static_cast<int64_t>(N) * (K / 32);
+  dequant_k<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(W.format, static_cast<const uint8_t*>(W.q), W.d, W.m,
+                                                                      N, K, packed_k(K), out);
+  SS_CUDA_LAUNCHED();
+  return {};
 }
 
 }  // namespace ss::cuda::kern

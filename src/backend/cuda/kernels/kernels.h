@@ -99,25 +99,54 @@ Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, i
                   bool accumulate, cudaStream_t s);
 
 // --- the decode layer at batch 1..8 (decode.cu) ---------------------------------------------------
+// Weights as the decode kernels read them: bf16 rows, or GGUF Q4_0 / Q4_1 / Q8_0 rows repacked
+// (pack_row) so a lane's share of a 32-weight chunk is one aligned word: quants [N][Kp/2] (Q4: each
+// chunk's 32 nibbles as four 32-bit words, one a lane, the lane's 8 weights interleaved 0,2,4,6 |
+// 1,3,5,7; four chunks' words of a lane adjacent) or [N][Kp] (Q8: a lane's 8 quants of two chunks
+// adjacent), fp16 scales d [N][Kp/32] and, for Q4_1, mins m [N][Kp/32]; Kp = K rounded up to 256,
+// the padding zero. The values are GGUF's bit for bit.
+enum class WFormat : int { BF16, Q4_0, Q4_1, Q8_0 };
+struct DevWeights {
+  WFormat format = WFormat::BF16;
+  const void* q = nullptr;       // bf16 [N][K], or the packed quants
+  const uint16_t* d = nullptr;   // fp16 scales (quantized formats)
+  const uint16_t* m = nullptr;   // fp16 mins (Q4_1)
+};
+inline DevWeights bf16_weights(const bf16_bits* w) { return DevWeights{WFormat::BF16, w, nullptr, nullptr}; }
+int packed_k(int K);
+size_t packed_q_bytes(WFormat f, int64_t N, int K);
+size_t packed_scale_count(WFormat f, int64_t N, int K);  // per array (d, and m for Q4_1)
+// One GGUF row of K weights (blocks of the format's type) into q (packed_q_bytes(f, 1, K) bytes),
+// d and m (packed_k(K) / 32 each; m only for Q4_1).
+Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d, uint16_t* m);
+// The inverse as floats (tests): h2f converts an fp16 bit pattern.
+void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),
+                float* out);
+
 // Five kernels a layer, each launched (pdl true) with programmatic dependent launch: it loads its
 // first weight vectors, then waits for the previous kernel (griddepcontrol.wait) and computes. The
-// products run on the tensor cores (mma m16n8k16: 16 weight rows x the batch as its 8 columns), so
-// batch 8 costs about what batch 1 does. The norm ops take the fp32 residual `resid` [batch][K] and
-// normalise it themselves (RMSNorm with norm_w, eps) into shared memory; batch x K <= 80 Ki. A row's
-// arithmetic is the same at every batch size (batch invariance). W 16-byte aligned, K % 32 == 0.
-// QKV: W_qkv [(n_heads + 2 n_kv) * hd][K]; RoPE, the bias (rk.bias) and the KV store as
+// products run on the tensor cores (mma m16n8k16: 16 weight rows x the batch as its 8 columns; the
+// quantized formats dequantize into the A fragment in registers and apply each chunk's scale to the
+// mma's fp32 partial), so batch 8 costs about what batch 1 does. The norm ops take the fp32
+// residual `resid` [batch][K] and normalise it themselves (RMSNorm with norm_w, eps) into shared
+// memory; batch x K <= 80 Ki. A row's arithmetic is the same at every batch size (batch
+// invariance). bf16 W 16-byte aligned, K % 32 == 0.
+// QKV: W [(n_heads + 2 n_kv) * hd][K]; RoPE, the bias (rk.bias) and the KV store as
 // gemv_bf16_qkv_rope (rk.qkv unused; no per-head q/k norms); q unscaled.
-Status dec_qkv(const bf16_bits* W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
+Status dec_qkv(const DevWeights& W, const float* resid, const float* norm_w, float eps, int K, int batch,
                const RopeKv& rk, bool pdl, cudaStream_t s);
 // resid[b][n] += sum_k W[n][k] x[b][k] (o_proj, down).
-Status dec_add(const bf16_bits* W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
+Status dec_add(const DevWeights& W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
                cudaStream_t s);
-// act[b][i] = bf16(silu(gate_i . xn_b) * (up_i . xn_b)), W_gate_up [2F][K], xn_b = rmsnorm(resid[b]).
-Status dec_gate_up(const bf16_bits* W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
-                   int F, int K, int batch, bool pdl, cudaStream_t s);
+// act[b][i] = bf16(silu(gate_i . xn_b) * (up_i . xn_b)), W [2F][K] (gate rows then up rows),
+// xn_b = rmsnorm(resid[b]).
+Status dec_gate_up(const DevWeights& W, const float* resid, const float* norm_w, float eps, bf16_bits* act, int F,
+                   int K, int batch, bool pdl, cudaStream_t s);
 // y[b][n] = W[n] . rmsnorm(resid[rows[b]]) (rows null: row b): the final norm and lm_head.
-Status dec_norm_gemv(const bf16_bits* W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
+Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
+// out[N][K] bf16 = the packed weights dequantized (the large-batch path multiplies bf16 with cuBLAS).
+Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s);
 
 // Tensor-core GEMM through cuBLASLt for larger token batches: y[M][N] fp32 = x[M][K] bf16 * W[N][K]^T.
 // One handle and workspace per stream owner; create once, reuse (graph capture: no allocation inside).

@@ -1,0 +1,112 @@
+// Host side of the quantized weight layouts the decode kernels read (kernels.h, DevWeights): GGUF
+// rows repacked so that a lane's share of a 32-weight chunk is one aligned word and the scales are an
+// array of their own. The values are GGUF's, bit for bit (quants and fp16 scales copied, reordered).
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/kernels/kernels.h"
+#include "model/quant.h"
+
+namespace ss::cuda::kern {
+
+int packed_k(int K) { return (K + 255) / 256 * 256; }
+
+size_t packed_q_bytes(WFormat f, int64_t N, int K) {
+  const int64_t kp = packed_k(K);
+  switch (f) {
+    case WFormat::Q4_0:
+    case WFormat::Q4_1: return static_cast<size_t>(N * kp / 2);
+    case WFormat::Q8_0: return static_cast<size_t>(N * kp);
+    case WFormat::BF16: return static_cast<size_t>(N * K * 2);
+  }
+  return 0;
+}
+
+size_t packed_scale_count(WFormat f, int64_t N, int K) {
+  return f == WFormat::BF16 ? 0 : static_cast<size_t>(N * (packed_k(K) / 32));
+}
+
+namespace {
+
+// The interleaved order of a lane's 8 nibbles in its word: weights 0, 2, 4, 6 in bits 0-15 (4
+// apiece), 1, 3, 5, 7 in bits 16-31, so (word >> 4i) & 0x000F000F holds the pair (2i, 2i + 1).
+uint32_t interleave(const uint8_t (&e)[8]) {
+  uint32_t w = 0;
+  for (int i = 0; i < 4; ++i) {
+    w |= static_cast<uint32_t>(e[2 * i] & 0xF) << (4 * i);
+    w |= static_cast<uint32_t>(e[2 * i + 1] & 0xF) << (16 + 4 * i);
+  }
+  return w;
+}
+
+}  // namespace
+
+Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d, uint16_t* m) {
+  if (K <= 0 || K % 32 != 0) return make_error("pack_row: K must be a positive multiple of 32");
+  const int chunks = K / 32, kp = packed_k(K), pchunks = kp / 32;
+  switch (f) {
+    case WFormat::BF16: return make_error("pack_row: bf16 rows are not packed");
+    case WFormat::Q4_0:
+    case WFormat::Q4_1: {
+      // Chunk c's 16 bytes: lane t's word at (c / 4) * 64 + t * 16 + (c % 4) * 4.
+      std::memset(q, 0, static_cast<size_t>(kp) / 2);
+      for (int c = 0; c < pchunks; ++c) {
+        d[c] = 0;
+        if (m) m[c] = 0;
+      }
+      for (int c = 0; c < chunks; ++c) {
+        uint8_t e[32];
+        const uint8_t* qs;
+        if (f == WFormat::Q4_0) {
+          const auto* b = static_cast<const model::block_q4_0*>(gguf_row) + c;
+          qs = b->qs, d[c] = b->d;
+        } else {
+          const auto* b = static_cast<const model::block_q4_1*>(gguf_row) + c;
+          qs = b->qs, d[c] = b->d, m[c] = b->m;
+        }
+        for (int j = 0; j < 16; ++j) e[j] = qs[j] & 0xF, e[j + 16] = qs[j] >> 4;  // ggml: low nibbles first
+        for (int t = 0; t < 4; ++t) {
+          uint8_t lane[8];
+          for (int i = 0; i < 8; ++i) lane[i] = e[8 * t + i];
+          const uint32_t w = interleave(lane);
+          std::memcpy(q + (c / 4) * 64 + t * 16 + (c % 4) * 4, &w, 4);
+        }
+      }
+      return {};
+    }
+    case WFormat::Q8_0: {
+      // Chunk pair p's 64 bytes: lane t's 16 at p * 64 + t * 16 (chunk 2p's 8 quants, then 2p + 1's).
+      std::memset(q, 0, static_cast<size_t>(kp));
+      for (int c = 0; c < pchunks; ++c) d[c] = 0;
+      for (int c = 0; c < chunks; ++c) {
+        const auto* b = static_cast<const model::block_q8_0*>(gguf_row) + c;
+        d[c] = b->d;
+        for (int t = 0; t < 4; ++t) std::memcpy(q + (c / 2) * 64 + t * 16 + (c % 2) * 8, b->qs + 8 * t, 8);
+      }
+      return {};
+    }
+  }
+  return make_error("pack_row: unknown format");
+}
+
+void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),
+                float* out) {
+  for (int c = 0; c < K / 32; ++c) {
+    const float dc = h2f(d[c]), mc = f == WFormat::Q4_1 ? h2f(m[c]) : 0.0f;
+    for (int t = 0; t < 4; ++t)
+      for (int i = 0; i < 8; ++i) {
+        float v;
+        if (f == WFormat::Q8_0) {
+          v = dc * static_cast<float>(static_cast<int8_t>(q[(c / 2) * 64 + t * 16 + (c % 2) * 8 + i]));
+        } else {
+          uint32_t w;
+          std::memcpy(&w, q + (c / 4) * 64 + t * 16 + (c % 4) * 4, 4);
+          const uint32_t e = (w >> ((i % 2) * 16 + 4 * (i / 2))) & 0xF;
+          v = f == WFormat::Q4_0 ? dc * (static_cast<float>(e) - 8.0f) : dc * static_cast<float>(e) + mc;
+        }
+        out[32 * c + 8 * t + i] = v;
+      }
+  }
+}
+
+}  // namespace ss::cuda::kern
