@@ -122,6 +122,17 @@ struct StepProfile {
   double total() const { return matmul_s + lm_head_s + attention_s + rope_kv_s + other_s; }
 };
 
+// Memory a backend holds, by class: read-only weights (as the backend keeps them, e.g. repacked),
+// the read-write KV pool (all of it, used or not: the engine knows the use) and temporary scratch
+// (activations, logits, per-thread buffers; grows when a bigger batch arrives). `where`: "host"
+// for RAM, "device" for GPU memory.
+struct BackendMemory {
+  int64_t weights_bytes = 0;
+  int64_t kv_pool_bytes = 0;
+  int64_t scratch_bytes = 0;
+  std::string where = "host";
+};
+
 struct BackendOptions {
   int threads = 0;  // 0: all cores
   KvCacheConfig kv;  // kv.num_blocks 0: enough for one sequence of min(max_context, 4096) tokens
@@ -161,6 +172,10 @@ class Backend {
   virtual Status write_kv_block(int32_t /*block*/, std::span<const uint8_t> /*in*/) {
     return make_error("backend " + name() + " cannot copy KV blocks in");
   }
+
+  // Bytes held per memory class (BackendMemory); a backend that cannot tell reports zeros. Called
+  // on the executor's thread (scratch may grow during a step).
+  virtual BackendMemory memory() const { return {}; }
 
   // Stage timing for benchmarks (bench decode); a backend without it reports nothing.
   virtual void set_profiling(bool /*on*/, bool /*thread_cpu_time*/ = false) {}

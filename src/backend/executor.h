@@ -151,6 +151,21 @@ struct ExecutorStats {
   int64_t kv_host_dropped = 0, kv_disk_dropped = 0;
   int64_t kv_disk_writes = 0, kv_disk_write_errors = 0, kv_disk_rejected = 0;
   bool kv_disk_writes_stopped = false;
+  // Memory classes (Backend::memory(), bytes) and the KV pool's block size in bytes (0: unknown).
+  int64_t mem_weights_bytes = 0, mem_kv_pool_bytes = 0, mem_scratch_bytes = 0;
+  std::string mem_where = "host";
+  int64_t kv_block_bytes = 0;
+  int kv_block_tokens = 0;
+  // Memory pressure (engine/memory_pressure.h): the level of the last step, the host's available
+  // memory fraction it saw, steps run at each level, decode-only steps' tokens and time at each
+  // level, and the actions taken.
+  int pressure_level = 0;
+  double host_available_ratio = 1;
+  int64_t pressure_steps[4] = {};
+  int64_t pressure_decode_tokens[4] = {};
+  double pressure_decode_seconds[4] = {};
+  int64_t pressure_demoted_early = 0, pressure_prefill_shrunk = 0, pressure_admissions_capped = 0;
+  int64_t pressure_no_lower_tier = 0;
   std::string last_error;          // the last backend failure, if any
 };
 

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/memory_options.h"
 #include "engine/engine.h"
 #include "server/server.h"
 #include "structured/structured.h"
@@ -34,13 +35,6 @@ struct ServeArgs {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;
-  int threads = 0;
-  int max_num_seqs = 32;
-  int max_num_batched_tokens = 512;
-  int block_size = 16;
-  int num_kv_blocks = 0;
-  double kv_cache_mib = 0;
-  backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
   int long_prompt_threshold = 256;
   int max_prefill_with_decodes = kDefaultPrefillWithDecodes;
   int max_model_len = 0;
@@ -54,11 +48,6 @@ struct ServeArgs {
   double header_timeout = 10;
   bool metrics_require_key = false;
   bool no_prefix_caching = false;
-  int64_t kv_host_bytes = 0;
-  bool kv_host_compress = false;
-  int64_t kv_cache_ttl_ms = 30000;
-  std::string kv_disk_dir;
-  int64_t kv_disk_bytes = 0;
   bool log_requests = false;
   std::string log_format = "text";
   bool no_access_log = false;
@@ -66,10 +55,8 @@ struct ServeArgs {
   std::string otlp_endpoint;
   double otlp_sample_ratio = 1.0;
   bool quiet = false;
-  DeviceArgs device;
+  MemoryArgs mem;  // threads, seats, batch, KV cache, --memory-mode, tiers, device
 };
-
-constexpr double kDefaultKvMib = 512;
 
 // Idle and streaming connections each hold a descriptor: lift the soft limit to the hard one.
 void raise_fd_limit() {
@@ -87,7 +74,7 @@ void run_serve(const ServeArgs& a) {
   so.port = a.port;
   so.api_key = a.api_key;
   so.max_waiting = a.max_waiting;
-  so.max_num_seqs = a.max_num_seqs;
+  so.max_num_seqs = a.mem.max_num_seqs;
   so.request_timeout_s = a.request_timeout;
   so.shutdown_timeout_s = a.shutdown_timeout;
   so.watchdog_s = a.watchdog;
@@ -142,24 +129,15 @@ void run_serve(const ServeArgs& a) {
   const model::ModelConfig& mc = model->config;
   const int ctx = mc.max_context > 0 ? mc.max_context : 4096;
 
-  backend::BackendOptions bo;
-  bo.threads = a.threads;
-  bo.kv.block_size = a.block_size;
-  bo.kv.dtype = a.kv_dtype;
-  bo.max_batch_tokens = a.max_num_batched_tokens;
-  bo.max_slots = a.max_num_seqs;
-  const bool cuda = wants_cuda(a.device);
-  if (a.num_kv_blocks > 0) {
-    bo.kv.num_blocks = a.num_kv_blocks;
-  } else if (cuda && a.kv_cache_mib <= 0) {
-    bo.kv.num_blocks = 0;  // the GPU backend sizes its cache from --gpu-memory-utilization
-  } else {
-    const int64_t block_bytes = backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
-    const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
-    bo.kv.num_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
+  auto plan = plan_memory(mc, a.mem, a.quiet);
+  if (!plan.ok()) {
+    join.failed = true;
+    return fail(plan.message());
   }
+  server->set_memory_mode_info(memory_mode_labels(*plan));
+  backend::BackendOptions bo = plan->backend;
   std::string device;
-  auto be = make_backend(*model, bo, a.device, &device);
+  auto be = make_backend(*model, bo, a.mem.device, &device);
   if (!be.ok()) {
     join.failed = true;
     return fail(be.message());
@@ -171,18 +149,15 @@ void run_serve(const ServeArgs& a) {
   if (a.max_model_len > 0) max_len = std::min(max_len, a.max_model_len);
 
   engine::EngineConfig ec;
-  ec.scheduler.max_num_seqs = a.max_num_seqs;
-  ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = a.mem.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = a.mem.max_num_batched_tokens;
   ec.scheduler.long_prompt_threshold = a.long_prompt_threshold;
   ec.scheduler.max_prefill_tokens_with_decodes = a.max_prefill_with_decodes;
   ec.scheduler.enable_prefix_caching = !a.no_prefix_caching;
   ec.scheduler.max_model_len = max_len;
-  ec.tiers.host_bytes = a.kv_host_bytes;
-  ec.tiers.host_compress = a.kv_host_compress;
-  ec.tiers.ttl_ms = a.kv_cache_ttl_ms;
-  ec.tiers.disk_dir = a.kv_disk_dir;
-  ec.tiers.disk_bytes = a.kv_disk_bytes;
-  if (!a.kv_disk_dir.empty()) {  // disk entries are bound to this exact model file
+  ec.scheduler.pressure = plan->pressure;
+  ec.tiers = plan->tiers;
+  if (!ec.tiers.disk_dir.empty()) {  // disk entries are bound to this exact model file
     auto h = engine::model_file_hash(model->path);
     if (!h.ok()) {
       join.failed = true;
@@ -258,8 +233,11 @@ void run_serve(const ServeArgs& a) {
                   "serving '%s' on http://%s:%d — %d KV blocks of %d tokens (%s), max_model_len %d, "
                   "max_num_seqs %d, %s; device %s",
                   mi.id.c_str(), a.host.c_str(), server->port(), kv.num_blocks, kv.block_size,
-                  backend::kv_dtype_name(kv.dtype), max_len, a.max_num_seqs, backend->name().c_str(), device.c_str());
+                  backend::kv_dtype_name(kv.dtype), max_len, a.mem.max_num_seqs, backend->name().c_str(), device.c_str());
     telemetry::log_info("server", msg);
+    telemetry::log_info("server", "forward-pass threads " + std::to_string(bo.threads) + " (" + plan->threads_source +
+                                      ")");
+    telemetry::log_info("server", memory_mode_line(*plan));
     if (ec.tiers.enabled()) {
       std::snprintf(msg, sizeof msg, "KV tiers: host %lld bytes%s, disk %s (%lld bytes), idle TTL %lld ms",
                     static_cast<long long>(ec.tiers.host_bytes), ec.tiers.host_compress ? " (zstd)" : "",
@@ -285,16 +263,7 @@ void register_serve(CLI::App& app) {
   c->add_option("--port", a->port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   c->add_option("--api-key", a->api_key,
                 "Require 'Authorization: Bearer KEY' on every route but /health (and /metrics: --metrics-require-key)");
-  c->add_option("--threads", a->threads, "CPU threads for the forward pass (default: all cores)");
-  c->add_option("--max-num-seqs", a->max_num_seqs, "Sequences per engine step")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
-  c->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per engine step")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  c->add_option("--block-size", a->block_size, "Tokens per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
-  auto* nb = c->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks")->check(CLI::Range(1, 1 << 24));
-  c->add_option("--kv-cache-mib", a->kv_cache_mib, "KV cache size in MiB (default 512)")
-      ->check(CLI::PositiveNumber)->excludes(nb);
-  add_kv_dtype_option(c, &a->kv_dtype);
+  add_memory_options(c, &a->mem);
   c->add_option("--long-prompt-threshold", a->long_prompt_threshold, "Prompts this long wait in the long lane")
       ->check(CLI::Range(1, 1 << 24))->capture_default_str();
   c->add_option("--max-prefill-tokens-with-decodes", a->max_prefill_with_decodes,
@@ -322,17 +291,6 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--metrics-require-key", a->metrics_require_key, "With --api-key, /metrics needs the key too");
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
-  c->add_option("--kv-host-bytes", a->kv_host_bytes,
-                "Host-RAM tier for KV blocks leaving the cache (evicted, or idle past --kv-cache-ttl-ms); 0: none")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_flag("--kv-host-compress", a->kv_host_compress, "zstd-compress the host (and disk) tier's blocks");
-  c->add_option("--kv-cache-ttl-ms", a->kv_cache_ttl_ms,
-                "With a tier: cached KV blocks idle this long move from the cache to the tiers (0: never)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_option("--kv-disk-dir", a->kv_disk_dir,
-                "Disk tier for KV blocks (kept across restarts; bound to the model file, KV dtype and block size)");
-  c->add_option("--kv-disk-bytes", a->kv_disk_bytes, "The disk tier's bound in bytes")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
   c->add_flag("--log-requests", a->log_requests, "Log each request on stderr as it arrives");
   c->add_option("--log-format", a->log_format, "stderr log lines: text, or json (one object a line: timestamp, level, "
                                                "component, message, request_id, trace_id, ...)")
@@ -345,10 +303,9 @@ void register_serve(CLI::App& app) {
                 "Fraction of new traces recorded (a caller's traceparent decides for its own)")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   c->add_flag("--quiet,-q", a->quiet, "No progress output");
-  add_device_options(c, &a->device);
   c->callback([a] {
     if (auto f = telemetry::parse_log_format(a->log_format); f.ok()) telemetry::Logger::global().set_format(*f);
-    if (a->max_num_batched_tokens < a->max_num_seqs)
+    if (a->mem.max_num_batched_tokens < a->mem.max_num_seqs)
       return fail("--max-num-batched-tokens must be >= --max-num-seqs");
     if (a->max_buffered_body_mib < a->max_body_mib) return fail("--max-buffered-body-mib must be >= --max-body-mib");
     run_serve(*a);

@@ -26,6 +26,7 @@ void register_commands(CLI::App& app) {
   register_bench(app);
   register_serve(app);
   register_synth(app);
+  register_topology(app);
 }
 
 }  // namespace ss::cli

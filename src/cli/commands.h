@@ -12,6 +12,7 @@ void register_fetch(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_synth(CLI::App& app);
+void register_topology(CLI::App& app);
 
 // Commands record their result here; main returns it.
 void set_exit_code(int code);

@@ -100,6 +100,9 @@ Status HostExecutor::poll(std::vector<SeqEvent>& out) {
       ++stats_.decode_steps;
       stats_.decode_step_seconds += step_s;
       stats_.decode_step_tokens += plan_.num_decode_tokens;
+      const auto lvl = static_cast<size_t>(sched_.pressure_level());
+      stats_.pressure_decode_tokens[lvl] += plan_.num_decode_tokens;
+      stats_.pressure_decode_seconds[lvl] += step_s;
     }
   }
   refresh_stats();
@@ -131,6 +134,22 @@ void HostExecutor::refresh_stats() {
   s.kv_paging_waste = slots.first > 0 ? 1.0 - double(slots.second) / double(slots.first) : 0.0;
   s.kv_slots_held_sum += slots.first;
   s.kv_slots_filled_sum += slots.second;
+  const backend::BackendMemory mem = be_.memory();
+  s.mem_weights_bytes = mem.weights_bytes;
+  s.mem_kv_pool_bytes = mem.kv_pool_bytes;
+  s.mem_scratch_bytes = mem.scratch_bytes;
+  s.mem_where = mem.where;
+  s.kv_block_bytes = be_.kv_block_bytes() > 0 ? be_.kv_block_bytes()
+                                              : (kv.num_blocks() > 0 ? mem.kv_pool_bytes / kv.num_blocks() : 0);
+  s.kv_block_tokens = kv.block_size();
+  s.pressure_level = sched_.pressure_level();
+  s.host_available_ratio = sched_.host_available();
+  const PressureCounters& pc = sched_.pressure_counters();
+  for (size_t i = 0; i < 4; ++i) s.pressure_steps[i] = pc.steps_at_level[i];
+  s.pressure_demoted_early = pc.demoted_early;
+  s.pressure_prefill_shrunk = pc.prefill_shrunk;
+  s.pressure_admissions_capped = pc.admissions_capped;
+  s.pressure_no_lower_tier = pc.no_lower_tier;
   if (tiers_) {
     const KvTierStats t = tiers_->stats();
     s.kv_host_capacity_bytes = t.host_capacity_bytes;

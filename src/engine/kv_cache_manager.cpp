@@ -98,10 +98,11 @@ void KvCacheManager::set_tiers(KvTiers* tiers) {
   });
 }
 
-int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int max_blocks) {
+int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int max_blocks, int64_t ttl_ms) {
   pool_.set_now(now);
   if (!tiers_ || tiers_->config().ttl_ms <= 0) return 0;
-  return pool_.expire_idle(now - std::chrono::milliseconds(tiers_->config().ttl_ms), max_blocks);
+  const int64_t ttl = ttl_ms > 0 ? ttl_ms : tiers_->config().ttl_ms;
+  return pool_.expire_idle(now - std::chrono::milliseconds(ttl), max_blocks);
 }
 
 void KvCacheManager::demote_all_cached() {

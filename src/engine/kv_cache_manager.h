@@ -56,7 +56,8 @@ class KvCacheManager {
   KvTiers* tiers() const { return tiers_; }
   // Per step: stamps the time on blocks becoming evictable, and demotes those idle longer than the
   // tiers' TTL, at most max_blocks of them. Returns how many left the pool.
-  int expire_idle(std::chrono::steady_clock::time_point now, int max_blocks);
+  // ttl_ms > 0 replaces the tiers' TTL for this call (memory pressure shortens it).
+  int expire_idle(std::chrono::steady_clock::time_point now, int max_blocks, int64_t ttl_ms = 0);
   // Copies every cached block into the tiers (they stay in the pool): at shutdown, so a disk
   // tier keeps what the pool held.
   void demote_all_cached();

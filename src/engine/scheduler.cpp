@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include "engine/kv_tiers.h"
+
 #include <algorithm>
 #include <cassert>
 #include <climits>
@@ -22,6 +24,7 @@ Status SchedulerConfig::validate() const {
   if (max_wait_steps < 1) return make_error("max_wait_steps must be >= 1, got " + std::to_string(max_wait_steps));
   if (max_wait_time.count() < 0) return make_error("max_wait_time must be >= 0");
   if (max_model_len < 0) return make_error("max_model_len must be >= 0, got " + std::to_string(max_model_len));
+  if (pressure.enabled) SS_TRY(pressure.validate());
   return {};
 }
 
@@ -260,10 +263,22 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   ++counters_.steps;
   preempted_this_step_ = false;
   step_began_ = Clock::now();
-  kv_.expire_idle(now, running_.empty() ? INT_MAX : kMaxIdleDemotionsPerStep);
+  update_pressure(now);
+  const int level = level_;
+  const int max_demote = running_.empty() ? INT_MAX : kMaxIdleDemotionsPerStep;
+  const int demoted = kv_.expire_idle(now, max_demote);
+  // Level 1: blocks idle past the shortened TTL leave the pool too (counted apart from the usual ones).
+  if (level >= 1 && kv_.tiers() && kv_.tiers()->config().ttl_ms > 0 && demoted < max_demote) {
+    const auto ttl = std::max<int64_t>(1, static_cast<int64_t>(double(kv_.tiers()->config().ttl_ms) *
+                                                                cfg_.pressure.ttl_factor));
+    pressure_.demoted_early += kv_.expire_idle(now, max_demote - demoted, ttl);
+  }
   reap(now, out);
 
-  const int max_seqs = cfg_.max_num_seqs;
+  // Level 2: fewer running sequences; the rest of the work waits (running ones are never preempted
+  // for it: they finish, and seats free up below the cap).
+  const int max_seqs = level >= 2 ? std::max(1, static_cast<int>(cfg_.max_num_seqs * cfg_.pressure.seat_factor))
+                                  : cfg_.max_num_seqs;
   budget_ = cfg_.max_num_batched_tokens;
   long_left_ = INT_MAX;  // set below, once the decodes have taken their part of the budget
   plp_left_ = kMaxPromptLogprobRows;
@@ -280,6 +295,15 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
   // With decodes in this step, prefill work is capped so the step stays short (their TPOT).
   if (!decisions_.empty() && cfg_.max_prefill_tokens_with_decodes > 0)
     budget_ = std::min(budget_, cfg_.max_prefill_tokens_with_decodes);
+  // Level 1: smaller prefill chunks (less KV claimed per step, shorter steps for the decodes).
+  bool prefill_cut = false;
+  if (level >= 1) {
+    const int cap = std::max(kv_.block_size(), static_cast<int>(cfg_.max_num_batched_tokens * cfg_.pressure.prefill_factor));
+    if (budget_ > cap) {
+      budget_ = cap;
+      prefill_cut = true;
+    }
+  }
   // Cap long prefills only while short prompts are pending: waiting with a seat free, or admitted
   // and still prefilling (else the older long prompt would take the budget first in (2)); and then
   // only as far as the short work can use the budget, so a step is never left short by the cap.
@@ -349,6 +373,35 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     if (charged) long_left_ -= n;
   }
   build_batch(plan);
+  if (prefill_cut && plan.num_prefill_tokens > 0) ++pressure_.prefill_shrunk;
+  if (level >= 2 && num_waiting() > 0 && static_cast<int>(running_.size()) >= max_seqs &&
+      max_seqs < cfg_.max_num_seqs)
+    ++pressure_.admissions_capped;
+  if (level >= 3 && !cfg_.pressure.has_lower_backend) ++pressure_.no_lower_tier;
+}
+
+void Scheduler::update_pressure(Clock::time_point now) {
+  if (!cfg_.pressure.enabled) {
+    level_ = 0;
+    ++pressure_.steps_at_level[0];
+    return;
+  }
+  // /proc/meminfo costs ~20 us to read: sample it 4 times a second, not every step (an injected
+  // probe is asked every step).
+  if (cfg_.pressure.host_memory || host_sampled_ == Clock::time_point{} ||
+      now - host_sampled_ >= std::chrono::milliseconds(250) || now < host_sampled_) {
+    host_sampled_ = now;
+    int64_t avail = 0, total = 0;
+    const bool ok = cfg_.pressure.host_memory ? cfg_.pressure.host_memory(&avail, &total) : read_host_memory(&avail, &total);
+    host_available_ = ok && total > 0 ? std::clamp(double(avail) / double(total), 0.0, 1.0) : 1.0;
+  }
+  PressureInputs in;
+  in.kv_use = kv_.usage();
+  in.host_available = host_available_;
+  in.waiting = num_waiting();
+  in.max_num_seqs = cfg_.max_num_seqs;
+  level_ = next_pressure_level(in, cfg_.pressure.watermarks, level_);
+  ++pressure_.steps_at_level[static_cast<size_t>(level_)];
 }
 
 void Scheduler::build_batch(StepPlan& plan) {

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "engine/kv_cache_manager.h"
+#include "engine/memory_pressure.h"
 
 namespace ss::engine {
 
@@ -47,6 +48,7 @@ struct SchedulerConfig {
   std::chrono::milliseconds max_wait_time{0};
   bool enable_prefix_caching = true;
   int max_model_len = 0;  // prompt + max_tokens limit; 0: the whole KV cache
+  PressureConfig pressure;  // memory pressure levels (memory_pressure.h)
 
   Status validate() const;
 };
@@ -169,6 +171,11 @@ class Scheduler {
   // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
   static constexpr int kMaxIdleDemotionsPerStep = 32;
   const SchedulerCounters& counters() const { return counters_; }
+  // The memory-pressure level of the last step (0..3), its actions, and the host's available
+  // memory fraction it saw (1 when unknown).
+  int pressure_level() const { return level_; }
+  const PressureCounters& pressure_counters() const { return pressure_; }
+  double host_available() const { return host_available_; }
   const SchedulerConfig& config() const { return cfg_; }
   int max_model_len() const { return max_len_; }
   // Every block's ref count equals the number of tables holding it, tables match computed
@@ -197,6 +204,7 @@ class Scheduler {
   bool waited_too_long(const Sequence* s, Clock::time_point now) const;
   int64_t short_demand(int max_seqs) const;
   void build_batch(StepPlan& plan);
+  void update_pressure(Clock::time_point now);
 
   SchedulerConfig cfg_;
   int vocab_;
@@ -215,6 +223,10 @@ class Scheduler {
   bool preempted_this_step_ = false;
   Clock::time_point step_began_{};  // steady_clock, for prefill-chunk marks
   SchedulerCounters counters_;
+  int level_ = 0;
+  PressureCounters pressure_;
+  double host_available_ = 1;
+  Clock::time_point host_sampled_{};
 };
 
 }  // namespace ss::engine

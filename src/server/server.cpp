@@ -372,6 +372,8 @@ struct Server::Impl {
   int64_t last_steps = -1;
   Clock::time_point last_progress = Clock::now();
   bool stalled = false;
+  bool logged_no_lower_tier = false;
+  std::map<std::string, std::string> memory_mode_info;  // written before `ready`, read after it
 
   MetricsRegistry reg;
   // Series the server itself updates; the engine's gauges and totals are read from its snapshot
@@ -534,6 +536,71 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
     for (size_t i = 0; i < std::size(tier_counters); ++i)
       f.push_back(counter_family(tier_counters[i].first, tier_counters[i].second, tier_counter_values[i]));
   }
+  {  // memory classes and pressure (engine/memory_pressure.h)
+    auto labelled = [&](const std::string& name, const std::string& help, prometheus::MetricType type,
+                        const std::string& key, const std::vector<std::pair<std::string, double>>& samples) {
+      prometheus::MetricFamily fam;
+      fam.name = name;
+      fam.help = help;
+      fam.type = type;
+      for (const auto& [label, v] : samples) {
+        prometheus::ClientMetric cm;
+        cm.label.push_back({key, label});
+        if (!s.mem_where.empty() && key == "pool") cm.label.push_back({"where", s.mem_where});
+        if (type == prometheus::MetricType::Counter) cm.counter.value = v;
+        else cm.gauge.value = v;
+        fam.metric.push_back(std::move(cm));
+      }
+      f.push_back(std::move(fam));
+    };
+    const double kv_used = n(s.kv_blocks_used) * n(s.kv_block_bytes);
+    labelled("selfserve_memory_pool_capacity_bytes",
+             "Bytes held per memory class: read-only weights, the read-write KV pool, temporary scratch",
+             prometheus::MetricType::Gauge, "pool",
+             {{"weights", n(s.mem_weights_bytes)}, {"kv", n(s.mem_kv_pool_bytes)}, {"scratch", n(s.mem_scratch_bytes)}});
+    labelled("selfserve_memory_pool_used_bytes",
+             "Bytes in use per memory class (KV: blocks held by live requests; weights and scratch: all of them)",
+             prometheus::MetricType::Gauge, "pool",
+             {{"weights", n(s.mem_weights_bytes)}, {"kv", kv_used}, {"scratch", n(s.mem_scratch_bytes)}});
+    const int64_t frag_slots = s.kv_slots_held - s.kv_slots_filled;
+    f.push_back(gauge_family("selfserve_memory_kv_fragmentation_slots",
+                             "KV slots allocated to running requests but holding no token (partly filled blocks)",
+                             n(frag_slots)));
+    f.push_back(gauge_family("selfserve_memory_kv_fragmentation_bytes", "Those slots in bytes",
+                             s.kv_block_tokens > 0 ? n(frag_slots) * n(s.kv_block_bytes) / n(s.kv_block_tokens) : 0.0));
+    f.push_back(gauge_family("selfserve_memory_pressure_level",
+                             "Memory pressure level of the last engine step (0: none .. 3: no room in the KV pool)",
+                             n(s.pressure_level)));
+    f.push_back(gauge_family("selfserve_memory_host_available_ratio",
+                             "MemAvailable / MemTotal as the last pressure check saw it", s.host_available_ratio));
+    std::vector<std::pair<std::string, double>> steps, dtok, dsec;
+    for (int l = 0; l < 4; ++l) {
+      steps.push_back({std::to_string(l), n(s.pressure_steps[l])});
+      dtok.push_back({std::to_string(l), n(s.pressure_decode_tokens[l])});
+      dsec.push_back({std::to_string(l), s.pressure_decode_seconds[l]});
+    }
+    labelled("selfserve_memory_pressure_steps_total", "Engine steps run at each memory pressure level",
+             prometheus::MetricType::Counter, "level", steps);
+    labelled("selfserve_memory_pressure_decode_tokens_total",
+             "Tokens sampled by decode-only steps at each memory pressure level", prometheus::MetricType::Counter,
+             "level", dtok);
+    labelled("selfserve_memory_pressure_decode_seconds_total",
+             "Wall time of decode-only steps at each memory pressure level", prometheus::MetricType::Counter, "level",
+             dsec);
+    labelled("selfserve_memory_pressure_actions_total",
+             "Memory pressure actions: demote_early (blocks that left the pool under the shortened TTL), "
+             "shrink_prefill (steps with a cut prefill budget), cap_running (steps where work stayed queued at "
+             "the lowered running cap), no_lower_tier (steps at level 3 with no backend below)",
+             prometheus::MetricType::Counter, "action",
+             {{"demote_early", n(s.pressure_demoted_early)},
+              {"shrink_prefill", n(s.pressure_prefill_shrunk)},
+              {"cap_running", n(s.pressure_admissions_capped)},
+              {"no_lower_tier", n(s.pressure_no_lower_tier)}});
+    if (is_ready && !memory_mode_info.empty())
+      f.push_back(gauge_family("selfserve_memory_mode_info",
+                               "--memory-mode and the settings in effect (watermarks, TTL, tier sizes); always 1",
+                               1.0, memory_mode_info));
+  }
   if (opts.tracer) {
     const telemetry::ExporterStats t = opts.tracer->stats();
     f.push_back(counter_family("selfserve_otlp_spans_queued_total", "Spans accepted for OTLP export", n(t.spans_queued)));
@@ -568,6 +635,12 @@ awaitable<void> Server::Impl::tick_loop() {
     const auto now = Clock::now();
     const engine::EngineStats s = engine->stats();
     const bool busy = engine->has_work();
+    if (s.pressure_no_lower_tier > 0 && !logged_no_lower_tier) {
+      logged_no_lower_tier = true;
+      telemetry::log_warn("engine", "memory pressure level 3: the KV pool has no room and backend " +
+                                        engine->executor_name() +
+                                        " has nothing below it to serve new work; new requests wait for running ones");
+    }
     if (s.steps != last_steps || !busy) last_progress = now;
     last_steps = s.steps;
     stalled = busy && seconds(now - last_progress) > opts.watchdog_s;
@@ -1291,6 +1364,10 @@ Expected<std::unique_ptr<Server>> Server::create(const ServerOptions& opts) {
 int Server::port() const { return impl_->bound_port; }
 
 MetricsRegistry& Server::metrics() { return impl_->reg; }
+
+void Server::set_memory_mode_info(std::map<std::string, std::string> labels) {
+  impl_->memory_mode_info = std::move(labels);
+}
 
 void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   Impl& s = *impl_;

@@ -16,6 +16,7 @@
 // Server (its callbacks post into the server's event loop).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -66,6 +67,9 @@ class Server {
 
   int port() const;  // the bound port
   // Thread-safe. The engine must be running (Engine::start) and outlive run().
+  // Labels of the info gauge selfserve_memory_mode_info (--memory-mode and what it set); call
+  // before set_ready (the series appears with it).
+  void set_memory_mode_info(std::map<std::string, std::string> labels);
   void set_ready(engine::Engine& engine, const ModelInfo& model);
   // Serves on the calling thread until the shutdown completes.
   Status run();

@@ -643,6 +643,34 @@ bool parse_kv_dtype(const std::string& s, KvCacheConfig::DType* out) {
   return false;
 }
 
+BackendMemory CpuBackend::memory() const {
+  BackendMemory m;
+  // Weights: the packed copies, plus every tensor still read from the model's own pages (a packed
+  // tensor's pages were released; a tied lm_head is token_embd, counted once).
+  auto add = [&](const model::Tensor& t, const cpu::PackedMatrix* p) {
+    if (t.valid() && (!p || p->empty())) m.weights_bytes += static_cast<int64_t>(t.nbytes);
+  };
+  const auto& w = model_.weights;
+  add(w.token_embd, nullptr);
+  add(w.output_norm, nullptr);
+  if (w.output.valid() && w.output.data != w.token_embd.data) add(w.output, &packed_out_);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const auto& L = w.layers[l];
+    const LayerPacked* P = l < packed_.size() ? &packed_[l] : nullptr;
+    add(L.wq, P ? &P->wq : nullptr), add(L.wk, P ? &P->wk : nullptr), add(L.wv, P ? &P->wv : nullptr);
+    add(L.wo, P ? &P->wo : nullptr), add(L.w_gate, P ? &P->w_gate : nullptr), add(L.w_up, P ? &P->w_up : nullptr);
+    add(L.w_down, P ? &P->w_down : nullptr);
+    for (const model::Tensor* t : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm}) add(*t, nullptr);
+  }
+  m.weights_bytes += static_cast<int64_t>(packed_buf_.size());
+  m.kv_pool_bytes = static_cast<int64_t>(kv_cache_.size());
+  auto vec = [](const auto& v) { return static_cast<int64_t>(v.capacity() * sizeof(v[0])); };
+  for (const auto* v : {&x_, &xn_, &xg_, &q_, &k_, &v_, &att_, &tmp_, &gate_, &up_, &rope_cs_, &attn_scratch_, &logits_})
+    m.scratch_bytes += vec(*v);
+  m.scratch_bytes += vec(mm_scratch_);
+  return m;
+}
+
 int64_t cpu_kv_block_bytes(const KvCacheConfig& kv, int n_layers, int n_kv_heads, int head_dim) {
   const int64_t slots = (kv.block_size + cpu::ops::kKeyChunk - 1) / cpu::ops::kKeyChunk * cpu::ops::kKeyChunk;
   const int64_t elems = static_cast<int64_t>(n_kv_heads) * head_dim * slots;  // K (or V) of one layer

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   int64_t kv_block_bytes() const override { return 2 * kv_layer_bytes_ * cfg_.n_layers; }
   Status read_kv_block(int32_t block, std::span<uint8_t> out) override;
   Status write_kv_block(int32_t block, std::span<const uint8_t> in) override;
+  BackendMemory memory() const override;
 
   void set_profiling(bool on, bool thread_cpu_time = false) override {
     profiling_ = on;

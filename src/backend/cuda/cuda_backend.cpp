@@ -106,6 +106,10 @@ class CudaBackend final : public Backend {
   Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
     return copy_kv_block(block, const_cast<uint8_t*>(in.data()), in.size(), false);
   }
+  BackendMemory memory() const override {  // the three device arenas, as reserved at start-up
+    return {static_cast<int64_t>(weights_.capacity()), static_cast<int64_t>(kv_mem_.capacity()),
+            static_cast<int64_t>(scratch_.capacity()), "device"};
+  }
   // Stage times for bench decode, only with SS_CUDA_PROFILE=1 in the environment: the step then
   // runs eagerly with an event after every kernel (no graphs, no PDL overlap across the events), so
   // each kernel's own time is measured; the per-kernel table goes to stderr when profiling stops.

@@ -1,0 +1,138 @@
+#include "cli/memory_options.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/default_model.h"
+#include "topology/topology.h"
+
+namespace ss::cli {
+
+namespace {
+constexpr double kDefaultKvMib = 512;
+
+std::string join3(const double* v, int n) {
+  std::string s;
+  char buf[32];
+  for (int i = 0; i < n; ++i) {
+    std::snprintf(buf, sizeof buf, "%s%g", i ? "," : "", v[i]);
+    s += buf;
+  }
+  return s;
+}
+}  // namespace
+
+void add_memory_options(CLI::App* c, MemoryArgs* a) {
+  c->add_option("--threads", a->threads,
+                "CPU threads for the forward pass (default: one per physical core, from `selfserve topology`)");
+  c->add_option("--max-num-seqs", a->max_num_seqs, "Sequences per engine step")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  c->add_option("--max-num-batched-tokens", a->max_num_batched_tokens, "Tokens per engine step")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  c->add_option("--block-size", a->block_size, "Tokens per KV block")->check(CLI::Range(1, 1024))->capture_default_str();
+  auto* nb = c->add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache blocks")->check(CLI::Range(1, 1 << 24));
+  c->add_option("--kv-cache-mib", a->kv_cache_mib, "KV cache size in MiB (default 512)")
+      ->check(CLI::PositiveNumber)->excludes(nb);
+  add_kv_dtype_option(c, &a->kv_dtype);
+  c->add_option("--memory-mode", a->memory_mode,
+                "Memory pressure watermarks, KV idle TTL and tier sizes together: aggressive (act late, long TTL, "
+                "a host tier of 1/4 of RAM), balanced, conservative (act early, short TTL); explicit flags win")
+      ->check(CLI::IsMember({"aggressive", "balanced", "conservative"}))->capture_default_str();
+  c->add_flag("--no-memory-pressure", a->no_memory_pressure,
+              "Never raise the memory pressure level (no early demotion, prefill shrinking or seat cap)");
+  c->add_option("--kv-host-bytes", a->kv_host_bytes,
+                "Host-RAM tier for KV blocks leaving the cache (evicted, or idle past --kv-cache-ttl-ms); 0: none "
+                "(default: --memory-mode's)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_flag("--kv-host-compress", a->kv_host_compress, "zstd-compress the host (and disk) tier's blocks");
+  c->add_option("--kv-cache-ttl-ms", a->kv_cache_ttl_ms,
+                "With a tier: cached KV blocks idle this long move from the cache to the tiers (0: never; "
+                "default: --memory-mode's, 30000 balanced)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--kv-disk-dir", a->kv_disk_dir,
+                "Disk tier for KV blocks (kept across restarts; bound to the model file, KV dtype and block size)");
+  c->add_option("--kv-disk-bytes", a->kv_disk_bytes, "The disk tier's bound in bytes (default: --memory-mode's)")
+      ->check(CLI::NonNegativeNumber);
+  add_device_options(c, &a->device);
+}
+
+Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs& a, bool quiet) {
+  (void)quiet;
+  MemoryPlan p;
+  engine::MemoryMode mode;
+  if (!engine::parse_memory_mode(a.memory_mode, &mode))
+    return make_error("--memory-mode must be aggressive, balanced or conservative, got '" + a.memory_mode + "'");
+  p.mode = engine::memory_mode_settings(mode);
+
+  backend::BackendOptions& bo = p.backend;
+  bo.threads = a.threads;
+  if (a.threads > 0) {
+    p.threads_source = "--threads";
+  } else {
+    const auto t = topology::load_or_measure(selfserve_home() + "/topology.json");
+    bo.threads = topology::default_threads(t.topology);
+    p.threads_source = "one per physical core; topology " +
+                       std::string(t.from_cache ? "from the cache" : "measured, " + t.why);
+  }
+  bo.kv.block_size = a.block_size;
+  bo.kv.dtype = a.kv_dtype;
+  bo.max_batch_tokens = a.max_num_batched_tokens;
+  bo.max_slots = a.max_num_seqs;
+  bo.gpu_memory_utilization = a.device.gpu_memory_utilization;
+  bo.weight_chunk_mb = a.device.weight_chunk_mb;
+  bo.enforce_eager = a.device.enforce_eager;
+  const bool cuda = wants_cuda(a.device);
+  if (a.num_kv_blocks > 0) {
+    bo.kv.num_blocks = a.num_kv_blocks;
+  } else if (cuda && a.kv_cache_mib <= 0) {
+    bo.kv.num_blocks = 0;  // the GPU backend sizes its cache from --gpu-memory-utilization
+  } else {
+    const int64_t block_bytes = backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+    const double mib = a.kv_cache_mib > 0 ? a.kv_cache_mib : kDefaultKvMib;
+    bo.kv.num_blocks = static_cast<int>(
+        std::max<int64_t>(1, static_cast<int64_t>(mib * 1048576.0) / std::max<int64_t>(1, block_bytes)));
+  }
+
+  engine::KvTierConfig& t = p.tiers;
+  t.ttl_ms = a.kv_cache_ttl_ms >= 0 ? a.kv_cache_ttl_ms : p.mode.kv_ttl_ms;
+  if (a.kv_host_bytes >= 0) {
+    t.host_bytes = a.kv_host_bytes;
+  } else if (p.mode.host_tier_ram_fraction > 0) {
+    int64_t avail = 0, total = 0;
+    if (engine::read_host_memory(&avail, &total))
+      t.host_bytes = static_cast<int64_t>(double(total) * p.mode.host_tier_ram_fraction);
+  }
+  t.host_compress = a.kv_host_compress;
+  t.disk_dir = a.kv_disk_dir;
+  if (!a.kv_disk_dir.empty()) t.disk_bytes = a.kv_disk_bytes >= 0 ? a.kv_disk_bytes : p.mode.disk_tier_bytes;
+
+  p.pressure.enabled = !a.no_memory_pressure;
+  p.pressure.watermarks = p.mode.watermarks;
+  p.pressure.has_lower_backend = false;  // a GPU build would fall back to the CPU backend here (not done)
+  return p;
+}
+
+std::map<std::string, std::string> memory_mode_labels(const MemoryPlan& p) {
+  const auto& w = p.pressure.watermarks;
+  return {{"mode", engine::memory_mode_name(p.mode.mode)},
+          {"pressure", p.pressure.enabled ? "on" : "off"},
+          {"kv_watermarks", join3(w.kv.data(), 3)},
+          {"host_available_watermarks", join3(w.host_available.data(), 3)},
+          {"queue_per_seat_watermarks", join3(w.queue_per_seat.data(), 2)},
+          {"kv_cache_ttl_ms", std::to_string(p.tiers.ttl_ms)},
+          {"kv_host_bytes", std::to_string(p.tiers.host_bytes)},
+          {"kv_disk_bytes", std::to_string(p.tiers.disk_bytes)}};
+}
+
+std::string memory_mode_line(const MemoryPlan& p) {
+  const auto l = memory_mode_labels(p);
+  return "memory mode " + l.at("mode") + ": pressure " + l.at("pressure") + ", watermarks KV use " + l.at("kv_watermarks") +
+         ", host available <= " + l.at("host_available_watermarks") + ", queue per seat " +
+         l.at("queue_per_seat_watermarks") + " (levels 1,2,3); KV idle TTL " + l.at("kv_cache_ttl_ms") +
+         " ms; host tier " + l.at("kv_host_bytes") + " bytes; disk tier " +
+         (p.tiers.disk_dir.empty() ? std::string("off") : l.at("kv_disk_bytes") + " bytes");
+}
+
+}  // namespace ss::cli

@@ -1,0 +1,149 @@
+"""Issue 18's second half on the real server and the default model: memory pressure levels reached
+by a tiny KV pool (every request completes with the roomy server's greedy text; the levels and
+each action show in /metrics), --memory-mode in /metrics, `inspect --memory` equal to what the
+server reports for the same flags, and `selfserve topology` (its JSON against the schema in the
+repo, re-measured when the cached fingerprint stops matching)."""
+import concurrent.futures as cf
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+import requests
+
+from test_server import API_KEY, Server, greedy_completion
+
+jsonschema = pytest.importorskip("jsonschema")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "src" / "topology" / "topology.schema.json"
+
+
+def _prompts(n):
+    # 50-90 tokens each, all different, so nothing is shared through the prefix cache.
+    return [f"Report {i}: the lighthouse keeper on island {i * 7 % 13} counted the ships that passed, "
+            f"{'one by one, ' * (2 + i % 5)}and wrote each name into the log before the lamp was lit at dusk."
+            for i in range(n)]
+
+
+def test_pressure_levels_under_a_tiny_kv_pool(default_model, tmp_path):
+    """24 concurrent requests on a 40-block pool (640 tokens for ~2,500 tokens of work): the level
+    climbs to 3, the prefill chunks shrink, admissions wait at the lowered seat cap, idle blocks go
+    to the host tier early, level 3 is logged once, and every request completes with the greedy
+    text a roomy server gives it. Nothing is refused (429 only when the admission queue is full)."""
+    prompts = _prompts(24)
+    ref = Server(tmp_path, "roomy", "--model", default_model, "--api-key", API_KEY, "--max-num-seqs", "8",
+                 "--kv-cache-mib", "256")
+    try:
+        expect = [greedy_completion(ref, p, 24) for p in prompts]
+        assert ref.metric("selfserve_memory_pressure_steps_total{level=\"3\"}") == 0
+    finally:
+        assert ref.stop() == 0, ref.log_text()
+    s = Server(tmp_path, "tiny", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "40",
+               "--max-num-seqs", "16", "--max-num-batched-tokens", "64", "--max-prefill-tokens-with-decodes", "0",
+               "--kv-host-bytes", str(64 << 20), "--kv-cache-ttl-ms", "400", "--memory-mode", "balanced")
+    try:
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            got = list(ex.map(lambda p: greedy_completion(s, p, 24), prompts))
+        assert got == expect
+        m = s.metrics()
+        steps = {lvl: m[f'selfserve_memory_pressure_steps_total{{level="{lvl}"}}'] for lvl in range(4)}
+        assert steps[3] > 0, steps
+        assert sum(steps.values()) == m["selfserve_engine_steps_total"]
+        actions = {a: m[f'selfserve_memory_pressure_actions_total{{action="{a}"}}']
+                   for a in ("demote_early", "shrink_prefill", "cap_running", "no_lower_tier")}
+        assert actions["shrink_prefill"] > 0, actions
+        assert actions["cap_running"] > 0, actions
+        assert actions["no_lower_tier"] > 0, actions
+        assert actions["demote_early"] > 0, actions
+        # Decode throughput per level is there to be read (docs/perf/memory.md quotes it).
+        assert sum(m[f'selfserve_memory_pressure_decode_tokens_total{{level="{lvl}"}}'] for lvl in range(4)) > 0
+        assert m.get('selfserve_requests_rejected_total{reason="overload"}', 0) == 0
+        info = [k for k in m if k.startswith("selfserve_memory_mode_info{")]
+        assert len(info) == 1 and 'mode="balanced"' in info[0] and 'kv_cache_ttl_ms="400"' in info[0], info
+        assert 'kv_host_bytes="67108864"' in info[0]
+        assert m["selfserve_memory_pressure_level"] == 0  # the load is gone
+        assert m["selfserve_kv_cache_blocks_used"] == 0
+        assert s.log_text().count("memory pressure level 3") == 1
+        assert "memory mode balanced" in s.log_text()
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+@pytest.mark.parametrize("flags", [
+    ["--num-kv-blocks", "40"],
+    ["--kv-cache-mib", "24", "--kv-cache-dtype", "q8_0", "--memory-mode", "conservative", "--max-num-seqs", "4",
+     "--max-num-batched-tokens", "128", "--threads", "1"],
+])
+def test_inspect_memory_equals_the_servers_metrics(selfserve, default_model, tmp_path, flags):
+    r = selfserve("inspect", "--memory", "--json", default_model, *flags)
+    want = json.loads(r.stdout)
+    assert want["weights_bytes"] > 0 and want["kv_pool_bytes"] > 0 and want["scratch_bytes"] > 0
+    s = Server(tmp_path, "inspect", "--model", default_model, "--api-key", API_KEY, *flags)
+    try:
+        m = s.metrics()
+        for pool, key in (("weights", "weights_bytes"), ("kv", "kv_pool_bytes"), ("scratch", "scratch_bytes")):
+            assert m[f'selfserve_memory_pool_capacity_bytes{{pool="{pool}",where="host"}}'] == want[key], pool
+        assert m["selfserve_kv_cache_blocks_total"] == want["kv_blocks"]
+        # The pool holds its blocks (rounded up to whole huge pages at most).
+        assert want["kv_blocks"] * want["kv_block_bytes"] <= want["kv_pool_bytes"] < \
+            want["kv_blocks"] * want["kv_block_bytes"] + (2 << 20)
+        mode = want["memory_mode"]
+        info = [k for k in m if k.startswith("selfserve_memory_mode_info{")]
+        assert len(info) == 1
+        for k, v in mode.items():
+            assert f'{k}="{v}"' in info[0]
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_memory_mode_rejects_unknown_names(selfserve, default_model):
+    r = selfserve("inspect", "--memory", default_model, "--memory-mode", "frugal", check=False)
+    assert r.returncode != 0
+    assert b"memory-mode" in r.stderr
+
+
+def test_topology_json_matches_its_schema_and_is_remeasured_on_a_new_fingerprint(selfserve, tmp_path):
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    env = {**os.environ, "SELFSERVE_HOME": str(tmp_path)}
+    exe = os.environ.get("SELFSERVE_BIN", str(ROOT / "build" / "selfserve"))
+
+    def topology(*args):
+        r = subprocess.run([exe, "topology", *args], env=env, capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    first = topology("--json")
+    assert b"measured (no cached topology)" in first.stderr
+    t = json.loads(first.stdout)
+    jsonschema.validate(t, schema, cls=jsonschema.Draft202012Validator)
+    assert t["cpu"]["logical_cpus"] == os.cpu_count()
+    assert t["memory"]["ram_bytes"] > 0 and t["bandwidth_gbps"]["host_memcpy"] > 0
+    if not t["gpus"]:
+        assert t["gpu_note"]
+    cache = tmp_path / "topology.json"
+    assert json.loads(cache.read_text())["fingerprint"] == t["fingerprint"]
+
+    again = topology("--json")  # same machine: the cache, not a new measurement
+    assert b"from the cache" in again.stderr
+    assert json.loads(again.stdout)["measured_at"] == t["measured_at"]
+    assert json.loads(again.stdout)["bandwidth_gbps"] == t["bandwidth_gbps"]
+
+    stale = json.loads(cache.read_text())
+    stale["fingerprint"] = "0000000000000000"
+    stale["bandwidth_gbps"]["host_memcpy"] = 0.001
+    cache.write_text(json.dumps(stale))
+    third = topology("--json")
+    assert b"fingerprint changed" in third.stderr
+    fresh = json.loads(third.stdout)
+    jsonschema.validate(fresh, schema, cls=jsonschema.Draft202012Validator)
+    assert fresh["fingerprint"] == t["fingerprint"]
+    assert fresh["bandwidth_gbps"]["host_memcpy"] > 0.001
+    assert json.loads(cache.read_text())["fingerprint"] == t["fingerprint"]
+
+    cache.write_text("{ not json")  # unreadable: measured again, never an error
+    assert b"unreadable" in topology().stderr
+    text = topology().stdout.decode()
+    assert "CPU" in text and "RAM" in text and "memcpy" in text and "GPUs" in text
