@@ -48,6 +48,7 @@ struct ServeArgs {
   double header_timeout = 10;
   bool metrics_require_key = false;
   bool no_prefix_caching = false;
+  std::string scheduling = "host";
   bool log_requests = false;
   std::string log_format = "text";
   bool no_access_log = false;
@@ -154,6 +155,8 @@ void run_serve(const ServeArgs& a) {
   ec.scheduler.long_prompt_threshold = a.long_prompt_threshold;
   ec.scheduler.max_prefill_tokens_with_decodes = a.max_prefill_with_decodes;
   ec.scheduler.enable_prefix_caching = !a.no_prefix_caching;
+  ec.scheduling = a.scheduling == "persistent" ? engine::EngineConfig::Scheduling::Persistent
+                                               : engine::EngineConfig::Scheduling::Host;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.pressure = plan->pressure;
   ec.tiers = plan->tiers;
@@ -238,6 +241,7 @@ void run_serve(const ServeArgs& a) {
     telemetry::log_info("server", "forward-pass threads " + std::to_string(bo.threads) + " (" + plan->threads_source +
                                       ")");
     telemetry::log_info("server", memory_mode_line(*plan));
+    telemetry::log_info("server", "scheduling: " + engine->executor_name());
     if (ec.tiers.enabled()) {
       std::snprintf(msg, sizeof msg, "KV tiers: host %lld bytes%s, disk %s (%lld bytes), idle TTL %lld ms",
                     static_cast<long long>(ec.tiers.host_bytes), ec.tiers.host_compress ? " (zstd)" : "",
@@ -291,6 +295,11 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--metrics-require-key", a->metrics_require_key, "With --api-key, /metrics needs the key too");
   c->add_flag("--no-prefix-caching", a->no_prefix_caching, "Disable prefix caching");
+  c->add_option("--scheduling", a->scheduling,
+                "host: the host executor plans every step; persistent: a resident loop admits, plans, stops and "
+                "streams by itself (on the CPU backend its own thread; requests it cannot run yet -- penalties, "
+                "logit bias, grammars, logprobs -- go to a host executor beside it)")
+      ->check(CLI::IsMember({"host", "persistent"}))->capture_default_str();
   c->add_flag("--log-requests", a->log_requests, "Log each request on stderr as it arrives");
   c->add_option("--log-format", a->log_format, "stderr log lines: text, or json (one object a line: timestamp, level, "
                                                "component, message, request_id, trace_id, ...)")

@@ -3,10 +3,15 @@
 #include <pthread.h>
 
 #include "engine/host_executor.h"
+#include "engine/resident_executor.h"
 
 namespace ss::engine {
 
 Expected<std::unique_ptr<Engine>> Engine::create(backend::Backend& be, const EngineConfig& cfg) {
+  if (cfg.scheduling == EngineConfig::Scheduling::Persistent) {
+    SS_ASSIGN(auto ex, make_persistent_executor(be, cfg.scheduler, cfg.clock, cfg.tiers));
+    return create(std::move(ex));
+  }
   SS_ASSIGN(auto ex, HostExecutor::create(be, cfg.scheduler, cfg.clock, cfg.tiers));
   return create(std::move(ex));
 }

@@ -30,6 +30,9 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   KvTierConfig tiers;  // host / disk tiers below the KV pool (off by default)
   std::function<Clock::time_point()> clock;  // empty: steady_clock::now (tests inject one)
+  // host: the host executor plans every step. persistent: a resident loop (resident_executor.h)
+  // admits, plans, stops and streams by itself, and the host executor takes what it cannot run.
+  enum class Scheduling { Host, Persistent } scheduling = Scheduling::Host;
 };
 
 using EngineStats = backend::ExecutorStats;  // num_waiting includes requests not yet handed over

@@ -1,5 +1,7 @@
 #include "engine/resident_executor.h"
 
+#include "engine/host_executor.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -67,15 +69,16 @@ int64_t steady_ns() {
 
 class HostLoopRunner final : public LoopRunner {
  public:
-  HostLoopRunner(backend::Backend& be, const resident::Geometry& g)
+  HostLoopRunner(backend::Backend& be, const resident::Geometry& g, LoopShare share)
       : be_(be),
         geo_(g),
+        share_(share),
         slots_(static_cast<size_t>(g.max_slots)),
         tables_(static_cast<size_t>(g.max_slots) * g.max_blocks, -1),
         prompts_(static_cast<size_t>(g.max_slots) * g.max_len, 0),
         params_(static_cast<size_t>(g.max_slots)),
         submits_(1024),
-        blocks_(static_cast<size_t>(be.kv_config().num_blocks) + 1),
+        blocks_(static_cast<size_t>(share.blocks) + 1),
         completions_(1u << 20),
         rows_tokens_(static_cast<size_t>(g.max_rows)),
         rows_pos_(static_cast<size_t>(g.max_rows)),
@@ -95,7 +98,7 @@ class HostLoopRunner final : public LoopRunner {
 
   std::string name() const override { return "host loop, " + be_.name(); }
   const resident::Geometry& geometry() const override { return geo_; }
-  int num_blocks() const override { return be_.kv_config().num_blocks; }
+  int num_blocks() const override { return share_.blocks; }
   int32_t* prompt_row(int slot) override { return prompts_.data() + static_cast<size_t>(slot) * geo_.max_len; }
   const int32_t* table_row(int slot) const override { return tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks; }
   bool submit(const resident::Submit& m) override { return submits_.push(m); }
@@ -108,6 +111,23 @@ class HostLoopRunner final : public LoopRunner {
     return completions_.drain(out, wait);
   }
   int64_t now_ns() const override { return steady_ns(); }
+  void run_on_loop(const std::function<void()>& fn) override {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lk(foreign_mu_);
+      foreign_.push_back([&] {
+        fn();
+        std::lock_guard<std::mutex> lk2(mu);
+        done = true;
+        cv.notify_one();
+      });
+    }
+    submits_.notify();
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return done; });
+  }
   Status error() const override {
     std::lock_guard<std::mutex> lk(err_mu_);
     return err_;
@@ -127,6 +147,7 @@ class HostLoopRunner final : public LoopRunner {
     auto emit_fn = [this](const resident::Completion& c) { emit(c); };
     auto take = [this](int32_t* b) { return blocks_.pop(*b); };
     while (!quit_.load(std::memory_order_acquire)) {
+      run_foreign();
       resident::Submit m;
       while (submits_.pop(m)) {
         if (m.kind == resident::MsgKind::Admit && m.slot >= 0 && m.slot < geo_.max_slots) {
@@ -143,7 +164,10 @@ class HostLoopRunner final : public LoopRunner {
       }
       resident::plan(st_, r, now_ns(), take, emit_fn);
       if (r.n == 0) {
-        submits_.wait_for(std::chrono::microseconds(2000), [this] { return quit_.load(std::memory_order_acquire); });
+        submits_.wait_for(std::chrono::microseconds(2000), [this] {
+          std::lock_guard<std::mutex> lk(foreign_mu_);
+          return quit_.load(std::memory_order_acquire) || !foreign_.empty();
+        });
         continue;
       }
       Status s = forward(r, batch, out);
@@ -152,12 +176,20 @@ class HostLoopRunner final : public LoopRunner {
           std::lock_guard<std::mutex> lk(err_mu_);
           err_ = s;
         }
-        // Every live sequence ends with the error; the loop stops taking work.
+        // Every live sequence ends with the error; the loop stops taking work (but still runs the
+        // host executor's steps, which report their own errors).
         for (int32_t i = 0; i < geo_.max_slots; ++i) {
           resident::Slot& sl = slots_[static_cast<size_t>(i)];
           if (!sl.live) continue;
           sl.live = 0;
           emit(resident::Completion{sl.id, -1, i, sl.n_blocks, sl.len, resident::Finish::Rejected});
+        }
+        while (!quit_.load(std::memory_order_acquire)) {
+          run_foreign();
+          submits_.wait_for(std::chrono::microseconds(2000), [this] {
+            std::lock_guard<std::mutex> lk(foreign_mu_);
+            return quit_.load(std::memory_order_acquire) || !foreign_.empty();
+          });
         }
         return;
       }
@@ -165,17 +197,29 @@ class HostLoopRunner final : public LoopRunner {
     }
   }
 
+  void run_foreign() {
+    std::vector<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lk(foreign_mu_);
+      tasks.swap(foreign_);
+    }
+    for (auto& t : tasks) t();
+  }
+
   // One step through the Backend interface: rows grouped per slot (contiguous already), each
-  // slot's whole table row sent as an edit (a GPU runner's tables live on the device instead).
+  // slot's whole table row sent as an edit, slots and blocks moved to the loop's share of the
+  // backend's (a GPU runner's tables live on the device instead).
   Status forward(const resident::StepRows& r, backend::StepBatch& b, backend::StepOutput& out) {
     b.clear();
     int32_t prev_slot = -1;
     for (int32_t k = 0; k < r.n; ++k) {
       const int32_t slot = r.slots[k];
       if (slot != prev_slot) {
-        b.seq_slot.push_back(slot);
+        b.seq_slot.push_back(share_.first_slot + slot);
         const resident::Slot& s = slots_[static_cast<size_t>(slot)];
-        b.edit_table(slot, 0, std::span<const int32_t>(table_row(slot), static_cast<size_t>(s.n_blocks)));
+        row_.assign(table_row(slot), table_row(slot) + s.n_blocks);
+        for (int32_t& x : row_) x += share_.first_block;
+        b.edit_table(share_.first_slot + slot, 0, row_);
         prev_slot = slot;
       }
       b.tokens.push_back(r.tokens[k]);
@@ -196,6 +240,10 @@ class HostLoopRunner final : public LoopRunner {
 
   backend::Backend& be_;
   resident::Geometry geo_;
+  LoopShare share_;
+  std::vector<int32_t> row_;
+  std::mutex foreign_mu_;
+  std::vector<std::function<void()>> foreign_;
   std::vector<resident::Slot> slots_;
   std::vector<int32_t> tables_;
   std::vector<int32_t> prompts_;
@@ -235,15 +283,17 @@ resident::Finish to_finish(FinishReason r) {
 
 }  // namespace
 
-std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len) {
+std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
+                                                  LoopShare share) {
+  if (share.blocks <= 0) share = LoopShare{0, be.kv_config().num_blocks, 0, be.max_slots()};
   resident::Geometry g;
   g.block_size = be.kv_config().block_size;
-  g.max_slots = std::min(max_slots, be.max_slots());
+  g.max_slots = std::min(max_slots, share.slots);
   g.max_len = max_len;
   g.max_blocks = (max_len + g.block_size - 1) / g.block_size;
   g.max_rows = max_rows;
   g.vocab = be.vocab_size();
-  return std::make_unique<HostLoopRunner>(be, g);
+  return std::make_unique<HostLoopRunner>(be, g, share);
 }
 
 ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<Clock::time_point()> clock)
@@ -371,7 +421,7 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
   admit_waiting();
   grant_blocks();
   completions_.clear();
-  runner_->drain(completions_, live_.empty() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
+  runner_->drain(completions_, live_.empty() ? std::chrono::microseconds(0) : poll_wait_);
   for (const resident::Completion& c : completions_) {
     auto it = live_.find(c.id);
     if (it == live_.end() || it->second.slot != c.slot) continue;  // not a live sequence's (cannot happen)
@@ -419,6 +469,135 @@ Status ResidentExecutor::check_invariants() const {
   if (reserved != reserved_) return make_error("resident: reservations do not add up");
   if (reserved_ > runner_->num_blocks()) return make_error("resident: more blocks reserved than exist");
   return {};
+}
+
+
+namespace {
+
+// The host executor's view of a backend shared with a resident loop: its own share of the blocks
+// and slots (ids from 0, moved to the share here) and every call made on the loop's thread.
+class SharedBackend final : public backend::Backend {
+ public:
+  SharedBackend(backend::Backend& inner, LoopRunner& loop, LoopShare share) : in_(inner), loop_(loop), share_(share) {
+    kv_ = inner.kv_config();
+    kv_.num_blocks = share.blocks;
+  }
+  std::string name() const override { return in_.name(); }
+  const backend::KvCacheConfig& kv_config() const override { return kv_; }
+  int vocab_size() const override { return in_.vocab_size(); }
+  int max_slots() const override { return share_.slots; }
+  Status step(const backend::StepBatch& batch, backend::StepOutput& out) override {
+    b_ = batch;
+    for (int32_t& slot : b_.seq_slot) slot += share_.first_slot;
+    for (backend::TableEdit& e : b_.table_edits) e.slot += share_.first_slot;
+    for (int32_t& blk : b_.edit_blocks) blk += share_.first_block;
+    Status st;
+    loop_.run_on_loop([&] { st = in_.step(b_, out); });
+    return st;
+  }
+  int64_t kv_block_bytes() const override { return in_.kv_block_bytes(); }
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
+    Status st;
+    loop_.run_on_loop([&] { st = in_.read_kv_block(block + share_.first_block, out); });
+    return st;
+  }
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
+    Status st;
+    loop_.run_on_loop([&] { st = in_.write_kv_block(block + share_.first_block, in); });
+    return st;
+  }
+
+ private:
+  backend::Backend& in_;
+  LoopRunner& loop_;
+  LoopShare share_;
+  backend::KvCacheConfig kv_;
+  backend::StepBatch b_;
+};
+
+// Each sequence goes where it can run: the resident loop when it takes it, else the host executor.
+class RoutingExecutor final : public backend::Executor {
+ public:
+  RoutingExecutor(std::unique_ptr<SharedBackend> shared, std::unique_ptr<ResidentExecutor> resident,
+                  std::unique_ptr<HostExecutor> host)
+      : shared_(std::move(shared)), resident_(std::move(resident)), host_(std::move(host)) {}
+  ~RoutingExecutor() override {
+    host_.reset();  // its last block copies still run on the loop's thread
+    resident_.reset();
+  }
+  std::string name() const override { return "persistent (" + resident_->name() + "; the rest: " + host_->name() + ")"; }
+  Status check(const SeqStart& s) const override {
+    if (resident_->check(s).ok()) return {};
+    return host_->check(s);
+  }
+  void start(SeqStart s) override {
+    const bool res = resident_->check(s).ok();
+    route_[s.id] = res;
+    if (res) resident_->start(std::move(s));
+    else host_->start(std::move(s));
+  }
+  void stop(SeqId id, FinishReason why) override {
+    auto it = route_.find(id);
+    if (it == route_.end()) return;
+    if (it->second) resident_->stop(id, why);
+    else host_->stop(id, why);
+  }
+  Status poll(std::vector<SeqEvent>& out) override {
+    const size_t first = out.size();
+    resident_->set_poll_wait(host_->has_work() ? std::chrono::microseconds(0) : std::chrono::microseconds(1000));
+    Status st = resident_->poll(out);
+    Status hs = host_->has_work() ? host_->poll(out) : Status{};
+    for (size_t i = first; i < out.size(); ++i)
+      if (out[i].finish != FinishReason::None) route_.erase(out[i].id);
+    return st.ok() ? hs : st;
+  }
+  bool has_work() const override { return resident_->has_work() || host_->has_work(); }
+  backend::ExecutorStats stats() const override {
+    backend::ExecutorStats a = host_->stats();
+    const backend::ExecutorStats r = resident_->stats();
+    a.num_running += r.num_running;
+    a.num_waiting += r.num_waiting;
+    a.kv_blocks_total += r.kv_blocks_total;
+    a.kv_blocks_used += r.kv_blocks_used;
+    a.kv_usage = a.kv_blocks_total > 0 ? static_cast<double>(a.kv_blocks_used) / a.kv_blocks_total : 0.0;
+    a.prompt_tokens += r.prompt_tokens;
+    a.generation_tokens += r.generation_tokens;
+    a.finished_requests += r.finished_requests;
+    return a;
+  }
+  Status check_invariants() const override {
+    SS_TRY(resident_->check_invariants());
+    return host_->check_invariants();
+  }
+  std::chrono::milliseconds idle_tick() const override { return host_->idle_tick(); }
+
+ private:
+  std::unique_ptr<SharedBackend> shared_;  // declared first: destroyed after both executors
+  std::unique_ptr<ResidentExecutor> resident_;
+  std::unique_ptr<HostExecutor> host_;
+  std::unordered_map<SeqId, bool> route_;  // true: resident
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
+                                                                      std::function<Clock::time_point()> clock,
+                                                                      const KvTierConfig& tiers, double resident_share) {
+  const int n = be.kv_config().num_blocks, slots = be.max_slots();
+  const int rb = std::clamp(static_cast<int>(n * resident_share), 1, n - 1);
+  const int rs = std::clamp(std::min(cfg.max_num_seqs, slots / 2), 1, slots - 1);
+  if (n < 2 || slots < 2) return make_error("--scheduling persistent needs at least 2 KV blocks and 2 slots");
+  const int max_len = cfg.max_model_len > 0 ? cfg.max_model_len : rb * be.kv_config().block_size;
+  auto runner = make_host_loop_runner(be, rs, std::max(1, cfg.max_num_batched_tokens), max_len, LoopShare{0, rb, 0, rs});
+  LoopRunner& loop = *runner;
+  auto shared = std::make_unique<SharedBackend>(be, loop, LoopShare{rb, n - rb, rs, slots - rs});
+  auto resident = std::make_unique<ResidentExecutor>(std::move(runner), clock);
+  SchedulerConfig host_cfg = cfg;  // its share of the slots bounds its running sequences
+  host_cfg.max_num_seqs = std::min(cfg.max_num_seqs, slots - rs);
+  host_cfg.max_num_batched_tokens = std::max(host_cfg.max_num_batched_tokens, host_cfg.max_num_seqs);
+  SS_ASSIGN(auto host, HostExecutor::create(*shared, host_cfg, clock, tiers));
+  return std::unique_ptr<backend::Executor>(
+      std::make_unique<RoutingExecutor>(std::move(shared), std::move(resident), std::move(host)));
 }
 
 }  // namespace ss::engine

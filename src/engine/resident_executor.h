@@ -26,6 +26,8 @@
 
 #include "backend/backend.h"
 #include "backend/resident/loop.h"
+#include "engine/kv_tiers.h"
+#include "engine/scheduler.h"
 
 namespace ss::engine {
 
@@ -46,11 +48,30 @@ class LoopRunner {
   // The loop's clock (deadlines are sent in it), nanoseconds.
   virtual int64_t now_ns() const = 0;
   virtual Status error() const { return {}; }  // a failed forward pass stops the loop
+  // Runs fn where the loop runs, between two of its steps, and returns when it has run: how a host
+  // executor sharing the backend (requests the loop cannot run) gets its steps in.
+  virtual void run_on_loop(const std::function<void()>& fn) = 0;
+};
+
+// The part of a backend's KV pool and block-table slots a loop uses: blocks
+// [first_block, first_block + blocks), slots [first_slot, first_slot + slots). blocks 0: all.
+struct LoopShare {
+  int first_block = 0, blocks = 0;
+  int first_slot = 0, slots = 0;
 };
 
 // The control plane on a host thread, each step's forward pass and sampling on `be` (which must
 // outlive it and is used by this thread only).
-std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len);
+std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
+                                                  LoopShare share = {});
+
+// --scheduling persistent: the resident loop runs what it can (resident_blocks of the KV pool and
+// max_slots block tables), and a host executor the rest (penalties, grammars, logprobs, ...) over
+// the remaining blocks and slots, its steps run on the loop's thread between the loop's own.
+Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
+                                                                      std::function<backend::Clock::time_point()> clock,
+                                                                      const KvTierConfig& tiers = {},
+                                                                      double resident_share = 0.75);
 
 class ResidentExecutor final : public backend::Executor {
  public:
@@ -67,6 +88,8 @@ class ResidentExecutor final : public backend::Executor {
   bool has_work() const override { return !waiting_.empty() || !live_.empty(); }
   backend::ExecutorStats stats() const override { return stats_; }
   Status check_invariants() const override;
+  // How long poll() waits for a completion when sequences are live (default 1 ms; 0: never).
+  void set_poll_wait(std::chrono::microseconds w) { poll_wait_ = w; }
 
  private:
   struct Live {
@@ -92,6 +115,7 @@ class ResidentExecutor final : public backend::Executor {
   std::vector<backend::SeqEvent> pending_;  // finished here (waiting sequences stopped) for the next poll
   std::vector<resident::Completion> completions_;
   backend::ExecutorStats stats_;
+  std::chrono::microseconds poll_wait_{1000};
 };
 
 }  // namespace ss::engine

@@ -343,3 +343,50 @@ TEST(ResidentLoop, ASequenceWithoutABlockWaitsAndResumes) {
   EXPECT_EQ(p.out[1].token, -1);
   EXPECT_EQ(p.out[1].n_blocks, 1);
 }
+
+// --scheduling persistent: the loop takes what it can, a host executor beside it the rest (here:
+// repetition penalties), both over one backend (split blocks and slots, steps interleaved on the
+// loop's thread); every request's tokens equal its run alone on the host executor.
+TEST(PersistentScheduling, RoutesWhatTheLoopCannotRunToTheHostExecutor) {
+  std::mt19937 g(21);
+  auto request = [&](int i) {
+    Request r = make_request(spec(random_tokens(g, 3 + i * 5, kVocab), 6 + i, i % 2 ? 0.7f : 0.0f, 500 + i), nullptr);
+    if (i % 3 == 0) r.sampling.repetition_penalty = 1.3f;  // not in the loop yet
+    return r;
+  };
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) reqs.push_back(request(i));
+  FakeBackend be(128, 8, kVocab, 32);
+  EngineConfig cfg;
+  cfg.scheduling = EngineConfig::Scheduling::Persistent;
+  cfg.scheduler.max_num_seqs = 8;
+  cfg.scheduler.max_num_batched_tokens = 32;
+  auto e = Engine::create(be, cfg);
+  ASSERT_TRUE(e.ok()) << e.message();
+  EXPECT_NE((*e)->executor_name().find("persistent"), std::string::npos);
+  Collector c;
+  std::vector<RequestId> ids;
+  for (Request r : reqs) {
+    r.on_event = c.callback();
+    auto id = (*e)->add_request(std::move(r));
+    ASSERT_TRUE(id.ok()) << id.message();
+    ids.push_back(*id);
+  }
+  run_all(**e);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    FakeBackend solo(128, 8, kVocab);
+    EngineConfig sc;
+    sc.scheduler.enable_prefix_caching = false;
+    auto alone = Engine::create(solo, sc);
+    ASSERT_TRUE(alone.ok());
+    Collector ca;
+    Request r = reqs[i];
+    r.on_event = ca.callback();
+    auto id = (*alone)->add_request(std::move(r));
+    ASSERT_TRUE(id.ok());
+    run_all(**alone);
+    EXPECT_EQ(c.out[ids[i]].tokens, ca.out[*id].tokens) << "request " << i;
+    EXPECT_EQ(c.out[ids[i]].finish, ca.out[*id].finish) << "request " << i;
+    EXPECT_EQ(c.out[ids[i]].events_after_finish, 0);
+  }
+}

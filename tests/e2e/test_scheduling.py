@@ -1,0 +1,45 @@
+"""--scheduling persistent on the real server and the default model (CPU backend): the resident loop
+runs what it can and a host executor beside it the rest; greedy text equals --scheduling host for
+concurrent requests, a request with a repetition penalty (routed to the host executor) included,
+and a streamed request can be cancelled mid-stream with the server still serving."""
+import concurrent.futures as cf
+
+import requests
+
+from test_server import API_KEY, Server, greedy_completion
+
+PROMPTS = [f"Note {i}: the clockmaker of street {i * 3 % 11} wound every clock in the shop and then"
+           for i in range(6)]
+
+
+def _run(srv):
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        texts = list(ex.map(lambda p: greedy_completion(srv, p, 20), PROMPTS))
+    texts.append(greedy_completion(srv, PROMPTS[0], 20, repetition_penalty=1.3))
+    return texts
+
+
+def test_persistent_scheduling_gives_the_host_schedulings_greedy_text(default_model, tmp_path):
+    host = Server(tmp_path, "host", "--model", default_model, "--api-key", API_KEY, "--scheduling", "host")
+    try:
+        expect = _run(host)
+    finally:
+        assert host.stop() == 0, host.log_text()
+    assert expect[-1] != expect[0]  # the penalty changes the text: the routed request is really penalised
+    s = Server(tmp_path, "persistent", "--model", default_model, "--api-key", API_KEY, "--scheduling", "persistent")
+    try:
+        assert "scheduling: persistent (resident (host loop" in s.log_text()
+        assert _run(s) == expect
+        # A stream closed after a few chunks: the request ends, the server goes on serving.
+        with requests.post(s.url + "/v1/completions", stream=True, timeout=60,
+                           headers={"Authorization": f"Bearer {API_KEY}"},
+                           json={"model": s.model, "prompt": PROMPTS[1], "max_tokens": 400, "stream": True,
+                                 "temperature": 0, "ignore_eos": True}) as r:
+            assert r.status_code == 200
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 6:
+                    break
+        assert greedy_completion(s, PROMPTS[2], 20) == expect[2]
+        assert s.metrics()["selfserve_kv_cache_blocks_used"] == 0  # the cancelled one's blocks came back
+    finally:
+        assert s.stop() == 0, s.log_text()
