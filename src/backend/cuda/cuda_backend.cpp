@@ -425,16 +425,23 @@ Status CudaBackend::init() {
   return {};
 }
 
+// The matrix that `parts` stacked row-wise make: every part present and of one width.
+static Status stacked_shape(std::initializer_list<const model::Tensor*> parts, int64_t* rows, int64_t* cols) {
+  *rows = 0, *cols = -1;
+  for (const model::Tensor* t : parts) {
+    if (!t->valid()) return make_error("cuda backend: a weight is missing");
+    if (*cols >= 0 && t->cols() != *cols) return make_error("cuda backend: fused parts of unequal width: " + t->name);
+    *cols = t->cols();
+    *rows += t->rows();
+  }
+  return {};
+}
+
 // Rows of `parts` stacked into one bf16 matrix: each row dequantized to fp32 on the host, rounded to
 // bf16 into a pinned chunk, copied while the next chunk is prepared in the other buffer.
 Status CudaBackend::upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out) {
   int64_t rows = 0, cols = -1;
-  for (const model::Tensor* t : parts) {
-    if (!t->valid()) return make_error("cuda backend: a weight is missing");
-    if (cols >= 0 && t->cols() != cols) return make_error("cuda backend: fused parts of unequal width: " + t->name);
-    cols = t->cols();
-    rows += t->rows();
-  }
+  SS_TRY(stacked_shape(parts, &rows, &cols));
   bf16_bits* dst = weights_.take<bf16_bits>(static_cast<size_t>(rows * cols));
   if (!dst) return make_error("cuda backend: weight arena too small (a bug)");
   *out = dst;
@@ -502,12 +509,7 @@ Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> p
   namespace k = cuda::kern;
   const k::WFormat f = packed_format(parts, opts_.gpu_native_quant);
   int64_t rows = 0, cols = -1;
-  for (const model::Tensor* t : parts) {
-    if (!t->valid()) return make_error("cuda backend: a weight is missing");
-    if (cols >= 0 && t->cols() != cols) return make_error("cuda backend: fused parts of unequal width: " + t->name);
-    cols = t->cols();
-    rows += t->rows();
-  }
+  SS_TRY(stacked_shape(parts, &rows, &cols));
   *rows_out = static_cast<int>(rows);
   if (f == k::WFormat::BF16) {
     bf16_bits* p = nullptr;
