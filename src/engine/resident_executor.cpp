@@ -418,6 +418,17 @@ void ResidentExecutor::admit_waiting() {
 Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
   for (auto& e : pending_) out.push_back(std::move(e));
   pending_.clear();
+  if (!waiting_.empty()) {  // a deadline passes while waiting for room too
+    const Clock::time_point now = clock_();
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (it->deadline && now >= *it->deadline) {
+        finish_waiting(it->id, FinishReason::Timeout, out);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   admit_waiting();
   grant_blocks();
   completions_.clear();

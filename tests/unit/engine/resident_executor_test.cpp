@@ -219,6 +219,39 @@ TEST(ResidentExecutor, DeadlineFinishesWithTimeout) {
   EXPECT_EQ(out.back().token, -1);
 }
 
+// A deadline passes while the sequence still waits for room: it ends then, not when admitted.
+TEST(ResidentExecutor, DeadlineEndsAWaitingSequenceToo) {
+  std::mt19937 g(10);
+  FakeBackend be(4, 4, kVocab);  // 16 tokens: room for one sequence at a time
+  be.on_batch = [](const backend::StepBatch&) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+  ResidentExecutor ex(make_host_loop_runner(be, 4, 16, 16));
+  backend::SeqStart a;
+  a.id = 1;
+  a.prompt = random_tokens(g, 4, kVocab);
+  a.max_tokens = 12;  // holds all 4 blocks for ~12 steps of >= 2 ms
+  backend::SeqStart b = a;
+  b.id = 2;
+  b.deadline = Clock::now() + std::chrono::milliseconds(5);
+  ex.start(a);
+  ex.start(b);
+  std::vector<backend::SeqEvent> out;
+  std::map<backend::SeqId, backend::SeqEvent> last;
+  std::vector<backend::SeqId> finish_order;
+  const auto t0 = Clock::now();
+  while (ex.has_work() && Clock::now() - t0 < std::chrono::seconds(20)) {
+    out.clear();
+    ASSERT_TRUE(ex.poll(out).ok());
+    for (const auto& ev : out) {
+      last[ev.id] = ev;
+      if (ev.finish != FinishReason::None) finish_order.push_back(ev.id);
+    }
+  }
+  EXPECT_EQ(last[1].finish, FinishReason::Length);
+  EXPECT_EQ(last[2].finish, FinishReason::Timeout);
+  EXPECT_EQ(last[2].token, -1);
+  EXPECT_EQ(finish_order, (std::vector<backend::SeqId>{2, 1}));  // while 1 still held the pool
+}
+
 TEST(ResidentExecutor, SaysClearlyWhatItCannotRun) {
   FakeBackend be(8, 16, kVocab);
   ResidentExecutor ex(make_host_loop_runner(be, 4, 64, 100));
