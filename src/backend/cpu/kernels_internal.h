@@ -45,16 +45,29 @@ struct KernelSet {
 //   nibble types: 4 vectors of 64 bytes, vector j lane r = bytes 4j .. 4j+3 of row r's 16 packed bytes
 //     (low nibbles: values 4j .. 4j+3, high nibbles: values 16+4j .. 16+4j+3), as stored (w + C);
 //   Q8_0: 8 vectors of 64 bytes, vector k lane r = values 4k .. 4k+3 of row r, as w ^ 0x80 = w + 128.
+//
+// K types: one block per 256-value super-block (values 256 sb ..), 16 rows (r) in the lanes:
+//   Q4_K: fp16 d[16] | fp16 dmin[16] | u8 sc[8 sub-blocks][16] | u8 m[4 pairs][16][2] (m_2k, m_2k+1) |
+//         nibbles: sub-block j, vector v (offset 320 + 256 j + 64 v), lane r byte i =
+//         value 32j + 4v + i | value 32j + 16 + 4v + i << 4 (6-bit scales unpacked, values as in Q4_1).
+//   Q6_K: fp16 d[16] | i8 sc[8 pairs][16][2] (sc_2k, sc_2k+1) | low nibbles: vector m < 32 (offset
+//         288 + 64 m), lane r byte i = lo4(q[4m + i]) | lo4(q[4(m + 32) + i]) << 4 | high bits:
+//         vector m < 16 (offset 2336 + 64 m), lane r byte i = hi2 of q[4m + i], q[4(m+16) + i],
+//         q[4(m+32) + i], q[4(m+48) + i] at bits 0, 2, 4, 6 (q: the stored 6-bit value, w + 32).
+//   Both take exactly the bytes of the 16 original rows.
 struct PackedFormat {
   int header;       // bytes of scales before the vectors
   int vectors;      // 64-byte vectors per block
   int block_bytes;  // header + 64 * vectors
+  int values = 32;  // values per block
 };
 inline PackedFormat packed_format(model::DType t) {
   switch (t) {
     case model::DType::Q4_0: return {32, 4, 32 + 256};
     case model::DType::Q4_1: return {64, 4, 64 + 256};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
+    case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
+    case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};
     default: return {0, 0, 0};
   }
 }
@@ -63,6 +76,7 @@ constexpr int kPackRows = 16;
 // The packed kernel: y rows of row groups [g0, g1) for all a.n_tok tokens (a.group == 1).
 namespace avx512 {
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 }
 
 #define SS_DECLARE_ISA(ns)                                                                              \

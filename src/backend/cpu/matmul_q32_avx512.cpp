@@ -426,6 +426,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
     case DType::Q4_0: return rows_packed_t<DType::Q4_0>(P, a, y, ldy, g0, g1);
     case DType::Q4_1: return rows_packed_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
+    case DType::Q4_K: case DType::Q6_K: return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;
   }
 }
