@@ -33,7 +33,33 @@ Isa detect() {
 
 std::atomic<int> g_forced{-1};
 
+// SS_CPU_ISA=scalar|avx2|avx512 lowers the default (never above what the CPU has): CI runs the AVX2
+// kernels on an AVX-512 machine this way. Anything else is reported once and ignored.
+Isa default_isa() {
+  static const Isa isa = [] {
+    const Isa d = detected_isa();
+    const char* e = std::getenv("SS_CPU_ISA");
+    if (!e || !*e) return d;
+    Isa want;
+    if (!parse_isa(e, &want)) {
+      std::fprintf(stderr, "SS_CPU_ISA=%s: not one of scalar, avx2, avx512; using %s\n", e, isa_name(d));
+      return d;
+    }
+    return static_cast<int>(want) <= static_cast<int>(d) ? want : d;
+  }();
+  return isa;
+}
+
 }  // namespace
+
+bool parse_isa(std::string_view s, Isa* out) {
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (s == isa_name(i)) {
+      *out = i;
+      return true;
+    }
+  return false;
+}
 
 Isa detected_isa() {
   static const Isa isa = detect();
@@ -42,7 +68,7 @@ Isa detected_isa() {
 
 Isa active_isa() {
   const int f = g_forced.load(std::memory_order_relaxed);
-  return f < 0 ? detected_isa() : static_cast<Isa>(f);
+  return f < 0 ? default_isa() : static_cast<Isa>(f);
 }
 
 void force_isa(Isa isa) {
@@ -51,6 +77,8 @@ void force_isa(Isa isa) {
   g_forced.store(static_cast<int>(static_cast<int>(isa) <= static_cast<int>(d) ? isa : d),
                  std::memory_order_relaxed);
 }
+
+void clear_forced_isa() { g_forced.store(-1, std::memory_order_relaxed); }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -128,7 +156,7 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
 
 size_t packed_bytes(const model::Tensor& W) {
   const detail::PackedFormat f = detail::packed_format(W.type);
-  if (f.block_bytes == 0 || detected_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % f.values != 0) return 0;
+  if (f.block_bytes == 0 || active_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % f.values != 0) return 0;
   return (static_cast<size_t>(packed_groups(W.rows())) * (W.cols() / f.values) * f.block_bytes + 63) / 64 * 64;
 }
 

@@ -203,7 +203,7 @@ std::vector<Isa> supported_isas() {
 
 struct IsaGuard {
   explicit IsaGuard(Isa i) { ss::cpu::force_isa(i); }
-  ~IsaGuard() { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+  ~IsaGuard() { ss::cpu::clear_forced_isa(); }
 };
 
 // Runs matmul with a poisoned output and exactly-sized scratch (plus a guard tail checked afterwards).

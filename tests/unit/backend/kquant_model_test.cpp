@@ -44,7 +44,7 @@ constexpr double kActRelTol = 0.03;
 
 struct IsaGuard {
   explicit IsaGuard(Isa i) { ss::cpu::force_isa(i); }
-  ~IsaGuard() { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+  ~IsaGuard() { ss::cpu::clear_forced_isa(); }
 };
 
 std::unique_ptr<ss::model::Model> load(const std::string& path) {
@@ -129,6 +129,25 @@ Scales scales_of(DType t) {
     case DType::IQ4_NL: return {1, {0, 0}, {0.1f / 127, 0}};          // d * 127
     case DType::IQ4_XS: return {1, {0, 0}, {0.1f / 4064, 0}};         // d * 32 * 127
     default: return {0, {0, 0}, {0, 0}};
+  }
+}
+
+// SS_CPU_ISA picks the default kernels (ctest backend_forced_avx2 runs this binary with avx2), never
+// above what the CPU has; force_isa still overrides it.
+TEST(CpuIsa, EnvironmentSetsTheDefault) {
+  Isa want = ss::cpu::detected_isa();
+  if (const char* e = std::getenv("SS_CPU_ISA"); e && *e) {
+    ASSERT_TRUE(ss::cpu::parse_isa(e, &want)) << e;
+    if (static_cast<int>(want) > static_cast<int>(ss::cpu::detected_isa())) want = ss::cpu::detected_isa();
+  }
+  EXPECT_EQ(ss::cpu::active_isa(), want) << ss::cpu::isa_name(ss::cpu::active_isa());
+  Isa i;
+  EXPECT_TRUE(ss::cpu::parse_isa("avx2", &i));
+  EXPECT_EQ(i, Isa::Avx2);
+  EXPECT_FALSE(ss::cpu::parse_isa("AVX-512", &i));
+  {
+    IsaGuard g(Isa::Scalar);
+    EXPECT_EQ(ss::cpu::active_isa(), Isa::Scalar);
   }
 }
 
