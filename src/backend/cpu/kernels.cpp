@@ -227,8 +227,11 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& poo
     });
     return P;
   }
-  const bool q8 = W.type == model::DType::Q8_0, has_m = W.type == model::DType::Q4_1;
-  const int qs_off = W.type == model::DType::Q4_1 ? 4 : 2;  // after d (and m)
+  using model::DType;
+  const bool q8 = W.type == DType::Q8_0, has_m = W.type == DType::Q4_1 || W.type == DType::Q5_1;
+  const bool five = W.type == DType::Q5_0 || W.type == DType::Q5_1;
+  const int qh_off = has_m ? 4 : 2, qs_off = qh_off + (five ? 4 : 0);  // after d (and m) (and qh)
+  const int nib_vectors = five ? 4 : f.vectors;
   const size_t src_bytes = model::info(W.type).block_bytes;
   pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) {
     for (int64_t g = g0; g < g1; ++g)
@@ -242,8 +245,18 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& poo
           if (has_m) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
           const uint8_t* qs = blk + qs_off;
           uint8_t* v = dst + f.header + 4 * r;
-          for (int j = 0; j < f.vectors; ++j)
+          for (int j = 0; j < nib_vectors; ++j)
             for (int i = 0; i < 4; ++i) v[64 * j + i] = q8 ? static_cast<uint8_t>(qs[4 * j + i] ^ 0x80) : qs[4 * j + i];
+          if (five) {  // byte i, bit j: 5th bit of value 4j + i; bit 4 + j: of value 16 + 4j + i
+            uint32_t qh;
+            std::memcpy(&qh, blk + qh_off, 4);
+            for (int i = 0; i < 4; ++i) {
+              int bits = 0;
+              for (int j = 0; j < 4; ++j)
+                bits |= static_cast<int>(((qh >> (4 * j + i)) & 1) << j | ((qh >> (16 + 4 * j + i)) & 1) << (4 + j));
+              v[256 + i] = static_cast<uint8_t>(bits);
+            }
+          }
         }
       }
   });

@@ -45,6 +45,8 @@ struct KernelSet {
 //   nibble types: 4 vectors of 64 bytes, vector j lane r = bytes 4j .. 4j+3 of row r's 16 packed bytes
 //     (low nibbles: values 4j .. 4j+3, high nibbles: values 16+4j .. 16+4j+3), as stored (w + C);
 //   Q8_0: 8 vectors of 64 bytes, vector k lane r = values 4k .. 4k+3 of row r, as w ^ 0x80 = w + 128.
+//   Q5_0/Q5_1: the nibble layout (Q5_1's header as Q4_1's), then one vector of 5th bits: lane r byte i,
+//     bit j = the 5th bit of value 4j + i, bit 4 + j = that of value 16 + 4j + i.
 //
 // K types: one block per 256-value super-block (values 256 sb ..), 16 rows (r) in the lanes:
 //   Q4_K: fp16 d[16] | fp16 dmin[16] | u8 sc[8 sub-blocks][16] | u8 m[4 pairs][16][2] (m_2k, m_2k+1) |
@@ -65,6 +67,8 @@ inline PackedFormat packed_format(model::DType t) {
   switch (t) {
     case model::DType::Q4_0: return {32, 4, 32 + 256};
     case model::DType::Q4_1: return {64, 4, 64 + 256};
+    case model::DType::Q5_0: return {32, 5, 32 + 320};
+    case model::DType::Q5_1: return {64, 5, 64 + 320};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
     case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
     case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};

@@ -339,6 +339,12 @@ template <DType T, int NT, int NG>
           const __m512i w = _mm512_loadu_si512(p[g] + H + 64 * j);
           lo[g] = _mm512_and_si512(w, low4);
           hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          if constexpr (F.five) {  // bits j and 4 + j of the 5th-bit vector to 0x10
+            const __m512i h = _mm512_loadu_si512(p[g] + H + 256);
+            const __m512i bit5 = _mm512_set1_epi8(0x10);
+            lo[g] = _mm512_or_si512(lo[g], _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), bit5));
+            hi[g] = _mm512_or_si512(hi[g], _mm512_and_si512(_mm512_srli_epi16(h, j), bit5));
+          }
         }
         for (int i = 0; i < NT; ++i) {
           const int8_t* x = at[i] + 32 * b + 4 * j;
@@ -425,6 +431,8 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
   switch (P.type) {
     case DType::Q4_0: return rows_packed_t<DType::Q4_0>(P, a, y, ldy, g0, g1);
     case DType::Q4_1: return rows_packed_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
+    case DType::Q5_0: return rows_packed_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
+    case DType::Q5_1: return rows_packed_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
     case DType::Q4_K: case DType::Q6_K: return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;

@@ -18,10 +18,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "../model/model_test_util.h"
 #include "backend/backend.h"
@@ -227,5 +230,63 @@ TEST_P(TinyKQuantModel, MatchesItsF32Twin) {
 INSTANTIATE_TEST_SUITE_P(Types, TinyKQuantModel,
                          ::testing::Values(DType::Q2_K, DType::Q3_K, DType::Q5_K, DType::IQ4_NL, DType::IQ4_XS),
                          [](const auto& info) { return std::string(ss::model::dtype_name(info.param)); });
+
+// ---- the default model requantized by llama.cpp (tools/make_kquant_models.sh; skipped without) ----
+// Its llama-quantize mixes: 576-column matrices cannot hold 256-value super-blocks, so llama.cpp
+// falls back there (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q3_K/IQ4_XS -> Q4_0/IQ4_NL) and the K
+// types hold ffn_down (1536 columns). SIMD logits against the scalar path's (dequantized weights,
+// fp32 activations) on the reference prompts: the 8-bit activation rounding alone moves this model's
+// logits by up to 2.13 and flips top-1 where the margin is below 0.44 (measured in transformers,
+// forward_test.cpp), so |dlogit| <= 3.0 and top-1 equal wherever the scalar margin exceeds 1.0.
+
+std::string models_dir() {
+  if (const char* h = std::getenv("SELFSERVE_HOME"); h && *h) return std::string(h) + "/models";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/selfserve/models";
+  return "";
+}
+
+class RequantizedDefaultModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RequantizedDefaultModel, SimdKernelsMatchScalar) {
+  const std::string path = models_dir() + "/SmolLM2-135M-Instruct." + GetParam() + ".gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (tools/make_kquant_models.sh makes it)";
+  auto m = load(path);
+  ASSERT_TRUE(m);
+  std::ifstream f(std::string(SS_SOURCE_DIR) + "/tests/data/reference/smollm2-135m-instruct-q4_1.json");
+  const auto j = nlohmann::json::parse(f);
+  const int V = m->config.vocab_size;
+  for (int pi : {0, 4}) {
+    const auto ids = j["prompts"][pi]["ids"].get<std::vector<int32_t>>();
+    std::vector<float> ref;
+    {
+      IsaGuard g(Isa::Scalar);
+      ref = prefill(*m, ids);
+    }
+    for (Isa isa : simd_isas()) {
+      IsaGuard g(isa);
+      const std::vector<float> got = prefill(*m, ids);
+      ASSERT_EQ(got.size(), ref.size());
+      double max_d = 0;
+      int flips = 0;
+      for (size_t i = 0; i < got.size(); ++i) max_d = std::max(max_d, std::abs(double(got[i]) - ref[i]));
+      for (size_t p = 0; p < ids.size(); ++p) {
+        const float* r = ref.data() + p * V;
+        std::vector<float> top(r, r + V);
+        std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+        if (argmax(got.data() + p * V, V) != argmax(r, V)) {
+          ++flips;
+          EXPECT_LT(top[0] - top[1], 1.0) << ss::cpu::isa_name(isa) << " prompt " << pi << " position " << p;
+        }
+      }
+      EXPECT_LE(max_d, 3.0) << ss::cpu::isa_name(isa) << " prompt " << pi;
+      EXPECT_LE(flips * 10, static_cast<int>(ids.size())) << ss::cpu::isa_name(isa) << " prompt " << pi;
+      std::printf("[ %s %s ] prompt %d: max |dlogit| %.3f, top-1 differs at %d of %zu\n", GetParam(),
+                  ss::cpu::isa_name(isa), pi, max_d, flips, ids.size());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, RequantizedDefaultModel,
+                         ::testing::Values("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "IQ4_XS"));
 
 }  // namespace
