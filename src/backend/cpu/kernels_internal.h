@@ -8,7 +8,7 @@
 //   Q6_K: acc = fma(d*da, float(sum_j sc_j I_j), acc) with I_j over the signed 6-bit values.
 //   Q5_K, Q2_K: as Q4_K (Q2_K: 16-value sub-blocks, 4-bit sc and m). Q3_K: as Q6_K (values q - 4).
 //   IQ4_XS: acc = fma(d*da, float(sum_j (ls_j - 32) I_j), acc), I_j over the non-linear levels.
-//   IQ4_NL: per 32-value block, acc = fma(d*da, float(I), acc).
+//   IQ4_NL: as Q8_0, the weights being the levels its nibbles index.
 // Integers are exact however they are computed, so a tile, an edge tile or the 1-token path (and any
 // thread) produce the same bits; only the lane a (t, o) occupies differs, and lanes do not interact.
 // Float weights: 16 (AVX-512) or 8 (AVX2) lane accumulators, lane l summing i = l mod width in order,
@@ -110,9 +110,9 @@ inline bool is_k_type(model::DType t) {
   return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ||
          t == DType::IQ4_XS;
 }
-// Types whose products run in rows_qk (one kernel for every n_tok, activations row-major): the K types
-// and IQ4_NL (32-value blocks of non-linear levels).
-inline bool uses_rows_qk(model::DType t) { return is_k_type(t) || t == model::DType::IQ4_NL; }
+// Types whose products run in rows_qk (one kernel for every n_tok, activations row-major). IQ4_NL runs
+// in rows_q32 as a Q8_0 whose bytes come from a table.
+inline bool uses_rows_qk(model::DType t) { return is_k_type(t); }
 inline bool is_float_type(model::DType t) {
   return t == model::DType::F32 || t == model::DType::F16 || t == model::DType::BF16;
 }

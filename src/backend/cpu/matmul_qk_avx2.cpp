@@ -1,4 +1,4 @@
-// K types (Q2_K..Q6_K, IQ4_XS) and IQ4_NL on AVX2; same scheme as matmul_qk_avx512.cpp with 32-byte vectors:
+// K types (Q2_K..Q6_K, IQ4_XS) on AVX2; same scheme as matmul_qk_avx512.cpp with 32-byte vectors:
 // vpmaddubsw pairs, vpmaddwd by the sub-block scales, one horizontal sum per super-block and token.
 #include <immintrin.h>
 
@@ -233,28 +233,6 @@ void rows_k(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
   }
 }
 
-// IQ4_NL: 32-value blocks; a block is unpacked once per row and dotted with every token's block.
-void rows_iq4nl(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t nb = W.cols() / 32;
-  const int64_t rs = static_cast<int64_t>(W.row_stride());
-  const auto* base = static_cast<const uint8_t*>(W.data);
-  const __m256i table = iq4_table();
-  for (int64_t o = r0; o < r1; ++o) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = base + o * rs + b * 18;
-      const __m256i w = iq4_levels(blk + 2, table);
-      const __m256i aw = _mm256_abs_epi8(w);
-      const float d = _cvtsh_ss(load_as<uint16_t>(blk));
-      for (int t = 0; t < a.n_tok; ++t) {
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + a.qidx(t, 32 * b)));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(av, w)), _mm256_set1_epi16(1));
-        float& out = y[t * ldy + o];
-        out = fmadd(d * a.d[a.sidx(t, b)], static_cast<float>(hsum(p)), b == 0 ? 0.0f : out);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -265,7 +243,6 @@ void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int6
     case DType::Q5_K: return rows_k<DType::Q5_K>(W, a, y, ldy, r0, r1);
     case DType::Q6_K: return rows_k<DType::Q6_K>(W, a, y, ldy, r0, r1);
     case DType::IQ4_XS: return rows_k<DType::IQ4_XS>(W, a, y, ldy, r0, r1);
-    case DType::IQ4_NL: return rows_iq4nl(W, a, y, ldy, r0, r1);
     default: return;
   }
 }

@@ -1,5 +1,5 @@
-// K types (Q2_K..Q6_K, IQ4_XS: 256-value super-blocks with 16/32-value sub-block scales) and IQ4_NL on
-// AVX-512. A super-block is unpacked once to bytes and reused for every token. Per token: vpmaddubsw makes
+// K types (Q2_K..Q6_K, IQ4_XS: 256-value super-blocks with 16/32-value sub-block scales) on AVX-512.
+// A super-block is unpacked once to bytes and reused for every token. Per token: vpmaddubsw makes
 // pairwise 16-bit products, vpdpwssd multiplies them by the sub-block scales into 32-bit lanes, one
 // horizontal sum gives the super-block's integer; the big blocks amortize that sum. One kernel
 // serves every n_tok, so batch invariance is immediate; y carries each (t, o) accumulator between
@@ -268,31 +268,6 @@ void rows_k(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
   }
 }
 
-// IQ4_NL: 32-value blocks; a block is unpacked once per row and dotted with every token's block.
-void rows_iq4nl(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t nb = W.cols() / 32;
-  const int64_t rs = static_cast<int64_t>(W.row_stride());
-  const auto* base = static_cast<const uint8_t*>(W.data);
-  const __m256i table = _mm512_castsi512_si256(iq4_table());
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t o = r0; o < r1; ++o) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = base + o * rs + b * 18;
-      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-      const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
-      const __m256i w = _mm256_shuffle_epi8(table, nib);
-      const __m256i aw = _mm256_abs_epi8(w);
-      const float d = _cvtsh_ss(load_as<uint16_t>(blk));
-      for (int t = 0; t < a.n_tok; ++t) {
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + a.qidx(t, 32 * b)));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(av, w)), _mm256_set1_epi16(1));
-        float& out = y[t * ldy + o];
-        out = fmadd(d * a.d[a.sidx(t, b)], static_cast<float>(hsum256(p)), b == 0 ? 0.0f : out);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -303,7 +278,6 @@ void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int6
     case DType::Q5_K: return rows_k<DType::Q5_K>(W, a, y, ldy, r0, r1);
     case DType::Q6_K: return rows_k<DType::Q6_K>(W, a, y, ldy, r0, r1);
     case DType::IQ4_XS: return rows_k<DType::IQ4_XS>(W, a, y, ldy, r0, r1);
-    case DType::IQ4_NL: return rows_iq4nl(W, a, y, ldy, r0, r1);
     default: return;
   }
 }
