@@ -1,6 +1,6 @@
 // CPU compute kernels. Matrix products run directly on the quantized weight blocks: activations are
 // quantized per token to 8-bit blocks (32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, with block sums for the
-// min / zero-point terms; 256 values with 16-value sums for Q4_K/Q6_K) and dotted with integer SIMD
+// min / zero-point terms; 256 values with 16-value sums for the K types) and dotted with integer SIMD
 // (AVX2, AVX-512 VNNI chosen at run time), accumulating in fp32. F32/F16/BF16 weights use fp32 FMA.
 // Isa::Scalar dequantizes to fp32 instead (no activation rounding): the portable, most exact path.
 //
