@@ -184,6 +184,22 @@ void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
         for (int i = 0; i < 4; ++i)
           dst[320 + 256 * j + 64 * v + 4 * r + i] =
               static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
+  } else if (t == model::DType::IQ4_XS) {
+    std::memcpy(dst + 2 * r, blk, 2);
+    const int sh = blk[2] | blk[3] << 8;
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((blk[4 + j / 2] >> 4 * (j % 2)) & 15) | (((sh >> 2 * j) & 3) << 4);
+      dst[32 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t b = blk[8 + 16 * j + l % 16];
+        q[32 * j + l] = l < 16 ? b & 15 : b >> 4;
+      }
+    }
+    for (int j = 0; j < 8; ++j)
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 4; ++i)
+          dst[160 + 256 * j + 64 * v + 4 * r + i] =
+              static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
   } else {  // Q6_K
     std::memcpy(dst + 2 * r, blk + 208, 2);
     for (int j = 0; j < 16; ++j) dst[32 + 32 * (j / 2) + 2 * r + j % 2] = blk[192 + j];

@@ -56,7 +56,9 @@ struct KernelSet {
 //         288 + 64 m), lane r byte i = lo4(q[4m + i]) | lo4(q[4(m + 32) + i]) << 4 | high bits:
 //         vector m < 16 (offset 2336 + 64 m), lane r byte i = hi2 of q[4m + i], q[4(m+16) + i],
 //         q[4(m+32) + i], q[4(m+48) + i] at bits 0, 2, 4, 6 (q: the stored 6-bit value, w + 32).
-//   Both take exactly the bytes of the 16 original rows.
+//   IQ4_XS: fp16 d[16] | i8 (ls - 32)[4 pairs][16][2] | nibbles as Q4_K's (offset 160); 2 bytes more
+//         per row than the file (the 6-bit scales unpacked).
+//   Q4_K and Q6_K take exactly the bytes of the 16 original rows.
 struct PackedFormat {
   int header;       // bytes of scales before the vectors
   int vectors;      // 64-byte vectors per block
@@ -72,6 +74,7 @@ inline PackedFormat packed_format(model::DType t) {
     case model::DType::Q8_0: return {32, 8, 32 + 512};
     case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
     case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};
+    case model::DType::IQ4_XS: return {160, 32, 160 + 2048, 256};
     default: return {0, 0, 0};
   }
 }

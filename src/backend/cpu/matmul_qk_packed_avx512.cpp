@@ -1,4 +1,4 @@
-// Q4_K and Q6_K through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
+// Q4_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
 // the 16 lanes are 16 output rows, so the weights stream through vpdpbusd with the token's 4
 // activation bytes broadcast, with no staging buffer and no horizontal sums (as the q32 packed
 // kernels). Per sub-block the exact integer dot I_j is scaled by its row's sc_j (vpmulld) into the
@@ -28,7 +28,7 @@ inline int32_t pair16(int lo, int hi) {
 template <DType T, int NT>
 [[gnu::always_inline]] inline void packed_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0, float* y,
                                                    int64_t ldy, int64_t o0, __mmask16 keep, const uint8_t* pf) {
-  constexpr int kBlock = T == DType::Q4_K ? 320 + 2048 : 288 + 3072;
+  constexpr int kBlock = T == DType::Q4_K ? 320 + 2048 : T == DType::Q6_K ? 288 + 3072 : 160 + 2048;
   constexpr int kLines = (kBlock + 63) / 64;
   const int64_t cols = a.cols;
   const int8_t* at[NT];
@@ -80,6 +80,41 @@ template <DType T, int NT>
         acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
         acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(off[i]), acc[i]);
       }
+    } else if constexpr (T == DType::IQ4_XS) {  // levels + 128 (u8): the dot's 128 sum(a) comes off
+      const __m512i table =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues)));
+      const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int j = 0; j < 8; ++j) {
+        __m512i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const __m512i w = _mm512_loadu_si512(p + 160 + 256 * j + 64 * v);
+          const __m512i lo = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(w, low4)), x80);
+          const __m512i hi =
+              _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4)), x80);
+          for (int i = 0; i < NT; ++i) {
+            const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
+            I[i] = _mm512_dpbusd_epi32(I[i], lo, _mm512_set1_epi32(load_as<int32_t>(x)));
+            I[i] = _mm512_dpbusd_epi32(I[i], hi, _mm512_set1_epi32(load_as<int32_t>(x + 16)));
+          }
+        }
+        const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (j / 2))));
+        const __m512i sc = j % 2 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+        for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+      }
+      for (int k = 0; k < 4; ++k) {  // 128 sc_j times the sub-block sums S_j
+        const __m512i sp = _mm512_slli_epi16(
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * k))), 7);
+        for (int i = 0; i < NT; ++i) {
+          const int16_t* b = bs[i] + 16 * sb + 4 * k;
+          off[i] = _mm512_dpwssd_epi32(off[i], sp, _mm512_set1_epi32(pair16(b[0] + b[1], b[2] + b[3])));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      for (int i = 0; i < NT; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][sb])),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[i], off[i])), acc[i]);
     } else {  // Q6_K: chunk c (values 4c..4c+3) = low nibbles of vector c % 32 (high half from c >= 32)
               // | bits 2(c / 16) of high-bit vector c % 16; sub-block j = chunks 4j..4j+3.
       for (int j = 0; j < 16; ++j) {
@@ -148,6 +183,7 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q6_K) rows_packed_kt<DType::Q6_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::IQ4_XS) rows_packed_kt<DType::IQ4_XS>(P, a, y, ldy, g0, g1);
 }
 
 }  // namespace ss::cpu::detail::avx512
