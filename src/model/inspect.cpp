@@ -72,7 +72,7 @@ void write_tensors(std::ostringstream& o, const Model& m) {
 
 // llama.cpp's llama_ftype names (general.file_type); 1024 marks a type guessed by the converter.
 const char* ftype_name(int64_t ft) {
-  static const char* const kNames[] = {"F32",     "F16",    nullptr,   "Q4_0",   "Q4_1",   nullptr,  nullptr,
+  static const char* const kNames[] = {"F32",     "F16",    "Q4_0",    "Q4_1",   nullptr,  nullptr,  nullptr,
                                        "Q8_0",    "Q5_0",   "Q5_1",    "Q2_K",   "Q3_K_S", "Q3_K_M", "Q3_K_L",
                                        "Q4_K_S",  "Q4_K_M", "Q5_K_S",  "Q5_K_M", "Q6_K",   "IQ2_XXS", "IQ2_XS",
                                        "Q2_K_S",  "IQ3_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL", "IQ3_S",  "IQ3_M",

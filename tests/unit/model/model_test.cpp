@@ -161,6 +161,15 @@ TEST(Inspect, NamesTheQuantMix) {
     t->type = static_cast<uint32_t>(DType::Q6_K);
     t->data = random_tensor_bytes(DType::Q6_K, t->ne[0] * t->ne[1], rng);
   }
+  // llama.cpp's llama_ftype numbering (llama.h): the names inspect gives them.
+  for (const auto& [id, name] : std::vector<std::pair<uint32_t, std::string>>{
+           {0, "F32"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {9, "Q5_1"}, {12, "Q3_K_M"}, {18, "Q6_K"},
+           {25, "IQ4_NL"}, {30, "IQ4_XS"}, {32, "BF16"}, {1024 + 17, "Q5_K_M"}}) {
+    GgufBuilder h = g;
+    h.u32("general.file_type", id);
+    write_file(dir.file("h.gguf"), h.build());
+    EXPECT_HAS(inspect_report(dir.file("h.gguf"), no_tokenizer()), "quant mix: " + name + ": ");
+  }
   g.u32("general.file_type", 15);
   write_file(dir.file("m.gguf"), g.build());
   std::map<uint32_t, double> bytes;
