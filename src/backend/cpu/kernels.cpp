@@ -140,7 +140,7 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
     return;
   }
   check_scratch("matmul", W, scratch, n_tok);
-  const bool k = detail::uses_rows_qk(wt);
+  const bool k = detail::is_k_type(wt);
   const detail::QActs a = detail::carve_qacts(scratch.buf, W.cols(), n_tok, ks->act_group(wt, n_tok),
                                               detail::is_k_type(wt) ? model::QK_K : 32);
   if (n_tok * W.cols() < kParallelQuantize) {

@@ -107,15 +107,14 @@ inline T load_as(const void* p) {
   return v;
 }
 
-// 256-value super-block types: activations in 256-value blocks with 16-value sums, rows_qk kernels.
+// 256-value super-block types: activations in 256-value blocks with 16-value sums, rows_qk kernels
+// (one kernel for every n_tok, activations row-major). IQ4_NL runs in rows_q32 as a Q8_0 whose bytes
+// come from a table.
 inline bool is_k_type(model::DType t) {
   using model::DType;
   return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ||
          t == DType::IQ4_XS;
 }
-// Types whose products run in rows_qk (one kernel for every n_tok, activations row-major). IQ4_NL runs
-// in rows_q32 as a Q8_0 whose bytes come from a table.
-inline bool uses_rows_qk(model::DType t) { return is_k_type(t); }
 inline bool is_float_type(model::DType t) {
   return t == model::DType::F32 || t == model::DType::F16 || t == model::DType::BF16;
 }

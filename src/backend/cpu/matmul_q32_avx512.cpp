@@ -451,7 +451,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
 
 // The tiled kernel stages every weight row once per call; below ~5 tokens the per-token kernel wins
 // (measured: docs/perf/cpu-kernels.md).
-int act_group(model::DType wtype, int n_tok) { return uses_rows_qk(wtype) || n_tok < 5 ? 1 : 16; }
+int act_group(model::DType wtype, int n_tok) { return is_k_type(wtype) || n_tok < 5 ? 1 : 16; }
 
 void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   switch (W.type) {
