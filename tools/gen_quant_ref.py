@@ -44,6 +44,28 @@ def raw_blocks(qtype, n_blocks):
     return b
 
 
+def raw_blocks_more(qtype, n_blocks, r):
+    """Random blocks of the types added later, from their own generator (the older fixtures keep their bytes)."""
+    bs, tb = GGML_QUANT_SIZES[qtype]
+    b = r.integers(0, 256, (n_blocks, tb), dtype=np.uint8)
+
+    def half(n, signed=True):
+        h = r.uniform(1e-3, 1e-1, n) * (r.choice([-1, 1], n) if signed else 1)
+        return h.astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if qtype == T.Q2_K:  # d, dmin are the last 4 bytes
+        b[:, tb - 4:tb - 2] = half(n_blocks)
+        b[:, tb - 2:tb] = half(n_blocks)
+    elif qtype == T.Q3_K:  # d is the last 2 bytes
+        b[:, tb - 2:tb] = half(n_blocks)
+    elif qtype == T.Q5_K:  # d, dmin at bytes 0..3
+        b[:, 0:2] = half(n_blocks, False)
+        b[:, 2:4] = half(n_blocks, False)
+    elif qtype in (T.IQ4_NL, T.IQ4_XS):  # d at bytes 0..1
+        b[:, 0:2] = half(n_blocks)
+    return b
+
+
 def write_fixture(path, qtype, data_bytes, expected):
     with open(path, "wb") as f:
         f.write(struct.pack("<III", int(qtype), expected.size, data_bytes.size))
@@ -71,6 +93,13 @@ def main():
 
     for qtype in [T.Q4_K, T.Q6_K]:
         q = raw_blocks(qtype, 4).reshape(-1)
+        deq = quants.dequantize(q, qtype).reshape(-1)
+        write_fixture(os.path.join(out, qtype.name.lower() + ".bin"), qtype, q, deq)
+
+    # Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS (gguf.quants dequantizes them but cannot quantize): random blocks.
+    r = np.random.default_rng(4321)
+    for qtype, n_blocks in [(T.Q2_K, 6), (T.Q3_K, 6), (T.Q5_K, 6), (T.IQ4_NL, 24), (T.IQ4_XS, 6)]:
+        q = raw_blocks_more(qtype, n_blocks, r).reshape(-1)
         deq = quants.dequantize(q, qtype).reshape(-1)
         write_fixture(os.path.join(out, qtype.name.lower() + ".bin"), qtype, q, deq)
 

@@ -61,6 +61,7 @@ void run_offline(const BenchArgs& a) {
     auto be = make_backend(model, bo, a.device, &device);
     if (!be.ok()) return fail(be.message());
     if (t == a.threads.front()) std::printf("device: %s\n", device.c_str());
+    std::printf("backend: %s\n", (*be)->name().c_str());  // which kernels ran (ISA, packed matrices)
     // Greedy, no stop ids: exactly gen_tokens tokens each run.
     auto request = [&](size_t prompt_len, int max_tokens) {
       engine::Request r;

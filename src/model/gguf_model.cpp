@@ -58,6 +58,7 @@ Status build_from_gguf(Model& m, const gguf::File& g, const uint8_t* base, const
     tensors.emplace(ti.name, SourceTensor{std::move(t), &g.name});
   }
 
+  SS_ASSIGN(m.file_type, g.get_int("general.file_type", -1));
   SS_ASSIGN(ModelConfig c, config_from_gguf(g));
   c.tie_embeddings = tensors.count("output.weight") == 0;
   m.config = c;  // visible to inspect even if a check below fails

@@ -1,8 +1,11 @@
 // inspect_report: what `selfserve inspect` prints. It loads like load_model and reports whatever was
 // read before a failure, so a broken file still shows its tensor table next to the error.
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "model/loader.h"
 #include "model/weights.h"
@@ -67,6 +70,38 @@ void write_tensors(std::ostringstream& o, const Model& m) {
   o << "\n";
 }
 
+// llama.cpp's llama_ftype names (general.file_type); 1024 marks a type guessed by the converter.
+const char* ftype_name(int64_t ft) {
+  static const char* const kNames[] = {"F32",     "F16",    "Q4_0",    "Q4_1",   nullptr,  nullptr,  nullptr,
+                                       "Q8_0",    "Q5_0",   "Q5_1",    "Q2_K",   "Q3_K_S", "Q3_K_M", "Q3_K_L",
+                                       "Q4_K_S",  "Q4_K_M", "Q5_K_S",  "Q5_K_M", "Q6_K",   "IQ2_XXS", "IQ2_XS",
+                                       "Q2_K_S",  "IQ3_XS", "IQ3_XXS", "IQ1_S",  "IQ4_NL", "IQ3_S",  "IQ3_M",
+                                       "IQ2_S",   "IQ2_M",  "IQ4_XS",  "IQ1_M",  "BF16"};
+  ft &= ~int64_t{1024};
+  return ft >= 0 && ft < static_cast<int64_t>(std::size(kNames)) ? kNames[ft] : nullptr;
+}
+
+// "quant mix: Q4_K_M: Q4_K 70%, Q6_K 30%": the share of each type in the bytes of the 2-D tensors
+// (the matrices a quantization mix is about; norms stay F32).
+void write_mix(std::ostringstream& o, const Model& m) {
+  std::map<std::string, uint64_t> bytes;
+  uint64_t total = 0;
+  for (const auto& t : m.tensor_table)
+    if (t.n_dims >= 2) bytes[std::string(dtype_name(t.type))] += t.nbytes, total += t.nbytes;
+  if (total == 0) return;
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& [type, b] : bytes) order.push_back({b, type});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  o << "quant mix: ";
+  if (const char* n = ftype_name(m.file_type)) o << n << ": ";
+  for (size_t i = 0; i < order.size(); ++i) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * static_cast<double>(order[i].first) / static_cast<double>(total));
+    o << (i ? ", " : "") << order[i].second << " " << pct;
+  }
+  o << " (of matrix bytes)\n";
+}
+
 }  // namespace
 
 std::string inspect_report(const std::string& path, const LoadOptions& opts, bool* ok) {
@@ -90,6 +125,7 @@ std::string inspect_report(const std::string& path, const LoadOptions& opts, boo
   o << "chat template: " << (m.chat_template.empty() ? "none" : std::to_string(m.chat_template.size()) + " chars")
     << "\n";
   if (!m.tensor_table.empty()) write_tensors(o, m);
+  if (!m.tensor_table.empty()) write_mix(o, m);
   o << "verdict: " << verdict << "\n";
   return o.str();
 }

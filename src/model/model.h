@@ -124,6 +124,7 @@ class Model {
   std::unique_ptr<tok::Tokenizer> tokenizer;  // null when LoadOptions::load_tokenizer is false
   std::vector<TensorSummary> tensor_table;    // every tensor in the file(s), for `inspect`
   uint64_t file_bytes = 0;                    // total size of the weight file(s)
+  int64_t file_type = -1;                     // GGUF general.file_type (llama.cpp's ftype), -1 if absent
 
   std::vector<std::unique_ptr<MappedFile>> files;  // keep the mappings alive
 

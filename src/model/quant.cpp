@@ -25,9 +25,14 @@ constexpr Entry kTypes[] = {
     {7, {"Q5_1", QK5_1, sizeof(block_q5_1), true}},
     {8, {"Q8_0", QK8_0, sizeof(block_q8_0), true}},
     {9, {"Q8_1", QK8_1, sizeof(block_q8_1), false}},
+    {10, {"Q2_K", QK_K, sizeof(block_q2_K), true}},
+    {11, {"Q3_K", QK_K, sizeof(block_q3_K), true}},
     {12, {"Q4_K", QK_K, sizeof(block_q4_K), true}},
+    {13, {"Q5_K", QK_K, sizeof(block_q5_K), true}},
     {14, {"Q6_K", QK_K, sizeof(block_q6_K), true}},
     {15, {"Q8_K", QK_K, sizeof(block_q8_K), false}},
+    {20, {"IQ4_NL", QK4_NL, sizeof(block_iq4_nl), true}},
+    {23, {"IQ4_XS", QK_K, sizeof(block_iq4_xs), true}},
     {30, {"BF16", 1, 2, true}},
 };
 
@@ -183,6 +188,104 @@ void deq_q6_k(const void* src, float* y, int64_t nb) {
   }
 }
 
+// Q2_K: per 128 values, four 2-bit planes of 32 bytes; plane j, byte l < 16 -> value 32j + l (sub-block
+// 2j), byte 16 + l -> value 32j + 16 + l (sub-block 2j + 1).
+void deq_q2_k(const void* src, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const auto b = load_block<block_q2_K>(src, i);
+    const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+    const uint8_t* q = b.qs;
+    int is = 0;
+    for (int n = 0; n < QK_K; n += 128, q += 32)
+      for (int shift = 0; shift < 8; shift += 2)
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t sc = b.scales[is++];
+          const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
+          for (int l = 0; l < 16; ++l) *y++ = dl * ((q[16 * half + l] >> shift) & 3) - ml;
+        }
+  }
+}
+
+// Q3_K's 16 6-bit scales from their 12 bytes (ggml's kmask1/kmask2 unpacking), unsigned 0..63.
+void q3k_scales(const uint8_t* s12, uint8_t* out16) {
+  uint32_t aux[4];
+  std::memcpy(aux, s12, 12);
+  constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  std::memcpy(out16, aux, 16);
+}
+
+// Q3_K: Q2_K's plane order; the high bit of value 128n + 32j + l is bit 4n + j of hmask[l].
+void deq_q3_k(const void* src, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const auto b = load_block<block_q3_K>(src, i);
+    const float d_all = fp16_to_fp32(b.d);
+    uint8_t sc[16];
+    q3k_scales(b.scales, sc);
+    const uint8_t* q = b.qs;
+    int is = 0;
+    unsigned m = 1;
+    for (int n = 0; n < QK_K; n += 128, q += 32)
+      for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+        for (int half = 0; half < 2; ++half) {
+          const float dl = d_all * (sc[is++] - 32);
+          for (int l = 0; l < 16; ++l) {
+            const int k = 16 * half + l;
+            *y++ = dl * (((q[k] >> shift) & 3) - ((b.hmask[k] & m) ? 0 : 4));
+          }
+        }
+  }
+}
+
+void deq_q5_k(const void* src, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const auto b = load_block<block_q5_K>(src, i);
+    const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+    const uint8_t* ql = b.qs;
+    unsigned u1 = 1, u2 = 2;
+    for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+      uint8_t sc, m;
+      scale_min_k4(is, b.scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(is + 1, b.scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (b.qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (b.qh[l] & u2 ? 16 : 0)) - m2;
+    }
+  }
+}
+
+void deq_iq4_nl(const void* src, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += QK4_NL) {
+    const auto b = load_block<block_iq4_nl>(src, i);
+    const float d = fp16_to_fp32(b.d);
+    for (int j = 0; j < QK4_NL / 2; ++j) {
+      y[j] = d * kIq4nlValues[b.qs[j] & 0xF];
+      y[j + QK4_NL / 2] = d * kIq4nlValues[b.qs[j] >> 4];
+    }
+  }
+}
+
+void deq_iq4_xs(const void* src, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const auto b = load_block<block_iq4_xs>(src, i);
+    const float d = fp16_to_fp32(b.d);
+    const uint8_t* qs = b.qs;
+    for (int ib = 0; ib < QK_K / 32; ++ib, y += 32, qs += 16) {
+      const int ls = ((b.scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((b.scales_h >> 2 * ib) & 3) << 4);
+      const float dl = d * (ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * kIq4nlValues[qs[j] & 0xF];
+        y[j + 16] = dl * kIq4nlValues[qs[j] >> 4];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const DTypeInfo* dtype_info(uint32_t id) {
@@ -267,7 +370,12 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q5_1: return deq_q5_1(src, dst, nb);
     case DType::Q8_0: return deq_q8_0(src, dst, nb);
     case DType::Q8_1: return deq_q8_1(src, dst, nb);
+    case DType::Q2_K: return deq_q2_k(src, dst, nb);
+    case DType::Q3_K: return deq_q3_k(src, dst, nb);
     case DType::Q4_K: return deq_q4_k(src, dst, nb);
+    case DType::Q5_K: return deq_q5_k(src, dst, nb);
+    case DType::IQ4_NL: return deq_iq4_nl(src, dst, nb);
+    case DType::IQ4_XS: return deq_iq4_xs(src, dst, nb);
     case DType::Q6_K: return deq_q6_k(src, dst, nb);
     case DType::Q8_K: return deq_q8_k(src, dst, nb);
   }

@@ -17,14 +17,22 @@ enum class DType : uint32_t {
   Q5_1 = 7,
   Q8_0 = 8,
   Q8_1 = 9,   // activations only (not a weight type we load)
+  Q2_K = 10,
+  Q3_K = 11,
   Q4_K = 12,
+  Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,  // activations only
+  IQ4_NL = 20,
+  IQ4_XS = 23,
   BF16 = 30,
 };
 
 constexpr int QK4_0 = 32, QK4_1 = 32, QK5_0 = 32, QK5_1 = 32, QK8_0 = 32, QK8_1 = 32, QK_K = 256;
-constexpr int K_SCALE_SIZE = 12;
+constexpr int K_SCALE_SIZE = 12, QK4_NL = 32;
+
+// The 16 levels of the non-linear 4-bit types (IQ4_NL, IQ4_XS); ggml's kvalues_iq4nl.
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 using half_bits = uint16_t;  // IEEE fp16 stored as bits
 
@@ -35,9 +43,18 @@ struct block_q5_1 { half_bits d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; };
 struct block_q8_0 { half_bits d; int8_t qs[QK8_0]; };
 // Q8_1: d and s = d * sum(qs), both fp16 in ggml; we keep them as float (activation-side only).
 struct block_q8_1 { float d, s; int8_t qs[QK8_1]; };
+// Q2_K: 16 sub-blocks of 16, y = d*(sc&15)*q - dmin*(sc>>4), q 2-bit.
+struct block_q2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; half_bits d, dmin; };
+// Q3_K: 16 sub-blocks of 16, y = d*(sc-32)*(q-4*!h), 6-bit sc packed in 12 bytes, q 2-bit + hmask bit h.
+struct block_q3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; half_bits d; };
 struct block_q4_K { half_bits d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; };
+// Q5_K: Q4_K's scales with a 5th bit per value in qh.
+struct block_q5_K { half_bits d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; half_bits d; };
 struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+// IQ4_NL: y = d * kIq4nlValues[nibble]; IQ4_XS: the same in 8 sub-blocks of 32 with 6-bit scales (ls-32).
+struct block_iq4_nl { half_bits d; uint8_t qs[QK4_NL / 2]; };
+struct block_iq4_xs { half_bits d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
 
 static_assert(sizeof(block_q4_0) == 18);
 static_assert(sizeof(block_q4_1) == 20);
@@ -46,6 +63,11 @@ static_assert(sizeof(block_q5_1) == 24);
 static_assert(sizeof(block_q8_0) == 34);
 static_assert(sizeof(block_q4_K) == 144);
 static_assert(sizeof(block_q6_K) == 210);
+static_assert(sizeof(block_q2_K) == 84);
+static_assert(sizeof(block_q3_K) == 110);
+static_assert(sizeof(block_q5_K) == 176);
+static_assert(sizeof(block_iq4_nl) == 18);
+static_assert(sizeof(block_iq4_xs) == 136);
 
 struct DTypeInfo {
   std::string_view name;  // "Q4_K", ...

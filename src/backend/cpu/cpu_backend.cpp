@@ -109,8 +109,18 @@ Expected<std::unique_ptr<CpuBackend>> CpuBackend::create(const model::Model& mod
   return be;
 }
 
+// Says which kernels run: the ISA and, on AVX-512, how many matrices took the packed form.
 std::string CpuBackend::name() const {
-  return std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa()) + ")";
+  int packed = packed_out_.empty() ? 0 : 1, total = 1;
+  for (const auto& P : packed_)
+    for (const cpu::PackedMatrix* m : {&P.wq, &P.wk, &P.wv, &P.wo, &P.w_gate, &P.w_up, &P.w_down}) {
+      packed += m->empty() ? 0 : 1;
+      ++total;
+    }
+  std::string s = std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa());
+  if (cpu::active_isa() == cpu::Isa::Avx512)
+    s += ", " + std::to_string(packed) + "/" + std::to_string(total) + " matrices packed";
+  return s + ")";
 }
 
 Status CpuBackend::init() {

@@ -33,7 +33,33 @@ Isa detect() {
 
 std::atomic<int> g_forced{-1};
 
+// SS_CPU_ISA=scalar|avx2|avx512 lowers the default (never above what the CPU has): CI runs the AVX2
+// kernels on an AVX-512 machine this way. Anything else is reported once and ignored.
+Isa default_isa() {
+  static const Isa isa = [] {
+    const Isa d = detected_isa();
+    const char* e = std::getenv("SS_CPU_ISA");
+    if (!e || !*e) return d;
+    Isa want;
+    if (!parse_isa(e, &want)) {
+      std::fprintf(stderr, "SS_CPU_ISA=%s: not one of scalar, avx2, avx512; using %s\n", e, isa_name(d));
+      return d;
+    }
+    return static_cast<int>(want) <= static_cast<int>(d) ? want : d;
+  }();
+  return isa;
+}
+
 }  // namespace
+
+bool parse_isa(std::string_view s, Isa* out) {
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (s == isa_name(i)) {
+      *out = i;
+      return true;
+    }
+  return false;
+}
 
 Isa detected_isa() {
   static const Isa isa = detect();
@@ -42,7 +68,7 @@ Isa detected_isa() {
 
 Isa active_isa() {
   const int f = g_forced.load(std::memory_order_relaxed);
-  return f < 0 ? detected_isa() : static_cast<Isa>(f);
+  return f < 0 ? default_isa() : static_cast<Isa>(f);
 }
 
 void force_isa(Isa isa) {
@@ -51,6 +77,8 @@ void force_isa(Isa isa) {
   g_forced.store(static_cast<int>(static_cast<int>(isa) <= static_cast<int>(d) ? isa : d),
                  std::memory_order_relaxed);
 }
+
+void clear_forced_isa() { g_forced.store(-1, std::memory_order_relaxed); }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -113,8 +141,8 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
   }
   check_scratch("matmul", W, scratch, n_tok);
   const bool k = detail::is_k_type(wt);
-  const detail::QActs a =
-      detail::carve_qacts(scratch.buf, W.cols(), n_tok, ks->act_group(wt, n_tok), k ? model::QK_K : 32);
+  const detail::QActs a = detail::carve_qacts(scratch.buf, W.cols(), n_tok, ks->act_group(wt, n_tok),
+                                              detail::is_k_type(wt) ? model::QK_K : 32);
   if (n_tok * W.cols() < kParallelQuantize) {
     ks->quantize(wt, x, ldx, 0, a.n_pad(), a);
   } else {
@@ -128,22 +156,98 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
 
 size_t packed_bytes(const model::Tensor& W) {
   const detail::PackedFormat f = detail::packed_format(W.type);
-  if (f.block_bytes == 0 || detected_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % 32 != 0) return 0;
-  return (static_cast<size_t>(packed_groups(W.rows())) * (W.cols() / 32) * f.block_bytes + 63) / 64 * 64;
+  if (f.block_bytes == 0 || active_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % f.values != 0) return 0;
+  return (static_cast<size_t>(packed_groups(W.rows())) * (W.cols() / f.values) * f.block_bytes + 63) / 64 * 64;
 }
+
+namespace {
+
+// One row's super-block `blk` of a K type into the packed block at dst, lane r (kernels_internal.h).
+void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
+  uint8_t q[256];
+  if (t == model::DType::Q4_K) {
+    std::memcpy(dst + 2 * r, blk, 2);
+    std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
+    const uint8_t* s = blk + 4;
+    for (int j = 0; j < 8; ++j) {  // ggml get_scale_min_k4
+      const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+      const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      dst[64 + 16 * j + r] = static_cast<uint8_t>(sc);
+      dst[192 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(mn);
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t b = blk[16 + 32 * (j / 2) + l];
+        q[32 * j + l] = j % 2 ? b >> 4 : b & 15;
+      }
+    }
+    for (int j = 0; j < 8; ++j)
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 4; ++i)
+          dst[320 + 256 * j + 64 * v + 4 * r + i] =
+              static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
+  } else if (t == model::DType::IQ4_XS) {
+    std::memcpy(dst + 2 * r, blk, 2);
+    const int sh = blk[2] | blk[3] << 8;
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((blk[4 + j / 2] >> 4 * (j % 2)) & 15) | (((sh >> 2 * j) & 3) << 4);
+      dst[32 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t b = blk[8 + 16 * j + l % 16];
+        q[32 * j + l] = l < 16 ? b & 15 : b >> 4;
+      }
+    }
+    for (int j = 0; j < 8; ++j)
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 4; ++i)
+          dst[160 + 256 * j + 64 * v + 4 * r + i] =
+              static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
+  } else {  // Q6_K
+    std::memcpy(dst + 2 * r, blk + 208, 2);
+    for (int j = 0; j < 16; ++j) dst[32 + 32 * (j / 2) + 2 * r + j % 2] = blk[192 + j];
+    for (int e = 0; e < 256; ++e) {  // element e: half h, quarter c, lane l (ggml dequantize_row_q6_K)
+      const int h = e / 128, c = (e % 128) / 32, l = e % 32;
+      const uint8_t lo = blk[64 * h + 32 * (c & 1) + l];
+      q[e] = static_cast<uint8_t>((c < 2 ? lo & 15 : lo >> 4) | (((blk[128 + 32 * h + l] >> (2 * c)) & 3) << 4));
+    }
+    for (int m = 0; m < 32; ++m)
+      for (int i = 0; i < 4; ++i)
+        dst[288 + 64 * m + 4 * r + i] = static_cast<uint8_t>((q[4 * m + i] & 15) | ((q[4 * (m + 32) + i] & 15) << 4));
+    for (int m = 0; m < 16; ++m)
+      for (int i = 0; i < 4; ++i) {
+        int b = 0;
+        for (int k = 0; k < 4; ++k) b |= (q[4 * (m + 16 * k) + i] >> 4) << (2 * k);
+        dst[2336 + 64 * m + 4 * r + i] = static_cast<uint8_t>(b);
+      }
+  }
+}
+
+}  // namespace
 
 PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& pool) {
   PackedMatrix P;
   if (packed_bytes(W) == 0 || dst0 == nullptr) return P;
   const detail::PackedFormat f = detail::packed_format(W.type);
-  const int64_t nb = W.cols() / 32, ng = packed_groups(W.rows());
+  const int64_t nb = W.cols() / f.values, ng = packed_groups(W.rows());
   P.type = W.type;
   P.rows = W.rows();
   P.cols = W.cols();
   P.group_bytes = static_cast<size_t>(nb) * f.block_bytes;
   P.data = dst0;
-  const bool q8 = W.type == model::DType::Q8_0, has_m = W.type == model::DType::Q4_1;
-  const int qs_off = W.type == model::DType::Q4_1 ? 4 : 2;  // after d (and m)
+  if (f.values == model::QK_K) {
+    const size_t src_bytes = model::info(W.type).block_bytes;
+    pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t b = 0; b < nb; ++b)
+          for (int r = 0; r < detail::kPackRows && g * detail::kPackRows + r < W.rows(); ++r)
+            pack_k_row(W.type, W.row(g * detail::kPackRows + r) + b * src_bytes, r,
+                       dst0 + g * P.group_bytes + b * f.block_bytes);
+    });
+    return P;
+  }
+  using model::DType;
+  const bool q8 = W.type == DType::Q8_0, has_m = W.type == DType::Q4_1 || W.type == DType::Q5_1;
+  const bool five = W.type == DType::Q5_0 || W.type == DType::Q5_1;
+  const int qh_off = has_m ? 4 : 2, qs_off = qh_off + (five ? 4 : 0);  // after d (and m) (and qh)
+  const int nib_vectors = five ? 4 : f.vectors;
   const size_t src_bytes = model::info(W.type).block_bytes;
   pool.parallel_for(ng, 1, [&](int64_t g0, int64_t g1, int) {
     for (int64_t g = g0; g < g1; ++g)
@@ -157,8 +261,18 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& poo
           if (has_m) std::memcpy(dst + 32 + 2 * r, blk + 2, 2);  // m
           const uint8_t* qs = blk + qs_off;
           uint8_t* v = dst + f.header + 4 * r;
-          for (int j = 0; j < f.vectors; ++j)
+          for (int j = 0; j < nib_vectors; ++j)
             for (int i = 0; i < 4; ++i) v[64 * j + i] = q8 ? static_cast<uint8_t>(qs[4 * j + i] ^ 0x80) : qs[4 * j + i];
+          if (five) {  // byte i, bit j: 5th bit of value 4j + i; bit 4 + j: of value 16 + 4j + i
+            uint32_t qh;
+            std::memcpy(&qh, blk + qh_off, 4);
+            for (int i = 0; i < 4; ++i) {
+              int bits = 0;
+              for (int j = 0; j < 4; ++j)
+                bits |= static_cast<int>(((qh >> (4 * j + i)) & 1) << j | ((qh >> (16 + 4 * j + i)) & 1) << (4 + j));
+              v[256 + i] = static_cast<uint8_t>(bits);
+            }
+          }
         }
       }
   });
@@ -198,7 +312,7 @@ void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_
                  matmul_scratch_bytes(type, cols, n_tok));
     std::abort();
   }
-  const detail::QActs a = detail::carve_qacts(scratch.buf, cols, n_tok, 1, 32);
+  const detail::QActs a = detail::carve_qacts(scratch.buf, cols, n_tok, 1, detail::packed_format(type).values);
   detail::avx512::quantize(type, x, ldx, t0, t1, a);
 }
 
@@ -212,7 +326,7 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
   }
   const model::Tensor& W0 = *jobs[0].W;
   check_scratch("matmul_multi", W0, scratch, n_tok);
-  const detail::QActs a = detail::carve_qacts(scratch.buf, W0.cols(), n_tok, 1, 32);
+  const detail::QActs a = detail::carve_qacts(scratch.buf, W0.cols(), n_tok, 1, detail::packed_format(W0.type).values);
   // Row groups of all jobs as one range [0, total): job j owns [first[j], first[j + 1]).
   int64_t first[kMaxJobs + 1] = {0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + packed_groups(jobs[j].P->rows);

@@ -1,6 +1,6 @@
 // CPU compute kernels. Matrix products run directly on the quantized weight blocks: activations are
 // quantized per token to 8-bit blocks (32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, with block sums for the
-// min / zero-point terms; 256 values with 16-value sums for Q4_K/Q6_K) and dotted with integer SIMD
+// min / zero-point terms; 256 values with 16-value sums for the K types) and dotted with integer SIMD
 // (AVX2, AVX-512 VNNI chosen at run time), accumulating in fp32. F32/F16/BF16 weights use fp32 FMA.
 // Isa::Scalar dequantizes to fp32 instead (no activation rounding): the portable, most exact path.
 //
@@ -9,6 +9,7 @@
 // cpu/kernels_internal.h). Different ISAs give (slightly) different bits.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 #include "common/thread_pool.h"
 #include "model/model.h"
@@ -16,10 +17,12 @@
 namespace ss::cpu {
 
 enum class Isa { Scalar, Avx2, Avx512 };
-Isa detected_isa();
-Isa active_isa();
+Isa detected_isa();       // what the CPU runs
+Isa active_isa();         // force_isa's choice, else SS_CPU_ISA's (clamped to detected), else detected
 void force_isa(Isa isa);  // tests: run every path the machine supports
+void clear_forced_isa();  // back to the default (SS_CPU_ISA or detected)
 const char* isa_name(Isa isa);
+bool parse_isa(std::string_view name, Isa* out);  // isa_name's inverse
 
 // Scratch holds the quantized activations; size it at start-up from the largest (type, cols, n_tok)
 // used (the size grows with cols and n_tok; 0 for float weights). matmul allocates nothing and aborts
@@ -36,10 +39,11 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
             MatmulScratch scratch, ThreadPool& pool);
 
 // A weight matrix re-laid out once, at load, for the AVX-512 VNNI kernels: per group of 16 output rows
-// and per 32-value block, the 16 rows' scales and then the quantized values with the 16 rows in the 16
-// lanes of each vector, so a kernel multiplies 16 rows by a token with no staging and no horizontal
-// sums (layout: kernels_internal.h). Q4_0, Q4_1 and Q8_0 have a packed form; it takes the same bytes
-// as the original (Q8_0, Q4_1) or 11% more (Q4_0).
+// and per 32-value block (256-value super-block for the K types), the 16 rows' scales and then the
+// quantized values with the 16 rows in the 16 lanes of each vector, so a kernel multiplies 16 rows by a
+// token with no staging and no horizontal sums (layout: kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q4_K, Q6_K and IQ4_XS have a packed form; it takes the same bytes as the original, or 11%
+// more (Q4_0), 1.5% more (IQ4_XS).
 struct PackedMatrix {
   model::DType type = model::DType::F32;
   int64_t rows = 0, cols = 0;
@@ -48,8 +52,8 @@ struct PackedMatrix {
   bool empty() const { return data == nullptr; }
 };
 
-// Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the CPU does not run the
-// AVX-512 kernels. Callers pack many matrices into one buffer (cf. common/huge_buffer.h).
+// Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the active ISA is not
+// AVX-512. Callers pack many matrices into one buffer (cf. common/huge_buffer.h).
 size_t packed_bytes(const model::Tensor& W);
 
 // Packs W into dst: packed_bytes(W) bytes, 64-byte aligned and zero-filled. Rows are split over the

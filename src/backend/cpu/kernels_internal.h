@@ -6,6 +6,9 @@
 //                    Q4_1/Q5_1 then acc = fma(mw, d*sum(aq), acc).
 //   Q4_K: acc = fma(d*da, float(sum_j sc_j I_j), acc); acc = fnmadd(dmin*da, float(sum_j m_j S_j), acc).
 //   Q6_K: acc = fma(d*da, float(sum_j sc_j I_j), acc) with I_j over the signed 6-bit values.
+//   Q5_K, Q2_K: as Q4_K (Q2_K: 16-value sub-blocks, 4-bit sc and m). Q3_K: as Q6_K (values q - 4).
+//   IQ4_XS: acc = fma(d*da, float(sum_j (ls_j - 32) I_j), acc), I_j over the non-linear levels.
+//   IQ4_NL: as Q8_0, the weights being the levels its nibbles index.
 // Integers are exact however they are computed, so a tile, an edge tile or the 1-token path (and any
 // thread) produce the same bits; only the lane a (t, o) occupies differs, and lanes do not interact.
 // Float weights: 16 (AVX-512) or 8 (AVX2) lane accumulators, lane l summing i = l mod width in order,
@@ -42,16 +45,36 @@ struct KernelSet {
 //   nibble types: 4 vectors of 64 bytes, vector j lane r = bytes 4j .. 4j+3 of row r's 16 packed bytes
 //     (low nibbles: values 4j .. 4j+3, high nibbles: values 16+4j .. 16+4j+3), as stored (w + C);
 //   Q8_0: 8 vectors of 64 bytes, vector k lane r = values 4k .. 4k+3 of row r, as w ^ 0x80 = w + 128.
+//   Q5_0/Q5_1: the nibble layout (Q5_1's header as Q4_1's), then one vector of 5th bits: lane r byte i,
+//     bit j = the 5th bit of value 4j + i, bit 4 + j = that of value 16 + 4j + i.
+//
+// K types: one block per 256-value super-block (values 256 sb ..), 16 rows (r) in the lanes:
+//   Q4_K: fp16 d[16] | fp16 dmin[16] | u8 sc[8 sub-blocks][16] | u8 m[4 pairs][16][2] (m_2k, m_2k+1) |
+//         nibbles: sub-block j, vector v (offset 320 + 256 j + 64 v), lane r byte i =
+//         value 32j + 4v + i | value 32j + 16 + 4v + i << 4 (6-bit scales unpacked, values as in Q4_1).
+//   Q6_K: fp16 d[16] | i8 sc[8 pairs][16][2] (sc_2k, sc_2k+1) | low nibbles: vector m < 32 (offset
+//         288 + 64 m), lane r byte i = lo4(q[4m + i]) | lo4(q[4(m + 32) + i]) << 4 | high bits:
+//         vector m < 16 (offset 2336 + 64 m), lane r byte i = hi2 of q[4m + i], q[4(m+16) + i],
+//         q[4(m+32) + i], q[4(m+48) + i] at bits 0, 2, 4, 6 (q: the stored 6-bit value, w + 32).
+//   IQ4_XS: fp16 d[16] | i8 (ls - 32)[4 pairs][16][2] | nibbles as Q4_K's (offset 160); 2 bytes more
+//         per row than the file (the 6-bit scales unpacked).
+//   Q4_K and Q6_K take exactly the bytes of the 16 original rows.
 struct PackedFormat {
   int header;       // bytes of scales before the vectors
   int vectors;      // 64-byte vectors per block
   int block_bytes;  // header + 64 * vectors
+  int values = 32;  // values per block
 };
 inline PackedFormat packed_format(model::DType t) {
   switch (t) {
     case model::DType::Q4_0: return {32, 4, 32 + 256};
     case model::DType::Q4_1: return {64, 4, 64 + 256};
+    case model::DType::Q5_0: return {32, 5, 32 + 320};
+    case model::DType::Q5_1: return {64, 5, 64 + 320};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
+    case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
+    case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};
+    case model::DType::IQ4_XS: return {160, 32, 160 + 2048, 256};
     default: return {0, 0, 0};
   }
 }
@@ -60,6 +83,7 @@ constexpr int kPackRows = 16;
 // The packed kernel: y rows of row groups [g0, g1) for all a.n_tok tokens (a.group == 1).
 namespace avx512 {
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 }
 
 #define SS_DECLARE_ISA(ns)                                                                              \
@@ -83,7 +107,14 @@ inline T load_as(const void* p) {
   return v;
 }
 
-inline bool is_k_type(model::DType t) { return t == model::DType::Q4_K || t == model::DType::Q6_K; }
+// 256-value super-block types: activations in 256-value blocks with 16-value sums, rows_qk kernels
+// (one kernel for every n_tok, activations row-major). IQ4_NL runs in rows_q32 as a Q8_0 whose bytes
+// come from a table.
+inline bool is_k_type(model::DType t) {
+  using model::DType;
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ||
+         t == DType::IQ4_XS;
+}
 inline bool is_float_type(model::DType t) {
   return t == model::DType::F32 || t == model::DType::F16 || t == model::DType::BF16;
 }

@@ -1,4 +1,4 @@
-// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX2: vpmaddubsw (unsigned weight bytes x
+// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) on AVX2: vpmaddubsw (unsigned weight bytes x
 // signed activation bytes -> 16-bit pairs, which cannot overflow for 4/5-bit values) then vpmaddwd by
 // ones into 32-bit lanes. Nibble types are used as stored (w + C; the quantizer's C * sum(aq) comes off);
 // Q8_0 uses |w| x sign(a, w) to stay unsigned.
@@ -18,9 +18,10 @@ using model::DType;
 
 // Block layout: bytes per block, offsets of qs and qh; nib: 4-bit values (else Q8_0 bytes); five: a 5th
 // bit in qh; min: has the m term; zp: the kernel's integer dot needs the C * sum(aq) correction.
+// nl: nibbles index the IQ4_NL levels (signed bytes, as Q8_0's).
 struct Layout {
   int bytes, qs, qh;
-  bool nib, five, min, zp;
+  bool nib, five, min, zp, nl = false;
 };
 template <DType T>
 constexpr Layout kFmt{};
@@ -29,6 +30,10 @@ template <> constexpr Layout kFmt<DType::Q4_1>{20, 4, 0, true, false, true, fals
 template <> constexpr Layout kFmt<DType::Q5_0>{22, 6, 2, true, true, false, true};
 template <> constexpr Layout kFmt<DType::Q5_1>{24, 8, 4, true, true, true, false};
 template <> constexpr Layout kFmt<DType::Q8_0>{34, 2, 0, false, false, false, false};
+template <> constexpr Layout kFmt<DType::IQ4_NL>{18, 2, 0, true, false, false, false, true};
+// Weight bytes are signed (|w| x sign(a, w) keeps vpmaddubsw unsigned x signed).
+template <DType T>
+constexpr bool kSigned = !kFmt<T>.nib || kFmt<T>.nl;
 
 // One block as 32 bytes in element order: unsigned values for nibble types, Q8_0 as stored (signed).
 template <DType T>
@@ -46,6 +51,9 @@ inline __m256i unpack_block(const uint8_t* blk) {
       const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(h, bits), _mm256_set1_epi8(-1));
       v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
+    if constexpr (F.nl)
+      v = _mm256_shuffle_epi8(
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues))), v);
     return v;
   } else {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + F.qs));
@@ -55,7 +63,7 @@ inline __m256i unpack_block(const uint8_t* blk) {
 // 16 int16 pair sums of w . a (w as unpack_block gives it, a signed).
 template <DType T>
 inline __m256i pairs(__m256i w, __m256i a) {
-  if constexpr (kFmt<T>.nib) return _mm256_maddubs_epi16(w, a);
+  if constexpr (!kSigned<T>) return _mm256_maddubs_epi16(w, a);
   else return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
 }
 
@@ -175,7 +183,7 @@ void rows_tiled(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, i
         for (int64_t b = 0; b < nbc; ++b, ab += 8 * 32) {
           // 16-bit pair products are summed in 16 bits for kSum16 steps before widening (no overflow:
           // Q4 8 x 3810, Q5 4 x 7874 < 32767; Q8_0's |w| x a pairs reach 32512, so 1).
-          constexpr int kSum16 = F.nib ? (F.five ? 4 : 8) : 1;
+          constexpr int kSum16 = kSigned<T> ? 1 : F.five ? 4 : 8;
           __m256i isum[R];
           for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
           for (int k0 = 0; k0 < 8; k0 += kSum16) {
@@ -224,6 +232,7 @@ void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int
     case DType::Q5_0: return rows_t<DType::Q5_0>(W, a, y, ldy, r0, r1);
     case DType::Q5_1: return rows_t<DType::Q5_1>(W, a, y, ldy, r0, r1);
     case DType::Q8_0: return rows_t<DType::Q8_0>(W, a, y, ldy, r0, r1);
+    case DType::IQ4_NL: return rows_t<DType::IQ4_NL>(W, a, y, ldy, r0, r1);
     default: return;
   }
 }

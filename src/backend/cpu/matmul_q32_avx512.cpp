@@ -1,4 +1,4 @@
-// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX-512 VNNI. vpdpbusd multiplies unsigned
+// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) on AVX-512 VNNI. vpdpbusd multiplies unsigned
 // weight bytes by signed activation bytes, so weights are used as w + C (nibbles as stored, Q8_0 as
 // w ^ 0x80) and the quantizer's C * sum(aq) comes off the integer dot.
 //
@@ -23,9 +23,10 @@ using model::DType;
 
 // Block layout: bytes per block, offsets of qs and qh; nib: 4-bit values (else Q8_0 bytes); five: a 5th
 // bit in qh; min: has the m term; zp: the kernel's integer dot needs the C * sum(aq) correction.
+// nl: nibbles index the IQ4_NL levels (signed, stored + 128 like Q8_0's bytes).
 struct Layout {
   int bytes, qs, qh;
-  bool nib, five, min, zp;
+  bool nib, five, min, zp, nl = false;
 };
 template <DType T>
 constexpr Layout kFmt{};
@@ -34,6 +35,13 @@ template <> constexpr Layout kFmt<DType::Q4_1>{20, 4, 0, true, false, true, fals
 template <> constexpr Layout kFmt<DType::Q5_0>{22, 6, 2, true, true, false, true};
 template <> constexpr Layout kFmt<DType::Q5_1>{24, 8, 4, true, true, true, false};
 template <> constexpr Layout kFmt<DType::Q8_0>{34, 2, 0, false, false, false, true};
+template <> constexpr Layout kFmt<DType::IQ4_NL>{18, 2, 0, true, false, false, true, true};
+
+// Nibbles (in each 128-bit lane) to IQ4_NL levels + 128.
+inline __m512i nl_levels(__m512i nib) {
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues)));
+  return _mm512_xor_si512(_mm512_shuffle_epi8(table, nib), _mm512_set1_epi8(static_cast<char>(0x80)));
+}
 
 // One block as 32 unsigned bytes in element order.
 template <DType T>
@@ -44,6 +52,7 @@ inline __m256i unpack_block(const uint8_t* blk) {
     __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1),
                                  _mm256_set1_epi8(0x0F));
     if constexpr (F.five) v = _mm256_mask_add_epi8(v, load_as<uint32_t>(blk + F.qh), v, _mm256_set1_epi8(16));
+    if constexpr (F.nl) v = _mm512_castsi512_si256(nl_levels(_mm512_castsi256_si512(v)));
     return v;
   } else {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + F.qs)),
@@ -67,6 +76,7 @@ inline __m512i unpack_pair(const uint8_t* blk0, const uint8_t* blk1) {
       const uint64_t m = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
       v = _mm512_mask_add_epi8(v, m, v, _mm512_set1_epi8(16));
     }
+    if constexpr (F.nl) v = nl_levels(v);
     return v;
   } else {
     const __m512i x = _mm512_inserti64x4(
@@ -339,6 +349,12 @@ template <DType T, int NT, int NG>
           const __m512i w = _mm512_loadu_si512(p[g] + H + 64 * j);
           lo[g] = _mm512_and_si512(w, low4);
           hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          if constexpr (F.five) {  // bits j and 4 + j of the 5th-bit vector to 0x10
+            const __m512i h = _mm512_loadu_si512(p[g] + H + 256);
+            const __m512i bit5 = _mm512_set1_epi8(0x10);
+            lo[g] = _mm512_or_si512(lo[g], _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), bit5));
+            hi[g] = _mm512_or_si512(hi[g], _mm512_and_si512(_mm512_srli_epi16(h, j), bit5));
+          }
         }
         for (int i = 0; i < NT; ++i) {
           const int8_t* x = at[i] + 32 * b + 4 * j;
@@ -425,7 +441,10 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
   switch (P.type) {
     case DType::Q4_0: return rows_packed_t<DType::Q4_0>(P, a, y, ldy, g0, g1);
     case DType::Q4_1: return rows_packed_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
+    case DType::Q5_0: return rows_packed_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
+    case DType::Q5_1: return rows_packed_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
+    case DType::Q4_K: case DType::Q6_K: case DType::IQ4_XS: return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;
   }
 }
@@ -441,6 +460,7 @@ void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int
     case DType::Q5_0: return rows_t<DType::Q5_0>(W, a, y, ldy, r0, r1);
     case DType::Q5_1: return rows_t<DType::Q5_1>(W, a, y, ldy, r0, r1);
     case DType::Q8_0: return rows_t<DType::Q8_0>(W, a, y, ldy, r0, r1);
+    case DType::IQ4_NL: return rows_t<DType::IQ4_NL>(W, a, y, ldy, r0, r1);
     default: return;
   }
 }

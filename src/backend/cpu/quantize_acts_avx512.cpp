@@ -18,7 +18,7 @@ int zero_point(model::DType t) {
   switch (t) {
     case model::DType::Q4_0: return 8;
     case model::DType::Q5_0: return 16;
-    case model::DType::Q8_0: return 128;
+    case model::DType::Q8_0: case model::DType::IQ4_NL: return 128;
     default: return 0;
   }
 }

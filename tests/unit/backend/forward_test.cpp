@@ -216,7 +216,7 @@ class SynthForward : public ::testing::TestWithParam<const char*> {
     ASSERT_EQ(model_->config.vocab_size, ref_.V);
     V_ = ref_.V;
   }
-  void TearDown() override { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+  void TearDown() override { ss::cpu::clear_forced_isa(); }
   // Sequence s uses blocks [32s, 32s+32): 512 positions each; kBlocks covers two sets of tables.
   static constexpr int kSeqBlocks = 32;
   std::vector<int32_t> table(size_t s) const { return blocks(kSeqBlocks * static_cast<int>(s), kSeqBlocks); }
@@ -565,7 +565,7 @@ class DefaultModel : public ::testing::Test {
   void SetUp() override {
     if (!model_) GTEST_SKIP() << "default model not found at " << default_model_path() << " (download it to run)";
   }
-  void TearDown() override { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+  void TearDown() override { ss::cpu::clear_forced_isa(); }
 
   // Checks the logits of every position of prompt `pi` against the reference: |dlogit| <= tol on its
   // top-8 at every position and on the stored full rows; top-1 equal wherever the margin exceeds

@@ -120,9 +120,19 @@ std::vector<float> ref_row(DType t, const uint8_t* p, int64_t cols) {
         }
       }
       break;
+    case DType::Q2_K: case DType::Q3_K: case DType::Q5_K: case DType::IQ4_NL: case DType::IQ4_XS:
+      // The model library's scalar dequantization, itself held to the gguf package's (quant_test).
+      m::dequantize_row(t, p, y.data(), cols);
+      break;
     default: ADD_FAILURE() << "no reference for type"; break;
   }
   return y;
+}
+
+// Types ref_row decodes itself (the others it takes from model::dequantize_row).
+bool has_own_reference(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0 ||
+         t == DType::Q4_K || t == DType::Q6_K;
 }
 
 // ---- random tensors ----
@@ -155,6 +165,10 @@ RandTensor make_tensor(DType type, int64_t rows, int64_t cols, std::mt19937& g) 
       case DType::Q4_1: case DType::Q5_1: put16(q, f2h(u(g) * 0.05f)); put16(q + 2, f2h(u(g) * 0.5f)); break;
       case DType::Q4_K: put16(q, f2h(u(g) * 0.01f)); put16(q + 2, f2h(u(g) * 0.01f)); break;
       case DType::Q6_K: put16(q + 208, f2h(u(g) * 0.005f)); break;
+      case DType::Q5_K: put16(q, f2h(u(g) * 0.01f)); put16(q + 2, f2h(u(g) * 0.01f)); break;
+      case DType::Q3_K: put16(q + 108, f2h(u(g) * 0.01f)); break;
+      case DType::Q2_K: put16(q + 80, f2h(u(g) * 0.01f)); put16(q + 82, f2h(u(g) * 0.01f)); break;
+      case DType::IQ4_NL: case DType::IQ4_XS: put16(q, f2h(u(g) * 0.005f)); break;
       default: break;
     }
   }
@@ -177,7 +191,8 @@ std::vector<float> rand_acts(int n_tok, int64_t ld, std::mt19937& g) {
 }
 
 const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
-                           DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q6_K};
+                           DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q6_K, DType::Q2_K, DType::Q3_K,
+                           DType::Q5_K, DType::IQ4_NL, DType::IQ4_XS};
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v{Isa::Scalar};
@@ -188,7 +203,7 @@ std::vector<Isa> supported_isas() {
 
 struct IsaGuard {
   explicit IsaGuard(Isa i) { ss::cpu::force_isa(i); }
-  ~IsaGuard() { ss::cpu::force_isa(ss::cpu::detected_isa()); }
+  ~IsaGuard() { ss::cpu::clear_forced_isa(); }
 };
 
 // Runs matmul with a poisoned output and exactly-sized scratch (plus a guard tail checked afterwards).
@@ -231,7 +246,8 @@ void check_against_reference(DType type, Isa isa, int64_t rows, int64_t cols, in
   const int64_t ldx = cols + 5;
   std::vector<float> x = rand_acts(n_tok, ldx, g);
   std::vector<float> y = run_matmul(w.t, x, n_tok, ldx, pool);
-  const int qblock = type == DType::Q4_K || type == DType::Q6_K ? 256 : 32;
+  // Activation blocks: 256 values for the super-block types, 32 otherwise (IQ4_NL included).
+  const int qblock = m::info(type).block_size == 256 ? 256 : 32;
   const bool quantized_acts = isa != Isa::Scalar && m::info(type).block_size > 1;
   const double u = std::ldexp(1.0, -24), n = static_cast<double>(cols) + 8;
   const double gamma = n * u / (1 - n * u);
@@ -281,6 +297,7 @@ void check_against_reference(DType type, Isa isa, int64_t rows, int64_t cols, in
 TEST(Kernels, GetRowMatchesReferenceExactly) {
   std::mt19937 g(seed());
   for (DType type : kAllTypes) {
+    if (m::info(type).block_size > 1 && !has_own_reference(type)) continue;  // get_row is their reference
     SCOPED_TRACE(m::dtype_name(type));
     RandTensor w = make_tensor(type, 5, 512, g);
     std::vector<float> out(512);
@@ -360,9 +377,13 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   std::mt19937 g(seed() + 4);
   ThreadPool pool1(1), pool2(2);
   IsaGuard guard(Isa::Avx512);
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q8_0})
-    for (int64_t cols : {int64_t{32}, int64_t{160}, int64_t{576}, int64_t{1536}}) {
-      const int64_t rows = cols == 32 ? 5 : cols == 160 ? 32 : cols == 576 ? 53 : 83;  // 160: a tail group of 1 block
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
+                     DType::IQ4_XS})
+    for (int64_t cols : {int64_t{32}, int64_t{160}, int64_t{576}, int64_t{1536}, int64_t{256}, int64_t{768}}) {
+      // K types: super-blocks of 256, so 256 (one), 768 (three) and 1536 (six) values per row.
+      const bool k = m::info(type).block_size == 256;
+      if (k ? cols % 256 != 0 : cols == 256 || cols == 768) continue;
+      const int64_t rows = cols == 32 || cols == 256 ? 5 : cols == 160 ? 32 : cols == 576 || cols == 768 ? 53 : 83;
       RandTensor w = make_tensor(type, rows, cols, g);
       ss::HugeBuffer buf;
       ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
@@ -398,7 +419,7 @@ TEST(Kernels, PackedFallsBackToTheTensor) {
   std::mt19937 g(seed() + 5);
   ThreadPool pool(2);
   std::vector<uint8_t> dummy(1 << 16);
-  for (DType type : {DType::Q5_0, DType::Q4_K, DType::F16}) {
+  for (DType type : {DType::Q2_K, DType::Q5_K, DType::F16}) {
     RandTensor w = make_tensor(type, 16, 512, g);
     EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type);
     EXPECT_TRUE(ss::cpu::pack_weights(w.t, dummy.data(), pool).empty()) << m::dtype_name(type);

@@ -107,7 +107,8 @@ TEST_F(Gguf, Qwen3HasQkNormAndExplicitHeadDim) {
 
 TEST_F(Gguf, EveryWeightTypeLoads) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                  DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+                  DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
+                  DType::IQ4_XS}) {
     TinySpec s;
     s.wtype = t;
     s.hidden = 256;  // K-quants need 256-element rows
@@ -201,8 +202,8 @@ TEST_F(Gguf, UnknownTensorType) {
   GgufBuilder g = tiny_gguf({});
   g.find("blk.0.attn_q.weight")->type = 99;
   EXPECT_HAS(load(g), ("tensor blk.0.attn_q.weight: unknown tensor type (id 99)"));
-  g.find("blk.0.attn_q.weight")->type = 13;
-  EXPECT_HAS(load(g), ("tensor blk.0.attn_q.weight: unsupported tensor type Q5_K (id 13)"));
+  g.find("blk.0.attn_q.weight")->type = 16;
+  EXPECT_HAS(load(g), ("tensor blk.0.attn_q.weight: unsupported tensor type IQ2_XXS (id 16)"));
   g.find("blk.0.attn_q.weight")->type = 15;
   EXPECT_HAS(load(g), ("unsupported tensor type Q8_K"));
 }
@@ -477,6 +478,43 @@ TEST_F(Gguf, NanAndInfInWeights) {
   const half_bits inf = 0x7C00;  // Q8_0 scale of block 1 of row 3
   std::memcpy(g.find("blk.0.ffn_down.weight")->data.data() + (3 * 4 + 1) * 34, &inf, 2);
   EXPECT_HAS(load(g, o), ("tensor blk.0.ffn_down.weight: Inf at row 3, column 32"));
+}
+
+// The K-quant and i-quant types: a non-finite scale anywhere in a block is found and named (the value
+// check dequantizes every row), and rows that are not whole super-blocks are refused at load.
+TEST_F(Gguf, NewBlockTypesRejectBadScalesAndSizes) {
+  struct Case {
+    DType type;
+    size_t scale_off;  // a half scale inside the block
+  };
+  for (const Case c : {Case{DType::Q2_K, 82}, Case{DType::Q3_K, 108}, Case{DType::Q5_K, 0}, Case{DType::Q5_K, 2},
+                       Case{DType::IQ4_NL, 0}, Case{DType::IQ4_XS, 0}}) {
+    SCOPED_TRACE(testing::Message() << dtype_name(c.type) << " scale at byte " << c.scale_off);
+    TinySpec s;
+    s.wtype = c.type;
+    s.hidden = 256;
+    s.ffn = 256;
+    s.heads = 4;
+    s.kv_heads = 4;
+    GgufBuilder g = tiny_gguf(s);
+    const int64_t bs = info(c.type).block_size, bb = info(c.type).block_bytes;
+    const int64_t nb = 256 / bs;  // blocks per row; the last block of row 2 gets a NaN scale
+    const half_bits nan = 0x7E00;
+    std::memcpy(g.find("blk.0.ffn_down.weight")->data.data() + (2 * nb + nb - 1) * bb + c.scale_off, &nan, 2);
+    LoadOptions o = no_tokenizer();
+    o.check_values = true;
+    // NaN times anything is NaN: the block's first value is the first bad one.
+    EXPECT_HAS(load(g, o), ("tensor blk.0.ffn_down.weight: NaN at row 2, column " + std::to_string((nb - 1) * bs)));
+  }
+  TinySpec s;
+  s.wtype = DType::Q5_K;
+  s.hidden = 256;
+  s.ffn = 256;
+  s.heads = 4;
+  s.kv_heads = 4;
+  GgufBuilder g = tiny_gguf(s);
+  g.find("blk.0.ffn_down.weight")->ne[0] = 128;
+  EXPECT_HAS(load(g), ("tensor blk.0.ffn_down.weight: row length 128 is not a multiple of the Q5_K block size 256"));
 }
 
 TEST_F(Gguf, Sha256) {

@@ -1,6 +1,9 @@
 // Whole-model loading: the GGUF written by the reference gguf package, the real default model, and
 // inspect_report.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 
 #include "model/gguf.h"
 #include "model_test_util.h"
@@ -138,6 +141,54 @@ TEST(Inspect, ReportsWhatItReadAndTheError) {
   EXPECT_HAS(r, "verdict: " + dir.file("m.gguf") + ": missing tensor blk.1.ffn_up.weight");
   const std::string absent = inspect_report(dir.file("none.gguf"));
   EXPECT_HAS(absent, "verdict: " + dir.file("none.gguf") + ": no such file or directory");
+}
+
+// The mix line: llama.cpp's name for general.file_type, then each type's share of the 2-D tensor bytes,
+// largest first, recomputed here from the tensors written.
+TEST(Inspect, NamesTheQuantMix) {
+  TempDir dir;
+  TinySpec s;
+  s.hidden = 256;
+  s.ffn = 256;
+  s.heads = 4;
+  s.kv_heads = 4;
+  s.wtype = DType::Q4_K;
+  GgufBuilder g = tiny_gguf(s);
+  std::mt19937 rng(3);
+  for (const char* name : {"blk.0.ffn_down.weight", "blk.1.ffn_down.weight", "blk.0.attn_v.weight"}) {
+    GgufBuilder::T* t = g.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    t->type = static_cast<uint32_t>(DType::Q6_K);
+    t->data = random_tensor_bytes(DType::Q6_K, t->ne[0] * t->ne[1], rng);
+  }
+  // llama.cpp's llama_ftype numbering (llama.h): the names inspect gives them.
+  for (const auto& [id, name] : std::vector<std::pair<uint32_t, std::string>>{
+           {0, "F32"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {9, "Q5_1"}, {12, "Q3_K_M"}, {18, "Q6_K"},
+           {25, "IQ4_NL"}, {30, "IQ4_XS"}, {32, "BF16"}, {1024 + 17, "Q5_K_M"}}) {
+    GgufBuilder h = g;
+    h.u32("general.file_type", id);
+    write_file(dir.file("h.gguf"), h.build());
+    EXPECT_HAS(inspect_report(dir.file("h.gguf"), no_tokenizer()), "quant mix: " + name + ": ");
+  }
+  g.u32("general.file_type", 15);
+  write_file(dir.file("m.gguf"), g.build());
+  std::map<uint32_t, double> bytes;
+  double total = 0;
+  for (const auto& t : g.tensors)
+    if (t.ne.size() >= 2) bytes[t.type] += static_cast<double>(t.data.size()), total += static_cast<double>(t.data.size());
+  std::vector<std::pair<double, uint32_t>> order;
+  for (const auto& [type, b] : bytes) order.push_back({b, type});
+  std::sort(order.rbegin(), order.rend());
+  std::string want = "quant mix: Q4_K_M: ";
+  for (size_t i = 0; i < order.size(); ++i) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * order[i].first / total);
+    want += (i ? ", " : "") + std::string(dtype_name(static_cast<DType>(order[i].second))) + " " + pct;
+  }
+  ASSERT_GE(order.size(), 2u);
+  const std::string r = inspect_report(dir.file("m.gguf"), no_tokenizer());
+  EXPECT_HAS(r, want + " (of matrix bytes)");
+  EXPECT_HAS(r, "verdict: OK");
 }
 
 TEST(Inspect, TinyReferenceGgufIsOk) {

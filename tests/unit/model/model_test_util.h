@@ -120,8 +120,11 @@ inline std::vector<uint8_t> random_tensor_bytes(DType t, int64_t numel, std::mt1
   std::vector<size_t> scale_offsets;
   switch (t) {
     case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: scale_offsets = {0}; break;
-    case DType::Q4_1: case DType::Q5_1: case DType::Q4_K: scale_offsets = {0, 2}; break;
+    case DType::IQ4_NL: case DType::IQ4_XS: scale_offsets = {0}; break;
+    case DType::Q4_1: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: scale_offsets = {0, 2}; break;
     case DType::Q6_K: scale_offsets = {208}; break;
+    case DType::Q3_K: scale_offsets = {108}; break;
+    case DType::Q2_K: scale_offsets = {80, 82}; break;
     default: break;
   }
   for (size_t blk = 0; blk < nbytes / static_cast<size_t>(in.block_bytes); ++blk)

@@ -78,7 +78,10 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_pair("bf16", DType::BF16), std::make_pair("q4_0", DType::Q4_0),
                       std::make_pair("q4_1", DType::Q4_1), std::make_pair("q5_0", DType::Q5_0),
                       std::make_pair("q5_1", DType::Q5_1), std::make_pair("q8_0", DType::Q8_0),
-                      std::make_pair("q4_k", DType::Q4_K), std::make_pair("q6_k", DType::Q6_K)),
+                      std::make_pair("q4_k", DType::Q4_K), std::make_pair("q6_k", DType::Q6_K),
+                      std::make_pair("q2_k", DType::Q2_K), std::make_pair("q3_k", DType::Q3_K),
+                      std::make_pair("q5_k", DType::Q5_K), std::make_pair("iq4_nl", DType::IQ4_NL),
+                      std::make_pair("iq4_xs", DType::IQ4_XS)),
     [](const auto& info) { return std::string(info.param.first); });
 
 TEST(Quant, Fp32ToHalfAndBf16MatchNumpyAndGguf) {
@@ -121,7 +124,14 @@ TEST(Quant, HalfRoundTripsExhaustively) {
 
 TEST(Quant, TypeTable) {
   EXPECT_EQ(dtype_info(4), nullptr);
-  EXPECT_EQ(dtype_info(13), nullptr);  // Q5_K: a GGML type we do not load
+  EXPECT_EQ(dtype_info(16), nullptr);  // IQ2_XXS: a GGML type we do not load
+  EXPECT_EQ(dtype_info(21), nullptr);  // IQ3_S
+  EXPECT_EQ(dtype_name(DType::IQ4_XS), "IQ4_XS");
+  EXPECT_EQ(info(DType::IQ4_NL).block_size, 32);
+  EXPECT_EQ(row_bytes(DType::Q5_K, 512), 352u);
+  EXPECT_EQ(row_bytes(DType::Q3_K, 256), 110u);
+  EXPECT_EQ(row_bytes(DType::Q2_K, 256), 84u);
+  EXPECT_EQ(row_bytes(DType::IQ4_XS, 256), 136u);
   EXPECT_EQ(dtype_name(DType::Q4_K), "Q4_K");
   EXPECT_EQ(info(DType::Q8_0).block_size, 32);
   EXPECT_EQ(info(DType::Q8_0).block_bytes, 34);

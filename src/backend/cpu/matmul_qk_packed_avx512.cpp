@@ -1,0 +1,189 @@
+// Q4_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
+// the 16 lanes are 16 output rows, so the weights stream through vpdpbusd with the token's 4
+// activation bytes broadcast, with no staging buffer and no horizontal sums (as the q32 packed
+// kernels). Per sub-block the exact integer dot I_j is scaled by its row's sc_j (vpmulld) into the
+// super-block's integer; the min / offset term comes from the activation sums by vpdpwssd. These
+// integers and the float step per super-block are those of matmul_qk_avx512.cpp's rows_k, so the
+// results are bit-identical to the unpacked kernel (and batch invariant in the same way).
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "backend/cpu/kernels_internal.h"
+
+namespace ss::cpu::detail::avx512 {
+
+namespace {
+
+using model::DType;
+
+// Two int16 as one int32 lane (low, high), for vpdpwssd against int16 pairs.
+inline int32_t pair16(int lo, int hi) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                              (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+}
+
+// NT tokens from t0 over one row group (gp: its first super-block); keep: the group's valid rows.
+// pf: the next group, prefetched a super-block's worth per super-block (null: none).
+template <DType T, int NT>
+[[gnu::always_inline]] inline void packed_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0, float* y,
+                                                   int64_t ldy, int64_t o0, __mmask16 keep, const uint8_t* pf) {
+  constexpr int kBlock = T == DType::Q4_K ? 320 + 2048 : T == DType::Q6_K ? 288 + 3072 : 160 + 2048;
+  constexpr int kLines = (kBlock + 63) / 64;
+  const int64_t cols = a.cols;
+  const int8_t* at[NT];
+  const float* ad[NT];
+  const int16_t* bs[NT];
+  __m512 acc[NT];
+  for (int i = 0; i < NT; ++i) {
+    at[i] = a.qs + (t0 + i) * cols;
+    ad[i] = a.d + (t0 + i) * nsb;
+    bs[i] = a.bsum + (t0 + i) * (cols / 16);
+    acc[i] = _mm512_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* p = gp + sb * kBlock;
+    if (pf)
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + sb * kBlock + 64 * l), _MM_HINT_T0);
+    __m512i isum[NT], off[NT];
+    for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm512_setzero_si512();
+    if constexpr (T == DType::Q4_K) {
+      for (int j = 0; j < 8; ++j) {
+        __m512i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const __m512i w = _mm512_loadu_si512(p + 320 + 256 * j + 64 * v);
+          const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          for (int i = 0; i < NT; ++i) {
+            const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
+            I[i] = _mm512_dpbusd_epi32(I[i], lo, _mm512_set1_epi32(load_as<int32_t>(x)));
+            I[i] = _mm512_dpbusd_epi32(I[i], hi, _mm512_set1_epi32(load_as<int32_t>(x + 16)));
+          }
+        }
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * j)));
+        for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+      }
+      for (int k = 0; k < 4; ++k) {  // m_j times the sub-block sums S_j (two 16-value sums each)
+        const __m512i mp =
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 192 + 32 * k)));
+        for (int i = 0; i < NT; ++i) {
+          const int16_t* b = bs[i] + 16 * sb + 4 * k;
+          off[i] = _mm512_dpwssd_epi32(off[i], mp, _mm512_set1_epi32(pair16(b[0] + b[1], b[2] + b[3])));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      for (int i = 0; i < NT; ++i) {
+        const __m512 da = _mm512_set1_ps(ad[i][sb]);
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(off[i]), acc[i]);
+      }
+    } else if constexpr (T == DType::IQ4_XS) {  // levels + 128 (u8): the dot's 128 sum(a) comes off
+      const __m512i table =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues)));
+      const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int j = 0; j < 8; ++j) {
+        __m512i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const __m512i w = _mm512_loadu_si512(p + 160 + 256 * j + 64 * v);
+          const __m512i lo = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(w, low4)), x80);
+          const __m512i hi =
+              _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4)), x80);
+          for (int i = 0; i < NT; ++i) {
+            const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
+            I[i] = _mm512_dpbusd_epi32(I[i], lo, _mm512_set1_epi32(load_as<int32_t>(x)));
+            I[i] = _mm512_dpbusd_epi32(I[i], hi, _mm512_set1_epi32(load_as<int32_t>(x + 16)));
+          }
+        }
+        const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (j / 2))));
+        const __m512i sc = j % 2 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+        for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+      }
+      for (int k = 0; k < 4; ++k) {  // 128 sc_j times the sub-block sums S_j
+        const __m512i sp = _mm512_slli_epi16(
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * k))), 7);
+        for (int i = 0; i < NT; ++i) {
+          const int16_t* b = bs[i] + 16 * sb + 4 * k;
+          off[i] = _mm512_dpwssd_epi32(off[i], sp, _mm512_set1_epi32(pair16(b[0] + b[1], b[2] + b[3])));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      for (int i = 0; i < NT; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][sb])),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[i], off[i])), acc[i]);
+    } else {  // Q6_K: chunk c (values 4c..4c+3) = low nibbles of vector c % 32 (high half from c >= 32)
+              // | bits 2(c / 16) of high-bit vector c % 16; sub-block j = chunks 4j..4j+3.
+      for (int j = 0; j < 16; ++j) {
+        const int q = j / 4;  // the quarter: which nibble and which 2 high bits
+        __m512i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const int c = 4 * j + u;
+          const __m512i nl = _mm512_loadu_si512(p + 288 + 64 * (c % 32));
+          const __m512i h = _mm512_loadu_si512(p + 2336 + 64 * (c % 16));
+          const __m512i lo = q < 2 ? _mm512_and_si512(nl, low4) : _mm512_and_si512(_mm512_srli_epi16(nl, 4), low4);
+          const __m512i hb = q == 0 ? _mm512_slli_epi16(h, 4) : q == 1 ? _mm512_slli_epi16(h, 2) : q == 2 ? h : _mm512_srli_epi16(h, 2);
+          const __m512i w = _mm512_or_si512(lo, _mm512_and_si512(hb, hi2));
+          for (int i = 0; i < NT; ++i)
+            I[i] = _mm512_dpbusd_epi32(I[i], w, _mm512_set1_epi32(load_as<int32_t>(at[i] + 256 * sb + 4 * c)));
+        }
+        const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (j / 2))));
+        const __m512i sc = j % 2 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+        for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+      }
+      for (int k = 0; k < 8; ++k) {  // values are stored + 32: 32 sc_j times the 16-value sums
+        const __m512i sp = _mm512_slli_epi16(
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * k))), 5);
+        for (int i = 0; i < NT; ++i)
+          off[i] = _mm512_dpwssd_epi32(off[i], sp, _mm512_set1_epi32(load_as<int32_t>(bs[i] + 16 * sb + 2 * k)));
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      for (int i = 0; i < NT; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][sb])),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[i], off[i])), acc[i]);
+    }
+  }
+  for (int i = 0; i < NT; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy + o0, keep, acc[i]);
+}
+
+// f.template operator()<n>() for a run-time n in [1, N].
+template <int N, class F>
+[[gnu::always_inline]] inline void with_tokens(int n, F&& f) {
+  if constexpr (N > 1)
+    if (n < N) return with_tokens<N - 1>(n, f);
+  f.template operator()<N>();
+}
+
+// Tokens per pass over a group: 4 integer, 4 offset and 4 float accumulators beside the weights.
+constexpr int kTokens = 4;
+
+template <DType T>
+void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  const int64_t nsb = P.cols / 256;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* gp = P.data + g * P.group_bytes;
+    const int64_t o0 = g * kPackRows;
+    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    for (int t = 0; t < a.n_tok; t += kTokens) {
+      const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
+      with_tokens<kTokens>(std::min(kTokens, a.n_tok - t),
+                           [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, keep, pf); });
+    }
+  }
+}
+
+}  // namespace
+
+void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::Q6_K) rows_packed_kt<DType::Q6_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::IQ4_XS) rows_packed_kt<DType::IQ4_XS>(P, a, y, ldy, g0, g1);
+}
+
+}  // namespace ss::cpu::detail::avx512
