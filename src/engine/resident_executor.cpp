@@ -453,10 +453,13 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
     if (c.finish == resident::Finish::Rejected)
       ev.error = runner_->error().ok() ? "the resident loop rejected the sequence (a bug)" : runner_->error().message();
     if (c.finish != resident::Finish::None) {
-      // The slot's blocks come back; those still in the free-block ring stay the loop's.
-      const int32_t* row = runner_->table_row(c.slot);
-      for (int32_t i = 0; i < c.n_blocks; ++i) free_blocks_.push_back(row[i]);
-      slot_used_[static_cast<size_t>(c.slot)] = 0;
+      // The slot's blocks come back; those still in the free-block ring stay the loop's. (n_blocks
+      // < 0: an Admit for a slot in use was rejected; the slot is not this sequence's to free.)
+      if (c.n_blocks > 0) {
+        const int32_t* row = runner_->table_row(c.slot);
+        free_blocks_.insert(free_blocks_.end(), row, row + c.n_blocks);
+      }
+      if (c.n_blocks >= 0) slot_used_[static_cast<size_t>(c.slot)] = 0;
       reserved_ -= lv.reserved;
       live_.erase(it);
       ++stats_.finished_requests;
