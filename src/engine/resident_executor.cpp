@@ -84,6 +84,7 @@ class HostLoopRunner final : public LoopRunner {
         rows_pos_(static_cast<size_t>(g.max_rows)),
         rows_slots_(static_cast<size_t>(g.max_rows)),
         rows_sample_(static_cast<size_t>(g.max_rows)) {
+    sent_.assign(static_cast<size_t>(g.max_slots), 0);
     st_.geo = geo_;
     st_.slots = slots_.data();
     st_.tables = tables_.data();
@@ -152,6 +153,7 @@ class HostLoopRunner final : public LoopRunner {
       while (submits_.pop(m)) {
         if (m.kind == resident::MsgKind::Admit && m.slot >= 0 && m.slot < geo_.max_slots) {
           // The host mirror of the slot's sampling parameters (a Backend samples from these).
+          sent_[static_cast<size_t>(m.slot)] = 0;  // a new sequence: its table is sent whole once
           backend::SamplingParams& p = params_[static_cast<size_t>(m.slot)];
           p = backend::SamplingParams{};
           p.temperature = m.sampling.temperature;
@@ -164,10 +166,7 @@ class HostLoopRunner final : public LoopRunner {
       }
       resident::plan(st_, r, now_ns(), take, emit_fn);
       if (r.n == 0) {
-        submits_.wait_for(std::chrono::microseconds(2000), [this] {
-          std::lock_guard<std::mutex> lk(foreign_mu_);
-          return quit_.load(std::memory_order_acquire) || !foreign_.empty();
-        });
+        idle_wait();
         continue;
       }
       Status s = forward(r, batch, out);
@@ -186,15 +185,20 @@ class HostLoopRunner final : public LoopRunner {
         }
         while (!quit_.load(std::memory_order_acquire)) {
           run_foreign();
-          submits_.wait_for(std::chrono::microseconds(2000), [this] {
-            std::lock_guard<std::mutex> lk(foreign_mu_);
-            return quit_.load(std::memory_order_acquire) || !foreign_.empty();
-          });
+          idle_wait();
         }
         return;
       }
       resident::commit(st_, r, out.tokens.data(), emit_fn);
     }
+  }
+
+  // Nothing to run: until a message, a granted block, a host executor's step or quit (at most 2 ms).
+  void idle_wait() {
+    submits_.wait_for(std::chrono::microseconds(2000), [this] {
+      std::lock_guard<std::mutex> lk(foreign_mu_);
+      return quit_.load(std::memory_order_acquire) || !foreign_.empty();
+    });
   }
 
   void run_foreign() {
@@ -217,9 +221,13 @@ class HostLoopRunner final : public LoopRunner {
       if (slot != prev_slot) {
         b.seq_slot.push_back(share_.first_slot + slot);
         const resident::Slot& s = slots_[static_cast<size_t>(slot)];
-        row_.assign(table_row(slot), table_row(slot) + s.n_blocks);
-        for (int32_t& x : row_) x += share_.first_block;
-        b.edit_table(share_.first_slot + slot, 0, row_);
+        int32_t& sent = sent_[static_cast<size_t>(slot)];
+        if (sent < s.n_blocks) {  // only the blocks the backend's table lacks
+          row_.assign(table_row(slot) + sent, table_row(slot) + s.n_blocks);
+          for (int32_t& x : row_) x += share_.first_block;
+          b.edit_table(share_.first_slot + slot, sent, row_);
+          sent = s.n_blocks;
+        }
         prev_slot = slot;
       }
       b.tokens.push_back(r.tokens[k]);
@@ -242,6 +250,7 @@ class HostLoopRunner final : public LoopRunner {
   resident::Geometry geo_;
   LoopShare share_;
   std::vector<int32_t> row_;
+  std::vector<int32_t> sent_;  // per slot: table entries the backend already has
   std::mutex foreign_mu_;
   std::vector<std::function<void()>> foreign_;
   std::vector<resident::Slot> slots_;
