@@ -760,26 +760,31 @@ func (s *Stream) push(ev Event, err error) {
 	}
 	s.queue = append(s.queue, ev)
 	if ev.Finish != FinishNone {
-		s.done = true
-		s.err = err
-		s.closed.Do(func() { close(s.finCh) })
+		s.endLocked(err)
 	}
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.notify()
 }
 
 // finish ends the stream without an event (the engine failed or closed).
 func (s *Stream) finish(err error) {
 	s.mu.Lock()
 	if !s.done {
-		s.done = true
-		s.err = err
-		s.closed.Do(func() { close(s.finCh) })
+		s.endLocked(err)
 	}
 	s.mu.Unlock()
+	s.notify()
+}
+
+// endLocked marks the stream ended with err (s.mu held).
+func (s *Stream) endLocked(err error) {
+	s.done = true
+	s.err = err
+	s.closed.Do(func() { close(s.finCh) })
+}
+
+// notify wakes a reader blocked in Recv, if any (never blocks).
+func (s *Stream) notify() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
