@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/executor.h"
+#include "backend/resident/runner.h"
 #include "backend/sampling.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
@@ -176,6 +177,14 @@ class Backend {
   // Bytes held per memory class (BackendMemory); a backend that cannot tell reports zeros. Called
   // on the executor's thread (scratch may grow during a step).
   virtual BackendMemory memory() const { return {}; }
+
+  // The resident loop (issue 17) run by the backend itself, its control plane on the device, over
+  // `share` of the KV blocks and block-table slots; null when the backend has none (a host thread
+  // then drives step(): engine/resident_executor.h). Created at most once, on the executor's thread.
+  virtual Expected<std::unique_ptr<resident::LoopRunner>> make_loop_runner(const resident::Geometry& /*g*/,
+                                                                          const resident::LoopShare& /*share*/) {
+    return std::unique_ptr<resident::LoopRunner>();
+  }
 
   // Stage timing for benchmarks (bench decode); a backend without it reports nothing.
   virtual void set_profiling(bool /*on*/, bool /*thread_cpu_time*/ = false) {}

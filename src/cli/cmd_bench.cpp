@@ -31,6 +31,7 @@ struct BenchArgs {
   int gen_tokens = 128;
   int reps = 3;
   std::string json_path;
+  std::string scheduling = "host";
   DeviceArgs device;
 };
 
@@ -57,6 +58,8 @@ void run_offline(const BenchArgs& a) {
     bo.threads = t;
     bo.kv.block_size = 16;
     bo.kv.num_blocks = (a.prompt_tokens + a.gen_tokens + 16) / 16 + 1;
+    const bool persistent = a.scheduling == "persistent";
+    if (persistent) bo.kv.num_blocks = 2 * bo.kv.num_blocks + 2;  // the resident loop's share (3/4) holds the sequence
     std::string device;
     auto be = make_backend(model, bo, a.device, &device);
     if (!be.ok()) return fail(be.message());
@@ -72,10 +75,12 @@ void run_offline(const BenchArgs& a) {
       return r;
     };
     // Warm-up: page the weights in and touch every buffer once.
-    if (auto w = run_one_request(**be, request(16, 2), 512, {}); !w.ok()) return fail(w.message());
+    std::string executor;
+    if (auto w = run_one_request(**be, request(16, 2), 512, {}, persistent, &executor); !w.ok()) return fail(w.message());
+    if (t == a.threads.front()) std::printf("scheduling: %s\n", executor.c_str());
     std::vector<double> pp, tg;
     for (int r = 0; r < a.reps; ++r) {
-      auto st = run_one_request(**be, request(prompt.size(), a.gen_tokens), 512, {});
+      auto st = run_one_request(**be, request(prompt.size(), a.gen_tokens), 512, {}, persistent);
       if (!st.ok()) return fail(st.message());
       pp.push_back(st->prompt_tokens / st->prefill_seconds);
       if (st->generated_tokens > 1) tg.push_back((st->generated_tokens - 1) / st->decode_seconds);
@@ -227,6 +232,11 @@ void register_bench(CLI::App& app) {
   o->add_option("--gen-tokens", a->gen_tokens, "Tokens to decode")->check(CLI::Range(2, 1 << 16));
   o->add_option("--reps", a->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   o->add_option("--json", a->json_path, "Also write results as JSON to this file");
+  o->add_option("--scheduling", a->scheduling,
+                "host: the host executor plans every step; persistent: the resident loop (on CUDA the GPU "
+                "schedules itself: no host launch or sync per token)")
+      ->check(CLI::IsMember({"host", "persistent"}))
+      ->capture_default_str();
   add_device_options(o, &a->device);
   o->callback([a] { run_offline(*a); });
   auto d = std::make_shared<DecodeArgs>();

@@ -62,12 +62,18 @@ uint64_t peak_rss_bytes() {
 }
 
 Expected<OneRequestStats> run_one_request(backend::Backend& be, engine::Request req, int prefill_chunk,
-                                          const std::function<void(int32_t)>& on_token) {
+                                          const std::function<void(int32_t)>& on_token, bool persistent,
+                                          std::string* executor) {
   engine::EngineConfig ec;
   ec.scheduler.max_num_seqs = 1;
   ec.scheduler.max_num_batched_tokens = std::max(1, prefill_chunk);
   ec.scheduler.enable_prefix_caching = false;  // every run computes its prompt (benchmarks repeat it)
+  if (persistent) {
+    ec.scheduling = engine::EngineConfig::Scheduling::Persistent;
+    ec.scheduler.max_model_len = static_cast<int>(req.prompt.size()) + req.max_tokens + 1;
+  }
   SS_ASSIGN(auto engine, engine::Engine::create(be, ec));
+  if (executor) *executor = engine->executor_name();
   OneRequestStats st;
   st.prompt_tokens = static_cast<int>(req.prompt.size());
   using clock = std::chrono::steady_clock;

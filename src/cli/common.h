@@ -60,8 +60,10 @@ struct OneRequestStats {
   double decode_seconds = 0;   // from the first sampled token to the last
   engine::FinishReason finish = engine::FinishReason::None;
 };
+// persistent: --scheduling persistent (the resident loop; on CUDA the device loop).
 Expected<OneRequestStats> run_one_request(backend::Backend& be, engine::Request req, int prefill_chunk,
-                                          const std::function<void(int32_t)>& on_token);
+                                          const std::function<void(int32_t)>& on_token, bool persistent = false,
+                                          std::string* executor = nullptr);
 
 // Peak resident set size of this process in bytes.
 uint64_t peak_rss_bytes();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -292,9 +293,8 @@ resident::Finish to_finish(FinishReason r) {
 
 }  // namespace
 
-std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
-                                                  LoopShare share) {
-  if (share.blocks <= 0) share = LoopShare{0, be.kv_config().num_blocks, 0, be.max_slots()};
+namespace {
+resident::Geometry loop_geometry(const backend::Backend& be, int max_slots, int max_rows, int max_len, LoopShare share) {
   resident::Geometry g;
   g.block_size = be.kv_config().block_size;
   g.max_slots = std::min(max_slots, share.slots);
@@ -302,7 +302,28 @@ std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_
   g.max_blocks = (max_len + g.block_size - 1) / g.block_size;
   g.max_rows = max_rows;
   g.vocab = be.vocab_size();
-  return std::make_unique<HostLoopRunner>(be, g, share);
+  return g;
+}
+}  // namespace
+
+std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
+                                                  LoopShare share) {
+  if (share.blocks <= 0) share = LoopShare{0, be.kv_config().num_blocks, 0, be.max_slots()};
+  return std::make_unique<HostLoopRunner>(be, loop_geometry(be, max_slots, max_rows, max_len, share), share);
+}
+
+Expected<std::unique_ptr<LoopRunner>> make_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
+                                                       LoopShare share, bool host_only) {
+  if (share.blocks <= 0) share = LoopShare{0, be.kv_config().num_blocks, 0, be.max_slots()};
+  if (!host_only) {
+    auto dev = be.make_loop_runner(loop_geometry(be, max_slots, max_rows, max_len, share), share);
+    if (dev.ok() && *dev) return std::move(dev).value();
+    // As a graph capture that fails falls back to eager steps: the same loop, on a host thread.
+    if (!dev.ok())
+      std::fprintf(stderr, "selfserve: the %s backend's own loop is unavailable (%s); the resident loop runs on a host thread\n",
+                   be.name().c_str(), dev.message().c_str());
+  }
+  return make_host_loop_runner(be, max_slots, max_rows, max_len, share);
 }
 
 ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<Clock::time_point()> clock)
@@ -350,6 +371,10 @@ Status ResidentExecutor::check(const SeqStart& s) const {
   if (s.constraint) return unsupported("structured output");
   if (s.logprobs >= 0 || s.prompt_logprobs >= 0) return unsupported("logprobs");
   if (s.cached_prefix > 0 || !s.reserved_blocks.empty()) return unsupported("restored prefixes");
+  if (runner_->greedy_only()) {
+    if (!p.greedy()) return unsupported("sampling beyond greedy on the device");
+    if (s.min_tokens > 0 && !s.stop_ids.empty()) return unsupported("min_tokens with stop ids on the device");
+  }
   if (blocks_needed(s) > runner_->num_blocks())
     return make_error("the request needs " + std::to_string(blocks_needed(s)) + " KV blocks, the cache has " +
                       std::to_string(runner_->num_blocks()));
@@ -605,13 +630,15 @@ class RoutingExecutor final : public backend::Executor {
 
 Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
                                                                       std::function<Clock::time_point()> clock,
-                                                                      const KvTierConfig& tiers, double resident_share) {
+                                                                      const KvTierConfig& tiers, double resident_share,
+                                                                      bool host_loop) {
   const int n = be.kv_config().num_blocks, slots = be.max_slots();
   const int rb = std::clamp(static_cast<int>(n * resident_share), 1, n - 1);
   const int rs = std::clamp(std::min(cfg.max_num_seqs, slots / 2), 1, slots - 1);
   if (n < 2 || slots < 2) return make_error("--scheduling persistent needs at least 2 KV blocks and 2 slots");
   const int max_len = cfg.max_model_len > 0 ? cfg.max_model_len : rb * be.kv_config().block_size;
-  auto runner = make_host_loop_runner(be, rs, std::max(1, cfg.max_num_batched_tokens), max_len, LoopShare{0, rb, 0, rs});
+  SS_ASSIGN(auto runner, make_loop_runner(be, rs, std::max(1, cfg.max_num_batched_tokens), max_len,
+                                          LoopShare{0, rb, 0, rs}, host_loop));
   LoopRunner& loop = *runner;
   auto shared = std::make_unique<SharedBackend>(be, loop, LoopShare{rb, n - rb, rs, slots - rs});
   auto resident = std::make_unique<ResidentExecutor>(std::move(runner), clock);

@@ -26,44 +26,24 @@
 
 #include "backend/backend.h"
 #include "backend/resident/loop.h"
+#include "backend/resident/runner.h"
 #include "engine/kv_tiers.h"
 #include "engine/scheduler.h"
 
 namespace ss::engine {
 
-class LoopRunner {
- public:
-  virtual ~LoopRunner() = default;
-  virtual std::string name() const = 0;
-  virtual const resident::Geometry& geometry() const = 0;
-  virtual int num_blocks() const = 0;
-  // The slot's prompt row (geometry().max_len tokens): written before the Admit that names it.
-  virtual int32_t* prompt_row(int slot) = 0;
-  // The slot's block-table row: the host's to read once the slot's final completion is drained.
-  virtual const int32_t* table_row(int slot) const = 0;
-  virtual bool submit(const resident::Submit& m) = 0;  // false: the ring is full (try again later)
-  virtual bool grant_block(int32_t block) = 0;         // false: the free-block ring is full
-  // Appends completions, waiting up to `wait` for the first; returns how many were appended.
-  virtual size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) = 0;
-  // The loop's clock (deadlines are sent in it), nanoseconds.
-  virtual int64_t now_ns() const = 0;
-  virtual Status error() const { return {}; }  // a failed forward pass stops the loop
-  // Runs fn where the loop runs, between two of its steps, and returns when it has run: how a host
-  // executor sharing the backend (requests the loop cannot run) gets its steps in.
-  virtual void run_on_loop(const std::function<void()>& fn) = 0;
-};
-
-// The part of a backend's KV pool and block-table slots a loop uses: blocks
-// [first_block, first_block + blocks), slots [first_slot, first_slot + slots). blocks 0: all.
-struct LoopShare {
-  int first_block = 0, blocks = 0;
-  int first_slot = 0, slots = 0;
-};
+using resident::LoopRunner;
+using resident::LoopShare;
 
 // The control plane on a host thread, each step's forward pass and sampling on `be` (which must
 // outlive it and is used by this thread only).
 std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
                                                   LoopShare share = {});
+
+// The backend's own loop runner where it has one (the CUDA backend's device loop), else the host
+// loop runner; host_only: always the host one.
+Expected<std::unique_ptr<LoopRunner>> make_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
+                                                       LoopShare share = {}, bool host_only = false);
 
 // --scheduling persistent: the resident loop runs what it can (resident_blocks of the KV pool and
 // max_slots block tables), and a host executor the rest (penalties, grammars, logprobs, ...) over
@@ -71,7 +51,8 @@ std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_
 Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
                                                                       std::function<backend::Clock::time_point()> clock,
                                                                       const KvTierConfig& tiers = {},
-                                                                      double resident_share = 0.75);
+                                                                      double resident_share = 0.75,
+                                                                      bool host_loop = false);
 
 class ResidentExecutor final : public backend::Executor {
  public:

@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/basic_ops.h"
+#include "backend/cuda/loop_runner.h"
 #include "backend/cuda/kernels/kernels.h"
 #include "backend/rope.h"
 #include "model/model.h"
@@ -97,6 +98,8 @@ class CudaBackend final : public Backend {
   int vocab_size() const override { return V_; }
   int max_slots() const override { return tables_.size(); }
   Status step(const StepBatch& b, StepOutput& out) override;
+  Expected<std::unique_ptr<resident::LoopRunner>> make_loop_runner(const resident::Geometry& g,
+                                                                  const resident::LoopShare& share) override;
   // A block's K/V is one run of block_elems per layer, the layers layer_cache_elems_ apart: one 2-D
   // copy (L_ rows) on the step stream, synchronised, so the step that follows sees it.
   int64_t kv_block_bytes() const override {
@@ -198,6 +201,8 @@ class CudaBackend final : public Backend {
   double stage_ms_[kStages] = {};
   int64_t prof_forwards_ = 0, prof_tokens_ = 0;
   bool prof_active() const { return profile_env_ && profiling_; }
+  bool pdl_ = true;  // fused kernels launched with programmatic dependent launch (overlap of prologues)
+  bool loop_made_ = false;
 
  public:
   ~CudaBackend() override;
@@ -582,7 +587,7 @@ Status CudaBackend::gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16
 Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
-  constexpr bool pdl = true;
+  const bool pdl = pdl_;
   // Benchmarking only: SS_CUDA_SKIP=<letters> leaves kernels out of the fused step (q: QKV, a: attention,
   // o: o_proj, g: gate/up, d: down), so the step's time without them gives each kernel's marginal cost
   // inside the graph, PDL overlap included (docs/perf/gpu.md). The outputs are then wrong.
@@ -828,6 +833,39 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
   out.logits.clear();
   *done = true;
   return {};
+}
+
+// The device loop's graphs: the step over T tokens (inputs already in d_tokens_ .. d_rows_, written
+// by the scheduler kernel) and the argmax of R rows into d_ids_; no copies in or out.
+Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(const resident::Geometry& g,
+                                                                             const resident::LoopShare& share) {
+  if (opts_.enforce_eager) return std::unique_ptr<resident::LoopRunner>();  // no graphs: the host loop
+  if (loop_made_) return make_error("cuda backend: one device loop at a time per backend");
+  if (share.first_slot < 0 || share.first_slot + g.max_slots > static_cast<int>(tables_.size()) ||
+      share.first_block < 0 || share.first_block + share.blocks > kv_.num_blocks)
+    return make_error("cuda backend: the device loop's share of slots or blocks is out of range");
+  cuda::LoopHooks h;
+  h.backend_name = name();
+  h.stream = stream_;
+  h.tokens = d_tokens_, h.positions = d_pos_, h.token_slot = d_tok_table_, h.ctx = d_ctx_, h.rows = d_rows_;
+  h.ids = d_ids_;
+  h.tables = d_tables_;
+  h.max_blocks = max_blocks_;
+  h.spare_slot = spare_slot_;
+  h.cap_tokens = cap_tokens_;
+  h.cap_rows = cap_rows_;
+  h.record_step = [this](int T, int R, bool pdl) {
+    pdl_ = pdl;
+    Status st = forward(T, R);
+    pdl_ = true;
+    if (st.ok()) cuda::argmax_rows(logits_, R, V_, d_ids_, stream_);
+    return st;
+  };
+  h.on_close = [this] { loop_made_ = false; };
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  SS_ASSIGN(auto r, cuda::make_device_loop_runner(h, g, share));
+  loop_made_ = true;
+  return r;
 }
 
 Status CudaBackend::step(const StepBatch& b, StepOutput& out) {

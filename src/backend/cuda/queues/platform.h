@@ -16,17 +16,17 @@
 
 namespace ss::queues {
 
-using Scope = cuda::thread_scope;
-inline constexpr Scope kBlock = cuda::thread_scope_block;    // both ends in one thread block
-inline constexpr Scope kDevice = cuda::thread_scope_device;  // both ends on one GPU
-inline constexpr Scope kSystem = cuda::thread_scope_system;  // one end on the CPU (mapped memory)
+using Scope = ::cuda::thread_scope;
+inline constexpr Scope kBlock = ::cuda::thread_scope_block;    // both ends in one thread block
+inline constexpr Scope kDevice = ::cuda::thread_scope_device;  // both ends on one GPU
+inline constexpr Scope kSystem = ::cuda::thread_scope_system;  // one end on the CPU (mapped memory)
 
 template <class T, Scope S>
-using AtomicRef = cuda::atomic_ref<T, S>;
+using AtomicRef = ::cuda::atomic_ref<T, S>;
 
-using cuda::std::memory_order_acquire;
-using cuda::std::memory_order_relaxed;
-using cuda::std::memory_order_release;
+using ::cuda::std::memory_order_acquire;
+using ::cuda::std::memory_order_relaxed;
+using ::cuda::std::memory_order_release;
 
 // GPU L2 lines are 128 bytes (host lines 64): counters written by different ends sit on their own
 // line so that one end's stores do not invalidate the line the other end polls.

@@ -126,6 +126,9 @@ class SeqRing {
         .store(pos + mask_ + 1, memory_order_release);
   }
 
+  // Whether try_pop_single would take an item now (single consumer; nothing is taken).
+  SS_QUEUE_HD bool can_pop_single() const { return ready(*deq_); }
+
   // Single consumer that keeps its position in *deq (only it touches it).
   SS_QUEUE_HD bool try_pop_single(T& out) {
     const std::uint64_t p = *deq_;

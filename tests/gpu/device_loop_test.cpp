@@ -1,0 +1,237 @@
+// The CUDA backend's resident loop (issue 17, backend/cuda/loop_runner.cu) on the GPU (CTest label
+// `gpu`; skipped without a device): the scheduler kernel admits, plans, steps, samples, stops and
+// streams by itself. Checked against host scheduling on the same backend (the graphs path, whose
+// logits tests/gpu/cuda_backend_test.cpp checks against transformers): the same greedy tokens and
+// finish reasons for a batch of prompts of different lengths (prefill chunks through the loop's
+// bucket graphs, decode rows, max_tokens and stop ids on the device); a cancel ends a sequence and
+// returns its blocks; a deadline ends one with Timeout; a request the loop cannot sample (a
+// temperature) runs on the host executor between the loop's steps.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "model/model.h"
+
+namespace {
+
+using ss::backend::BackendOptions;
+using ss::backend::FinishReason;
+using ss::engine::EngineConfig;
+
+const std::string kData = std::string(SS_SOURCE_DIR) + "/tests/data";
+
+#define SKIP_WITHOUT_GPU()                            \
+  do {                                                \
+    if (ss::backend::cuda_device_summary().empty()) { \
+      GTEST_SKIP() << "no CUDA device";               \
+    }                                                 \
+  } while (0)
+
+std::unique_ptr<ss::model::Model> load(const std::string& path) {
+  ss::model::LoadOptions lo;
+  lo.load_tokenizer = false;
+  auto m = ss::model::load_model(path, lo);
+  EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.message());
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+// Prompt ids of the reference sequences (real token ids of the tiny models' vocabulary).
+std::vector<std::vector<int32_t>> ref_prompts(const std::string& name) {
+  std::ifstream jf(kData + "/reference/" + name + ".json");
+  const auto j = nlohmann::json::parse(jf);
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& s : j["sequences"]) out.push_back(s["ids"].get<std::vector<int32_t>>());
+  return out;
+}
+
+struct Req {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  std::vector<int32_t> stop_ids;
+  float temperature = 0.0f;
+};
+
+struct Result {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<FinishReason> finish;
+  std::string executor;
+};
+
+struct Rig {
+  std::unique_ptr<ss::backend::Backend> be;
+  std::unique_ptr<ss::engine::Engine> engine;
+};
+
+Rig make_rig(const ss::model::Model& m, bool persistent) {
+  Rig r;
+  BackendOptions o;
+  o.kv.num_blocks = 256;
+  o.kv.block_size = 16;
+  o.max_batch_tokens = 128;
+  o.max_slots = 16;
+  auto be = ss::backend::make_cuda_backend(m, o);
+  EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.message());
+  if (!be.ok()) return r;
+  r.be = std::move(be).value();
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_batched_tokens = 128;
+  ec.scheduler.max_model_len = 1024;
+  ec.scheduling = persistent ? EngineConfig::Scheduling::Persistent : EngineConfig::Scheduling::Host;
+  auto e = ss::engine::Engine::create(*r.be, ec);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.message());
+  if (e.ok()) r.engine = std::move(e).value();
+  return r;
+}
+
+Result run(const ss::model::Model& m, bool persistent, const std::vector<Req>& reqs) {
+  Result res;
+  Rig rig = make_rig(m, persistent);
+  if (!rig.engine) return res;
+  res.executor = rig.engine->executor_name();
+  res.tokens.resize(reqs.size());
+  res.finish.assign(reqs.size(), FinishReason::None);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ss::engine::Request r;
+    r.prompt = reqs[i].prompt;
+    r.max_tokens = reqs[i].max_tokens;
+    r.stop_ids = reqs[i].stop_ids;
+    r.sampling.temperature = reqs[i].temperature;
+    r.sampling.seed = 7;
+    r.on_event = [&res, i](const ss::engine::TokenEvent& ev) {
+      if (ev.token >= 0) res.tokens[i].push_back(ev.token);
+      if (ev.finish != FinishReason::None) res.finish[i] = ev.finish;
+    };
+    EXPECT_TRUE(rig.engine->add_request(std::move(r)).ok());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (rig.engine->has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+    const auto st = rig.engine->step();
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) break;
+  }
+  EXPECT_FALSE(rig.engine->has_work()) << "the loop did not finish in 60 s";
+  return res;
+}
+
+std::vector<Req> mixed_batch(const std::vector<std::vector<int32_t>>& ids) {
+  std::vector<Req> reqs;
+  const auto cut = [&](size_t which, size_t n) {
+    const auto& p = ids[which];
+    return std::vector<int32_t>(p.begin(), p.begin() + static_cast<long>(std::min(n, p.size())));
+  };
+  // 1 to 300 tokens: single-row steps, chunks up to the 128-token bucket, prompts split over steps.
+  const size_t last = ids.size() - 1;  // the 300-token sequence
+  for (auto [which, n] : std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 5}, {2, 37}, {last, 128}, {last, 129}, {last, 300}})
+    reqs.push_back({cut(which, n), 24, {}, 0.0f});
+  reqs.push_back({cut(last, 128), 24, {}, 0.0f});  // the same prompt as request 3: the same tokens
+  return reqs;
+}
+
+class DeviceLoop : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceLoop, GreedyTokensAndFinishesEqualHostScheduling) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/" + GetParam());
+  ASSERT_NE(model, nullptr);
+  std::vector<Req> reqs = mixed_batch(ref_prompts(GetParam()));
+  const Result host = run(*model, false, reqs);
+  ASSERT_EQ(host.tokens.size(), reqs.size());
+  // Stop ids the host run shows are reached: the 6th token of request 1 and the 3rd of request 2
+  // (each stops at its first occurrence, which may come earlier).
+  reqs[1].stop_ids = {host.tokens[1][5]};
+  reqs[2].stop_ids = {host.tokens[2][2], host.tokens[0][0]};
+  const Result host2 = run(*model, false, reqs);
+  const Result dev = run(*model, true, reqs);
+  EXPECT_NE(dev.executor.find("device loop"), std::string::npos) << dev.executor;
+  EXPECT_EQ(host2.finish[1], FinishReason::Stop);
+  EXPECT_EQ(host2.finish[0], FinishReason::Length);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(dev.tokens[i], host2.tokens[i]) << "request " << i << " (" << reqs[i].prompt.size() << " prompt tokens)";
+    EXPECT_EQ(dev.finish[i], host2.finish[i]) << "request " << i;
+  }
+  EXPECT_EQ(dev.tokens[reqs.size() - 1], dev.tokens[3]);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, DeviceLoop, ::testing::Values("llama3-tiny", "qwen3-tiny"));
+
+TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  const auto ids = ref_prompts("llama3-tiny");
+  Rig rig = make_rig(*model, true);
+  ASSERT_NE(rig.engine, nullptr);
+  auto& e = *rig.engine;
+  std::vector<int32_t> toks_a, toks_b, toks_c;
+  FinishReason fa = FinishReason::None, fb = FinishReason::None, fc = FinishReason::None;
+  auto sink = [](std::vector<int32_t>* t, FinishReason* f) {
+    return [t, f](const ss::engine::TokenEvent& ev) {
+      if (ev.token >= 0) t->push_back(ev.token);
+      if (ev.finish != FinishReason::None) *f = ev.finish;
+    };
+  };
+  ss::engine::Request a;  // cancelled after a few tokens
+  a.prompt = ids[0];
+  a.max_tokens = 600;
+  a.on_event = sink(&toks_a, &fa);
+  ss::engine::Request b;  // a deadline 300 ms out, far fewer than its tokens
+  b.prompt = ids[1];
+  b.max_tokens = 600;
+  b.deadline = ss::backend::Clock::now() + std::chrono::milliseconds(300);
+  b.on_event = sink(&toks_b, &fb);
+  ss::engine::Request c;  // sampled with a temperature: the host executor's
+  c.prompt = ids[2];
+  c.max_tokens = 12;
+  c.sampling.temperature = 0.8f;
+  c.sampling.seed = 3;
+  c.on_event = sink(&toks_c, &fc);
+  auto ida = e.add_request(std::move(a));
+  ASSERT_TRUE(ida.ok());
+  ASSERT_TRUE(e.add_request(std::move(b)).ok());
+  ASSERT_TRUE(e.add_request(std::move(c)).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  bool cancelled = false;
+  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    ASSERT_TRUE(e.step().ok());
+    if (!cancelled && toks_a.size() >= 5) {
+      e.abort(*ida);
+      cancelled = true;
+    }
+  }
+  ASSERT_FALSE(e.has_work());
+  EXPECT_EQ(fa, FinishReason::Abort);
+  EXPECT_GE(toks_a.size(), 5u);
+  EXPECT_LT(toks_a.size(), 600u);
+  EXPECT_EQ(fb, FinishReason::Timeout);
+  EXPECT_LT(toks_b.size(), 600u);
+  EXPECT_EQ(fc, FinishReason::Length);
+  EXPECT_EQ(toks_c.size(), 12u);
+  const auto s = e.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0) << "every finished sequence's blocks came back";
+  EXPECT_EQ(s.num_running, 0);
+  ASSERT_TRUE(e.check_invariants().ok());
+  // And the loop still serves: a greedy request after all that gets the host scheduling's tokens.
+  std::vector<int32_t> again;
+  FinishReason fd = FinishReason::None;
+  ss::engine::Request d;
+  d.prompt = ids[0];
+  d.max_tokens = 10;
+  d.on_event = sink(&again, &fd);
+  ASSERT_TRUE(e.add_request(std::move(d)).ok());
+  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) ASSERT_TRUE(e.step().ok());
+  EXPECT_EQ(fd, FinishReason::Length);
+  const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});
+  ASSERT_EQ(host.tokens.size(), 1u);
+  EXPECT_EQ(again, host.tokens[0]);
+}
+
+}  // namespace
