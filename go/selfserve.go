@@ -357,10 +357,7 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 			e.lmu.Unlock()
 		}
 	} else {
-		for !e.isClosed() {
-			if e.fd != nil && !e.waitEvents() {
-				continue
-			}
+		for !e.isClosed() { // each poll waits up to IdlePoll (StepInPoll: stepping meanwhile)
 			e.collect()
 		}
 	}
