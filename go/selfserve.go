@@ -1,16 +1,18 @@
 // Package selfserve embeds the selfserve inference engine (a C++ data plane) in Go programs
 // through its C ABI (libselfserve.so, include/selfserve.h).
 //
-// One goroutine per Engine drives the poll loop for all its requests: each ss_engine_poll returns
-// a batch of events (a token of every running request, from whole engine steps) and the goroutine
-// fans them out to their Streams: one cgo call per poll, never one per token. By default the
-// engine steps on a C++ thread of its own, so Go's scheduling never delays a step; with
-// EngineOptions.StepInPoll the steps run inside the poll instead. When a GPU may be used the
-// goroutine is locked to its OS thread, the one that creates (and with StepInPoll drives) the
-// CUDA backend. A request's context cancels it in the engine (its KV blocks are freed in the next
-// step); a context deadline is also given to the engine as the request's timeout. Errors are
-// *Error values carrying the engine's code, message and the C++ file:line they arose at; match
-// them with errors.Is against the Err* sentinels.
+// Each ss_engine_poll returns a batch of events (a token of every running request, from whole
+// engine steps), fanned out to their Streams: one cgo call per poll, never one per token. By
+// default the engine steps on a C++ thread of its own, so Go's scheduling never delays a step, and
+// the readers poll for themselves: one goroutine blocked in Stream.Recv waits on the engine's
+// event fd, polls, and hands the other streams their events (a lone reader is woken once per
+// token, not twice). With EngineOptions.StepInPoll the steps run inside the polls of one poll
+// goroutine per engine instead. The goroutine that creates the engine (and with StepInPoll drives
+// it) and frees it is locked to its OS thread when a GPU may be used. A request's context cancels
+// it in the engine (its KV blocks are freed in the next step); a context deadline is also given
+// to the engine as the request's timeout. Errors are *Error values carrying the engine's code,
+// message and the C++ file:line they arose at; match them with errors.Is against the Err*
+// sentinels.
 //
 // Build against an installed library: cmake --install build --prefix DIR, then
 // PKG_CONFIG_PATH=DIR/lib/pkgconfig go build.
@@ -214,9 +216,27 @@ type engine struct {
 
 	mu      sync.RWMutex // closed, and c against Close while a call uses it
 	closed  bool
-	streams sync.Map // key (user_data) → *Stream
+	closing chan struct{} // closed by Close
+	streams sync.Map      // key (user_data) → *Stream
 	nextKey uint64
-	done    chan struct{} // the poll goroutine has freed the engine
+	done    chan struct{} // the engine's goroutine has freed the engine
+
+	// The poller's: ss_engine_poll runs on one thread at a time, that of the baton's holder
+	// (readersPoll) or of the poll goroutine.
+	buf    *C.ss_event
+	evs    []C.ss_event
+	pollG  C.go_err
+	fd     *os.File // the engine's event fd (a dup), readable while events wait; nil: none
+	pollTO C.int32_t
+
+	// readersPoll (own thread and an event fd): no poll goroutine; the baton (leading) passes
+	// among the goroutines blocked in Recv, its holder waits on fd and polls, the followers wait
+	// for their events or the baton. Close takes the baton for good (closerWait).
+	readersPoll bool
+	lmu         sync.Mutex
+	leading     bool
+	followers   []*Stream
+	closerWait  chan struct{}
 
 	polls, events, batches atomic.Int64
 	dispatchNanos          atomic.Int64 // Go time turning C events into stream events
@@ -253,7 +273,8 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 	if opts.StepInPoll {
 		o.poll_linger_us = C.int32_t(opts.PollLinger / time.Microsecond)
 	}
-	e := &engine{batch: opts.PollBatch, idle: opts.IdlePoll, linger: opts.PollLinger, done: make(chan struct{})}
+	e := &engine{batch: opts.PollBatch, idle: opts.IdlePoll, linger: opts.PollLinger, done: make(chan struct{}),
+		closing: make(chan struct{})}
 	if e.batch <= 0 {
 		e.batch = 256
 	}
@@ -280,9 +301,10 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 // Device says which backend runs: "cpu" or "cuda (NVIDIA H200, ...)".
 func (e *Engine) Device() string { return e.e.device }
 
-// run is the engine's one goroutine: it creates the engine, polls until Close, and frees it, all
-// on one OS thread when a GPU may be used (the CUDA backend is made, and with StepInPoll driven,
-// and freed on the thread its context was first current on).
+// run is the engine's goroutine: it creates the engine, polls until Close (StepInPoll, or no
+// event fd; otherwise the readers poll) and frees it, all on one OS thread when a GPU may be used
+// (the CUDA backend is made, and with StepInPoll driven, and freed on the thread its context was
+// first current on).
 func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, ready chan<- error) {
 	if maybeCUDA {
 		runtime.LockOSThread()
@@ -300,73 +322,47 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 	if maybeCUDA && strings.HasPrefix(e.device, "cpu") {
 		runtime.UnlockOSThread() // nothing to pin; the deferred unlock is then a no-op
 	}
-	ready <- nil
-
-	buf := (*C.ss_event)(C.malloc(C.size_t(e.batch) * C.size_t(unsafe.Sizeof(C.ss_event{}))))
-	defer C.free(unsafe.Pointer(buf))
-	events := unsafe.Slice(buf, e.batch)
-	// With the engine on its own thread the goroutine waits in Go's netpoller on the engine's
+	e.buf = (*C.ss_event)(C.malloc(C.size_t(e.batch) * C.size_t(unsafe.Sizeof(C.ss_event{}))))
+	defer C.free(unsafe.Pointer(e.buf))
+	e.evs = unsafe.Slice(e.buf, e.batch)
+	// With the engine on its own thread, events are waited for in Go's netpoller on the engine's
 	// event fd, not inside a cgo call: a goroutine blocked in C looks to the Go scheduler like a
 	// long system call, and the consumers it has just woken would wait in its P's run queue until
 	// sysmon hands them to another thread (measured: twice the context switches, and the engine's
 	// steps slower for it). Each wake-up then collects with polls that do not block.
-	var eventsFD *os.File
 	if o.own_thread != 0 {
 		if fd := int(C.ss_engine_event_fd(c)); fd >= 0 {
 			if dup, err := syscall.Dup(fd); err == nil {
-				eventsFD = os.NewFile(uintptr(dup), "selfserve-events")
-				defer eventsFD.Close()
+				e.fd = os.NewFile(uintptr(dup), "selfserve-events")
 			}
 		}
 	}
-	timeout := C.int32_t(e.idle / time.Millisecond)
-	if eventsFD != nil {
-		timeout = 0
-	}
-	var counter [8]byte
-	for {
-		e.mu.RLock()
-		closed := e.closed
-		e.mu.RUnlock()
-		if closed {
-			break
+	e.pollTO = C.int32_t(e.idle / time.Millisecond)
+	// Readers poll for themselves: a goroutine of its own between the engine and the readers cost
+	// a second goroutine (and often OS thread) wake-up per step, most of the Go side's CPU per
+	// token when one request runs.
+	e.readersPoll = e.fd != nil
+	ready <- nil
+
+	if e.readersPoll {
+		<-e.closing
+		e.lmu.Lock()
+		if e.leading { // the holder sees closed (Close made the fd readable) and hands the baton here
+			ch := make(chan struct{})
+			e.closerWait = ch
+			e.lmu.Unlock()
+			<-ch
+		} else {
+			e.leading = true
+			e.lmu.Unlock()
 		}
-		if eventsFD != nil {
-			if _, err := eventsFD.Read(counter[:]); err != nil {
-				eventsFD = nil // cannot happen with an eventfd; fall back to waiting in the poll
-				timeout = C.int32_t(e.idle / time.Millisecond)
-			} else if e.linger > 0 {
-				time.Sleep(e.linger) // let a few more steps' events gather
-			}
-		}
-		// Collect everything waiting (a full batch means there may be more).
-		for {
-			var n C.size_t
-			if C.go_poll(c, buf, C.size_t(e.batch), &n, timeout, &g) != C.SS_OK {
-				// A step failed with no request in it (those in a failed step get error events):
-				// nobody to tell; Metrics' steps show it. Back off instead of spinning on it.
-				_ = takeError(&g)
-				time.Sleep(10 * time.Millisecond)
-				break
-			}
-			e.polls.Add(1)
-			if n == 0 {
-				break
-			}
-			e.events.Add(int64(n))
-			e.batches.Add(1)
-			t0 := time.Now()
-			for i := 0; i < int(n); i++ {
-				e.dispatch(&events[i])
-			}
-			e.dispatchNanos.Add(int64(time.Since(t0)))
-			if int(n) < e.batch || eventsFD == nil {
-				break
-			}
+	} else {
+		for !e.isClosed() { // each poll waits up to IdlePoll (StepInPoll: stepping meanwhile)
+			e.collect()
 		}
 	}
-	if eventsFD != nil {
-		eventsFD.Close()
+	if e.fd != nil {
+		e.fd.Close()
 	}
 	e.mu.Lock()
 	C.ss_engine_free(c)
@@ -380,7 +376,134 @@ func (e *engine) run(m *C.ss_model, o *C.ss_engine_options, maybeCUDA bool, read
 	close(e.done)
 }
 
-// dispatch copies one C event into Go memory and hands it to its stream (poll goroutine only).
+func (e *engine) isClosed() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.closed
+}
+
+// waitEvents blocks until the event fd says events wait (or a wake-up), then lets PollLinger
+// pass. False: the fd failed (it cannot with an eventfd); polls then wait inside the C call.
+func (e *engine) waitEvents() bool {
+	var counter [8]byte
+	if _, err := e.fd.Read(counter[:]); err != nil {
+		e.fd.Close()
+		e.fd = nil
+		return false
+	}
+	if e.linger > 0 {
+		time.Sleep(e.linger) // let a few more steps' events gather
+	}
+	e.pollTO = 0
+	return true
+}
+
+// collect polls (blocking up to IdlePoll without an event fd, else not at all) and hands the
+// events out; with an event fd it polls until the engine's queue is empty, as the fd's protocol
+// asks (it signals only when the queue turns non-empty).
+func (e *engine) collect() {
+	for {
+		var n C.size_t
+		if C.go_poll(e.c, e.buf, C.size_t(e.batch), &n, e.pollTO, &e.pollG) != C.SS_OK {
+			// A step failed with no request in it (those in a failed step get error events):
+			// nobody to tell; Metrics' steps show it. Back off instead of spinning on it.
+			_ = takeError(&e.pollG)
+			time.Sleep(10 * time.Millisecond)
+			return
+		}
+		e.polls.Add(1)
+		if n == 0 {
+			return
+		}
+		e.events.Add(int64(n))
+		e.batches.Add(1)
+		t0 := time.Now()
+		for i := 0; i < int(n); i++ {
+			e.dispatch(&e.evs[i])
+		}
+		e.dispatchNanos.Add(int64(time.Since(t0)))
+		if int(n) < e.batch || e.fd == nil {
+			return
+		}
+	}
+}
+
+// await blocks the reader of s (in Recv, its queue empty) until s may have news. Readers poll
+// for themselves: whoever holds the baton waits on the event fd and hands out what comes until
+// its own stream has news, then passes the baton to a reader still waiting (or drops it when none
+// waits: then nobody is waiting for anything, and the engine's queue keeps the events for the
+// next reader). The others wait for their events, or the baton. Lock order: e.lmu, then s.mu.
+func (e *engine) await(s *Stream) {
+	e.lmu.Lock()
+	if !e.leading {
+		e.leading = true
+		e.lmu.Unlock()
+		e.lead(s)
+		return
+	}
+	e.followers = append(e.followers, s)
+	e.lmu.Unlock()
+	<-s.wake
+	e.lmu.Lock()
+	if s.promoted {
+		s.promoted = false
+		e.lmu.Unlock()
+		e.lead(s)
+		return
+	}
+	for i, f := range e.followers {
+		if f == s {
+			e.dropFollower(i)
+			break
+		}
+	}
+	e.lmu.Unlock()
+}
+
+// lead polls for s's reader, which holds the baton, until s has news or the engine closes, then
+// passes the baton on.
+func (e *engine) lead(s *Stream) {
+	for !s.hasNews() && !e.isClosed() {
+		if e.fd != nil {
+			e.waitEvents() // on failure the poll waits instead, up to IdlePoll
+		}
+		e.collect()
+	}
+	select { // a wake-up it pushed to itself: stale, Recv looks at the queue anyway
+	case <-s.wake:
+	default:
+	}
+	e.lmu.Lock()
+	if e.closerWait != nil { // Close takes it for good
+		close(e.closerWait)
+		e.closerWait = nil
+		e.lmu.Unlock()
+		return
+	}
+	// To a reader still waiting for news: one that was just handed an event wakes anyway, but
+	// may leave Recv before it could poll for the others.
+	for i := len(e.followers) - 1; i >= 0; i-- {
+		if f := e.followers[i]; !f.hasNews() {
+			e.dropFollower(i)
+			f.promoted = true
+			e.lmu.Unlock()
+			f.notify()
+			return
+		}
+	}
+	e.leading = false
+	e.lmu.Unlock()
+}
+
+// dropFollower takes followers[i] off the list (e.lmu held).
+func (e *engine) dropFollower(i int) {
+	last := len(e.followers) - 1
+	e.followers[i] = e.followers[last]
+	e.followers[last] = nil
+	e.followers = e.followers[:last]
+}
+
+// dispatch copies one C event into Go memory and hands it to its stream (the poller only).
 func (e *engine) dispatch(c *C.ss_event) {
 	v, ok := e.streams.Load(uint64(c.user_data))
 	if !ok {
@@ -425,10 +548,14 @@ func (e *engine) close() {
 	e.mu.Lock()
 	already := e.closed
 	e.closed = true
-	c := e.c
+	if !already && e.c != nil {
+		// Wakes whoever waits for events (the fd's or the poll's), to see closed. Under mu: the
+		// engine's goroutine frees c under it once it has seen closed.
+		C.ss_engine_wake(e.c)
+	}
 	e.mu.Unlock()
-	if !already && c != nil {
-		C.ss_engine_wake(c)
+	if !already {
+		close(e.closing)
 	}
 	<-e.done
 }
@@ -570,9 +697,11 @@ type Stream struct {
 	queue  []Event
 	done   bool
 	err    error
-	wake   chan struct{} // cap 1: something was pushed
+	wake   chan struct{} // cap 1: something was pushed, or the baton passed to this reader
 	finCh  chan struct{} // closed at the end (stops the context watcher)
 	closed sync.Once
+
+	promoted bool // e.lmu: the baton was passed to this stream's waiting reader
 }
 
 // Generate submits a request (Prompt or Messages) and returns its stream. Bad input is an
@@ -791,6 +920,13 @@ func (s *Stream) notify() {
 	}
 }
 
+// hasNews says whether Recv would return now.
+func (s *Stream) hasNews() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue) > 0 || s.done
+}
+
 // Recv returns the next event. The request's last event has Finish set; after it Recv returns
 // io.EOF when the request ended normally (length, stop), else its *Error (cancelled, deadline
 // exceeded, engine failure).
@@ -800,7 +936,11 @@ func (s *Stream) Recv() (Event, error) {
 		if len(s.queue) > 0 {
 			ev := s.queue[0]
 			s.queue[0] = Event{}
-			s.queue = s.queue[1:]
+			if len(s.queue) == 1 {
+				s.queue = s.queue[:0] // the next push reuses the array
+			} else {
+				s.queue = s.queue[1:]
+			}
 			s.mu.Unlock()
 			return ev, nil
 		}
@@ -813,7 +953,11 @@ func (s *Stream) Recv() (Event, error) {
 			return Event{}, err
 		}
 		s.mu.Unlock()
-		<-s.wake
+		if s.e.readersPoll {
+			s.e.await(s)
+		} else {
+			<-s.wake
+		}
 	}
 }
 

@@ -368,6 +368,164 @@ func TestCloseEndsLiveStreams(t *testing.T) {
 	e.Close() // twice is fine
 }
 
+// The readers poll for themselves (a baton passed among goroutines in Recv): a reader that stops
+// reading must not hold up the others, and its stream loses nothing meanwhile (its events wait in
+// the engine's queue or its own), in order: greedy output equal to the solo run's.
+func TestReaderThatStopsDoesNotHoldUpOthers(t *testing.T) {
+	reqA := Request{Prompt: "A list of rivers:", MaxTokens: 48, IgnoreEOS: true}
+	reqB := Request{Prompt: "How to boil an egg:", MaxTokens: 24, IgnoreEOS: true}
+	soloA, err := generate(t, context.Background(), reqA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	soloB, err := generate(t, context.Background(), reqB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := testEngine.Generate(context.Background(), reqA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := testEngine.Generate(context.Background(), reqB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := a.Recv() // A's reader may hold the baton here, and leaves with it
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := make(chan Result, 1)
+	go func() {
+		r, err := b.Collect()
+		if err != nil {
+			t.Error(err)
+		}
+		gotB <- r
+	}()
+	select {
+	case r := <-gotB:
+		if r.Text != soloB.Text || fmt.Sprint(r.Tokens) != fmt.Sprint(soloB.Tokens) {
+			t.Fatalf("B beside an unread A: %q, solo %q", r.Text, soloB.Text)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("B did not finish while A's reader was away")
+	}
+	restA, err := a.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := append([]int{first.Token}, restA.Tokens...)
+	if first.Text+restA.Text != soloA.Text || fmt.Sprint(tokens) != fmt.Sprint(soloA.Tokens) {
+		t.Fatalf("A read late: %q, solo %q", first.Text+restA.Text, soloA.Text)
+	}
+}
+
+// The baton passes to a reader still waiting: with one sequence at a time, B waits in the engine
+// (no events) while A's reader polls; A's reader leaves for good after A's last event, and B's
+// events come after that, so only a reader B's goroutine took the baton from can deliver them.
+func TestBatonPassesToAWaitingReader(t *testing.T) {
+	e, err := NewEngine(testModel, EngineOptions{Device: DeviceCPU, Threads: 1, KVCacheMiB: 16, MaxNumSeqs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	a, err := e.Generate(context.Background(), Request{Prompt: "One, two,", MaxTokens: 24, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Generate(context.Background(), Request{Prompt: "Red, green,", MaxTokens: 8, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A's reader takes the baton first: B's starts once A's is in its stride (blocked in Recv,
+	// polling, nearly all the time).
+	doneA := make(chan error, 1)
+	aStarted := make(chan struct{})
+	go func() {
+		for i := 0; i < 3; i++ {
+			if _, err := a.Recv(); err != nil {
+				doneA <- err
+				return
+			}
+		}
+		close(aStarted)
+		_, err := a.Collect()
+		doneA <- err
+	}()
+	select {
+	case <-aStarted:
+	case err := <-doneA:
+		t.Fatal(err)
+	}
+	doneB := make(chan error, 1)
+	go func() {
+		r, err := b.Collect()
+		if err == nil && len(r.Tokens) != 8 {
+			err = fmt.Errorf("B got %d tokens, want 8", len(r.Tokens))
+		}
+		doneB <- err
+	}()
+	for _, ch := range []chan error{doneA, doneB} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("a reader waiting in Recv got nothing after the polling reader left")
+		}
+	}
+}
+
+// Close while readers are blocked in Recv (one of them waiting on the engine's event fd, the
+// others for it): every reader ends with ErrClosed.
+func TestCloseWhileReadersWait(t *testing.T) {
+	e, err := NewEngine(testModel, EngineOptions{Device: DeviceCPU, Threads: 1, KVCacheMiB: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const readers = 3
+	errs := make(chan error, readers)
+	started := make(chan struct{}, readers)
+	for i := 0; i < readers; i++ {
+		s, err := e.Generate(context.Background(), Request{Prompt: fmt.Sprint("Count to ", 1000+i), MaxTokens: 400, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			n := 0
+			for {
+				_, err := s.Recv()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n++; n == 2 {
+					started <- struct{}{}
+				}
+			}
+		}()
+	}
+	for i := 0; i < readers; i++ {
+		select {
+		case <-started:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the readers got no events")
+		}
+	}
+	e.Close()
+	for i := 0; i < readers; i++ {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("reader ended with %v, want ErrClosed", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a reader blocked in Recv did not return after Close")
+		}
+	}
+}
+
 // Driven from the poll goroutine (StepInPoll) and with lingering polls: the same greedy tokens,
 // and each poll with events carries several steps' tokens.
 func TestStepInPollWithLinger(t *testing.T) {

@@ -8,7 +8,8 @@
 # after cmake --build build && cmake --install build --prefix build/install; the default model cached.
 # ctx_switches: the process's context switches (voluntary + involuntary) over the whole run;
 # caller_cpu_us_tok: CPU time of every thread but the engine's (ss-engine, ss-cpu) while decoding,
-# per token: the caller's side of the boundary (the Go runtime included), robust to a busy machine.
+# per token: the caller's side of the boundary (the Go runtime included), robust to a busy machine;
+# caller_switches_tok (Go): those threads' context switches per token, how often they slept and woke.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-7}
@@ -58,6 +59,8 @@ for n in (1, 16):
                 f"median {med(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), "
                 f"{med(r['ctx_switches'] for r in s.values()):.0f} context switches, caller's CPU "
                 f"{med(r['caller_cpu_us_tok'] for r in s.values()):.1f} us/token")
+        if all('caller_switches_tok' in r for r in s.values()):
+            line += f" and {med(r['caller_switches_tok'] for r in s.values()):.2f} switches/token" 
         if side.startswith("go"):
             g = list(s.values())
             line += (f"; {med(r['events'] / r['polls_with_events'] for r in g):.1f} events per poll, Go dispatch "

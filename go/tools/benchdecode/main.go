@@ -62,7 +62,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	cpu0 := callerCPU()
+	cpu0, sw0 := callerCPU()
 	var wg sync.WaitGroup
 	for _, s := range streams {
 		wg.Add(1)
@@ -93,7 +93,8 @@ func main() {
 		}(s)
 	}
 	wg.Wait()
-	callerSecs := callerCPU() - cpu0
+	cpu1, sw1 := callerCPU()
+	callerSecs := cpu1 - cpu0
 	m, _ := engine.Metrics()
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -103,6 +104,7 @@ func main() {
 		"cgo_call_ns":         float64(selfserve.CallOverhead(200000).Nanoseconds()),
 		"polls":               m.Polls,
 		"caller_cpu_us_tok":   callerSecs * 1e6 / float64(tokens),
+		"caller_switches_tok": float64(sw1-sw0) / float64(tokens),
 		"ctx_switches":        ru.Nvcsw + ru.Nivcsw,
 		"polls_with_events":   m.GoBatches,
 		"events":              m.Events,
@@ -115,22 +117,30 @@ func main() {
 }
 
 // callerCPU is the CPU time (s) of this process's threads other than the engine's (ss-engine, the
-// stepping thread, and ss-cpu, its workers): what the Go side spends, scheduler and GC included.
-func callerCPU() float64 {
+// stepping thread, and ss-cpu, its workers): what the Go side spends, scheduler and GC included;
+// and their context switches (voluntary and not): how often the Go side's threads slept and woke.
+func callerCPU() (secs float64, switches int64) {
 	tasks, _ := os.ReadDir("/proc/self/task")
-	total := 0.0
 	for _, t := range tasks {
-		comm, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/comm")
+		dir := "/proc/self/task/" + t.Name()
+		comm, _ := os.ReadFile(dir + "/comm")
 		if name := strings.TrimSpace(string(comm)); name == "ss-engine" || name == "ss-cpu" {
 			continue
 		}
 		// schedstat's first field: nanoseconds on a CPU.
-		stat, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		stat, err := os.ReadFile(dir + "/schedstat")
 		if err != nil {
 			continue
 		}
 		ns, _ := strconv.ParseFloat(strings.Fields(string(stat))[0], 64)
-		total += ns / 1e9
+		secs += ns / 1e9
+		status, _ := os.ReadFile(dir + "/status")
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && strings.HasSuffix(f[0], "ctxt_switches:") {
+				n, _ := strconv.ParseInt(f[1], 10, 64)
+				switches += n
+			}
+		}
 	}
-	return total
+	return secs, switches
 }
