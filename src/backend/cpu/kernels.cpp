@@ -165,7 +165,10 @@ namespace {
 // One row's super-block `blk` of a K type into the packed block at dst, lane r (kernels_internal.h).
 void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
   uint8_t q[256];
-  if (t == model::DType::Q4_K) {
+  if (t == model::DType::Q4_K || t == model::DType::Q5_K) {
+    // Q5_K is Q4_K's super-block with 32 bytes of 5th bits (qh) before the nibbles.
+    const bool five = t == model::DType::Q5_K;
+    const uint8_t* qs = blk + (five ? 48 : 16);
     std::memcpy(dst + 2 * r, blk, 2);
     std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
     const uint8_t* s = blk + 4;
@@ -175,15 +178,20 @@ void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
       dst[64 + 16 * j + r] = static_cast<uint8_t>(sc);
       dst[192 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(mn);
       for (int l = 0; l < 32; ++l) {
-        const uint8_t b = blk[16 + 32 * (j / 2) + l];
-        q[32 * j + l] = j % 2 ? b >> 4 : b & 15;
+        const uint8_t b = qs[32 * (j / 2) + l];
+        q[32 * j + l] = static_cast<uint8_t>((j % 2 ? b >> 4 : b & 15) | (five ? ((blk[16 + l] >> j) & 1) << 4 : 0));
       }
     }
     for (int j = 0; j < 8; ++j)
-      for (int v = 0; v < 4; ++v)
-        for (int i = 0; i < 4; ++i)
-          dst[320 + 256 * j + 64 * v + 4 * r + i] =
-              static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
+      for (int i = 0; i < 4; ++i) {
+        int bits = 0;  // bit v: 5th bit of value 32j + 4v + i; bit 4 + v: of value 32j + 16 + 4v + i
+        for (int v = 0; v < 4; ++v) {
+          const int lo = q[32 * j + 4 * v + i], hi = q[32 * j + 16 + 4 * v + i];
+          dst[320 + 256 * j + 64 * v + 4 * r + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+          bits |= (lo >> 4) << v | (hi >> 4) << (4 + v);
+        }
+        if (five) dst[2368 + 64 * j + 4 * r + i] = static_cast<uint8_t>(bits);
+      }
   } else if (t == model::DType::IQ4_XS) {
     std::memcpy(dst + 2 * r, blk, 2);
     const int sh = blk[2] | blk[3] << 8;

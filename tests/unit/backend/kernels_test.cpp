@@ -377,8 +377,8 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   std::mt19937 g(seed() + 4);
   ThreadPool pool1(1), pool2(2);
   IsaGuard guard(Isa::Avx512);
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
-                     DType::IQ4_XS})
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                     DType::Q6_K, DType::IQ4_XS})
     for (int64_t cols : {int64_t{32}, int64_t{160}, int64_t{576}, int64_t{1536}, int64_t{256}, int64_t{768}}) {
       // K types: super-blocks of 256, so 256 (one), 768 (three) and 1536 (six) values per row.
       const bool k = m::info(type).block_size == 256;
@@ -419,7 +419,7 @@ TEST(Kernels, PackedFallsBackToTheTensor) {
   std::mt19937 g(seed() + 5);
   ThreadPool pool(2);
   std::vector<uint8_t> dummy(1 << 16);
-  for (DType type : {DType::Q2_K, DType::Q5_K, DType::F16}) {
+  for (DType type : {DType::Q2_K, DType::Q3_K, DType::F16}) {
     RandTensor w = make_tensor(type, 16, 512, g);
     EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type);
     EXPECT_TRUE(ss::cpu::pack_weights(w.t, dummy.data(), pool).empty()) << m::dtype_name(type);
