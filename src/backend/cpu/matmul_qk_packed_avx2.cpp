@@ -128,8 +128,11 @@ template <int N, class F>
 }
 
 // Tokens per pass over a half group: per token an integer, an offset and a float accumulator, and the
-// sub-block's integers, beside the weights in AVX2's 16 registers.
-constexpr int kTokens = 2;
+// sub-block's integers, beside the weights in AVX2's 16 registers (2 tokens). Q6_K takes 4 (some
+// spills) so that its 6-bit unpacking is shared by more tokens: at 2 it was 27% slower than the
+// unpacked kernel at 16 and 512 tokens (bench_kernels ffn_down, 1 thread); at 4 it is on par there.
+template <DType T>
+constexpr int kTokens = T == DType::Q6_K ? 4 : 2;
 
 template <DType T>
 void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
@@ -139,9 +142,9 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
     const int64_t o0 = g * kPackRows;
     const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
     for (int h = 0; h < 2 && 8 * h < nr; ++h)
-      for (int t = 0; t < a.n_tok; t += kTokens)
-        with_tokens<kTokens>(std::min(kTokens, a.n_tok - t),
-                             [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, h, nr); });
+      for (int t = 0; t < a.n_tok; t += kTokens<T>)
+        with_tokens<kTokens<T>>(std::min(kTokens<T>, a.n_tok - t),
+                                [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, h, nr); });
   }
 }
 
