@@ -6,7 +6,7 @@
 // Per case: median wall time of repeated calls (after warm-up), GFLOP/s = 2 rows cols n_tok / t and
 // GB/s = weight bytes / t. "matmul" is the public entry point (it picks the kernel); "per-token*"
 // forces the per-token (per-row dot) kernel at n_tok > 1, the shape of llama.cpp's vec_dot path;
-// "packed" runs matmul through the PackedMatrix form (AVX-512, Q4_0/Q4_1/Q8_0).
+// "packed" runs matmul through the PackedMatrix form where the ISA has a packed kernel for the type.
 // --cold cycles through copies of the weights totalling >= 1 GiB so they come from DRAM, not cache.
 // --floors measures read bandwidth (L2-sized, 64 MiB, 1 GiB) and the vpdpbusd / FMA peak per core.
 // --attention times the decode attention kernel alone (ops attention_token: one token row, every
@@ -425,7 +425,7 @@ int main(int argc, char** argv) {
         W.nbytes = wbytes;
         std::vector<ss::cpu::PackedMatrix> packed;  // the packed form of each copy (empty when none)
         ss::HugeBuffer packed_buf;
-        if (const size_t pb = ss::cpu::packed_bytes(W); isa == Isa::Avx512 && pb && packed_buf.allocate(pb * copies))
+        if (const size_t pb = ss::cpu::packed_bytes(W); pb && packed_buf.allocate(pb * copies))  // 0: none on this ISA
           for (size_t c = 0; c < copies; ++c) {
             W.data = ws[c].data();
             packed.push_back(ss::cpu::pack_weights(W, packed_buf.data() + c * pb, pool));

@@ -109,7 +109,7 @@ Expected<std::unique_ptr<CpuBackend>> CpuBackend::create(const model::Model& mod
   return be;
 }
 
-// Says which kernels run: the ISA and, on AVX-512, how many matrices took the packed form.
+// Says which kernels run: the ISA and how many matrices took the packed form (none on scalar).
 std::string CpuBackend::name() const {
   int packed = packed_out_.empty() ? 0 : 1, total = 1;
   for (const auto& P : packed_)
@@ -118,7 +118,7 @@ std::string CpuBackend::name() const {
       ++total;
     }
   std::string s = std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa());
-  if (cpu::active_isa() == cpu::Isa::Avx512)
+  if (cpu::active_isa() != cpu::Isa::Scalar)
     s += ", " + std::to_string(packed) + "/" + std::to_string(total) + " matrices packed";
   return s + ")";
 }
@@ -211,7 +211,7 @@ Status CpuBackend::init() {
     }
   }
 
-  // Pack the matrices for the AVX-512 kernels into one buffer, releasing each original as soon as it
+  // Pack the matrices for the packed kernels into one buffer, releasing each original as soon as it
   // is copied so resident memory stays about one copy of the weights.
   size_t packed_total = cpu::packed_bytes(out);
   for (const auto& L : w.layers)

@@ -82,9 +82,9 @@ class CpuBackend final : public Backend {
   int64_t kv_layer_bytes_ = 0;  // one block's K (or V) of one layer, with its Q8 scales
   int64_t kv_scale_offset_ = 0; // Q8: bytes from a block's K (V) to its scales
   std::vector<LayerConsts> layer_consts_;
-  // Matrices in the AVX-512 packed layout (cpu/kernels.h), when the CPU and the type allow; empty
+  // Matrices in the packed layout (cpu/kernels.h), when the ISA has a packed kernel for the type; empty
   // otherwise. The model's own pages of a packed tensor are released (read again only by get_row and
-  // by matmul under a forced non-AVX-512 ISA).
+  // by matmul under a forced ISA without that kernel).
   struct LayerPacked {
     cpu::PackedMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   };

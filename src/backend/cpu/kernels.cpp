@@ -156,7 +156,7 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
 
 size_t packed_bytes(const model::Tensor& W) {
   const detail::PackedFormat f = detail::packed_format(W.type);
-  if (f.block_bytes == 0 || active_isa() != Isa::Avx512 || W.rows() <= 0 || W.cols() % f.values != 0) return 0;
+  if (!detail::has_packed_kernel(W.type, active_isa()) || W.rows() <= 0 || W.cols() % f.values != 0) return 0;
   return (static_cast<size_t>(packed_groups(W.rows())) * (W.cols() / f.values) * f.block_bytes + 63) / 64 * 64;
 }
 
@@ -165,7 +165,10 @@ namespace {
 // One row's super-block `blk` of a K type into the packed block at dst, lane r (kernels_internal.h).
 void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
   uint8_t q[256];
-  if (t == model::DType::Q4_K) {
+  if (t == model::DType::Q4_K || t == model::DType::Q5_K) {
+    // Q5_K is Q4_K's super-block with 32 bytes of 5th bits (qh) before the nibbles.
+    const bool five = t == model::DType::Q5_K;
+    const uint8_t* qs = blk + (five ? 48 : 16);
     std::memcpy(dst + 2 * r, blk, 2);
     std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
     const uint8_t* s = blk + 4;
@@ -175,15 +178,20 @@ void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
       dst[64 + 16 * j + r] = static_cast<uint8_t>(sc);
       dst[192 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(mn);
       for (int l = 0; l < 32; ++l) {
-        const uint8_t b = blk[16 + 32 * (j / 2) + l];
-        q[32 * j + l] = j % 2 ? b >> 4 : b & 15;
+        const uint8_t b = qs[32 * (j / 2) + l];
+        q[32 * j + l] = static_cast<uint8_t>((j % 2 ? b >> 4 : b & 15) | (five ? ((blk[16 + l] >> j) & 1) << 4 : 0));
       }
     }
     for (int j = 0; j < 8; ++j)
-      for (int v = 0; v < 4; ++v)
-        for (int i = 0; i < 4; ++i)
-          dst[320 + 256 * j + 64 * v + 4 * r + i] =
-              static_cast<uint8_t>(q[32 * j + 4 * v + i] | (q[32 * j + 16 + 4 * v + i] << 4));
+      for (int i = 0; i < 4; ++i) {
+        int bits = 0;  // bit v: 5th bit of value 32j + 4v + i; bit 4 + v: of value 32j + 16 + 4v + i
+        for (int v = 0; v < 4; ++v) {
+          const int lo = q[32 * j + 4 * v + i], hi = q[32 * j + 16 + 4 * v + i];
+          dst[320 + 256 * j + 64 * v + 4 * r + i] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+          bits |= (lo >> 4) << v | (hi >> 4) << (4 + v);
+        }
+        if (five) dst[2368 + 64 * j + 4 * r + i] = static_cast<uint8_t>(bits);
+      }
   } else if (t == model::DType::IQ4_XS) {
     std::memcpy(dst + 2 * r, blk, 2);
     const int sh = blk[2] | blk[3] << 8;
@@ -281,7 +289,8 @@ PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst0, ThreadPool& poo
 
 void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
             int64_t ldy, MatmulScratch scratch, ThreadPool& pool, bool prequantized) {
-  if (P.empty() || active_isa() != Isa::Avx512 || P.type != W.type || P.rows != W.rows() || P.cols != W.cols())
+  if (P.empty() || !detail::has_packed_kernel(P.type, active_isa()) || P.type != W.type || P.rows != W.rows() ||
+      P.cols != W.cols())
     return matmul(W, x, n_tok, ldx, y, ldy, scratch, pool);
   const MatmulJob job{&W, &P, y, ldy};
   matmul_multi(&job, 1, x, n_tok, ldx, scratch, pool, prequantized);  // the packed path (one job: always fused)
@@ -292,7 +301,8 @@ constexpr int kMaxJobs = 8;
 }  // namespace
 
 bool packed_path(const MatmulJob* jobs, int n_jobs) {
-  bool fused = active_isa() == Isa::Avx512 && n_jobs > 0 && n_jobs <= kMaxJobs;
+  bool fused = n_jobs > 0 && n_jobs <= kMaxJobs && !jobs[0].P->empty() &&
+               detail::has_packed_kernel(jobs[0].P->type, active_isa());
   for (int j = 0; j < n_jobs && fused; ++j) {
     const MatmulJob& b = jobs[j];
     fused = !b.P->empty() && b.P->type == jobs[0].P->type && b.P->cols == jobs[0].P->cols &&
@@ -303,8 +313,9 @@ bool packed_path(const MatmulJob* jobs, int n_jobs) {
 
 void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_t ldx, int n_tok, int t0, int t1,
                          MatmulScratch scratch) {
-  // Caller bugs (only valid where packed_path() is true): fail loudly, never run AVX-512 code without it.
-  if (active_isa() != Isa::Avx512 || detail::packed_format(type).block_bytes == 0 ||
+  // Caller bugs (only valid where packed_path() is true): fail loudly, never run code the CPU lacks.
+  const Isa isa = active_isa();
+  if (!detail::has_packed_kernel(type, isa) ||
       scratch.bytes < matmul_scratch_bytes(type, cols, n_tok)) {
     std::fprintf(stderr,
                  "ss::cpu::quantize_for_packed: no packed path here (isa %s, type %d) or scratch %zu < %zu bytes\n",
@@ -313,7 +324,7 @@ void quantize_for_packed(model::DType type, int64_t cols, const float* x, int64_
     std::abort();
   }
   const detail::QActs a = detail::carve_qacts(scratch.buf, cols, n_tok, 1, detail::packed_format(type).values);
-  detail::avx512::quantize(type, x, ldx, t0, t1, a);
+  (isa == Isa::Avx512 ? detail::avx512::quantize : detail::avx2::quantize)(type, x, ldx, t0, t1, a);
 }
 
 void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, int64_t ldx, MatmulScratch scratch,
@@ -327,6 +338,9 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
   const model::Tensor& W0 = *jobs[0].W;
   check_scratch("matmul_multi", W0, scratch, n_tok);
   const detail::QActs a = detail::carve_qacts(scratch.buf, W0.cols(), n_tok, 1, detail::packed_format(W0.type).values);
+  const bool wide = active_isa() == Isa::Avx512;  // else AVX2 (packed_path checked the type)
+  const auto quantize = wide ? detail::avx512::quantize : detail::avx2::quantize;
+  const auto rows_packed = wide ? detail::avx512::rows_packed : detail::avx2::rows_packed;
   // Row groups of all jobs as one range [0, total): job j owns [first[j], first[j + 1]).
   int64_t first[kMaxJobs + 1] = {0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + packed_groups(jobs[j].P->rows);
@@ -336,11 +350,11 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
     for (int j = 0; j < n_jobs; ++j) {
       const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
-      if (b < e) detail::avx512::rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
+      if (b < e) rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
     }
   };
   if (prequantized || n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier
-    if (!prequantized) detail::avx512::quantize(W0.type, x, ldx, 0, n_tok, a);
+    if (!prequantized) quantize(W0.type, x, ldx, 0, n_tok, a);
     pool.run(products);
     return;
   }
@@ -350,7 +364,7 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
   pool.run([&](int t) {
     const int t0 = static_cast<int>(static_cast<int64_t>(n_tok) * t / nt);
     const int t1 = static_cast<int>(static_cast<int64_t>(n_tok) * (t + 1) / nt);
-    if (t0 < t1) detail::avx512::quantize(W0.type, x, ldx, t0, t1, a);
+    if (t0 < t1) quantize(W0.type, x, ldx, t0, t1, a);
     arrived.fetch_add(1, std::memory_order_acq_rel);
     // Yield now and then: on a busy machine the thread we wait for may need this core.
     for (int i = 1; arrived.load(std::memory_order_acquire) < nt; ++i)

@@ -38,12 +38,12 @@ size_t matmul_scratch_bytes(model::DType wtype, int64_t cols, int n_tok);
 void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
             MatmulScratch scratch, ThreadPool& pool);
 
-// A weight matrix re-laid out once, at load, for the AVX-512 VNNI kernels: per group of 16 output rows
-// and per 32-value block (256-value super-block for the K types), the 16 rows' scales and then the
-// quantized values with the 16 rows in the 16 lanes of each vector, so a kernel multiplies 16 rows by a
-// token with no staging and no horizontal sums (layout: kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, Q4_K, Q6_K and IQ4_XS have a packed form; it takes the same bytes as the original, or 11%
-// more (Q4_0), 1.5% more (IQ4_XS).
+// A weight matrix re-laid out once, at load, for the packed kernels (AVX-512 VNNI; AVX2 for Q4_K and
+// Q6_K): per group of 16 output rows and per 32-value block (256-value super-block for the K types),
+// the 16 rows' scales and then the quantized values with the 16 rows in the 16 lanes of each vector,
+// so a kernel multiplies 16 rows by a token with no staging and no horizontal sums (layout:
+// kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS have a packed form;
+// it takes the same bytes as the original, or 11% more (Q4_0), 1.5% more (IQ4_XS), 2.3% more (Q5_K).
 struct PackedMatrix {
   model::DType type = model::DType::F32;
   int64_t rows = 0, cols = 0;
@@ -52,8 +52,9 @@ struct PackedMatrix {
   bool empty() const { return data == nullptr; }
 };
 
-// Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the active ISA is not
-// AVX-512. Callers pack many matrices into one buffer (cf. common/huge_buffer.h).
+// Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the active ISA has no
+// packed kernel for it (AVX-512: every packed type; AVX2: Q4_K, Q6_K; scalar: none). Callers pack many
+// matrices into one buffer (cf. common/huge_buffer.h).
 size_t packed_bytes(const model::Tensor& W);
 
 // Packs W into dst: packed_bytes(W) bytes, 64-byte aligned and zero-filled. Rows are split over the
@@ -61,13 +62,13 @@ size_t packed_bytes(const model::Tensor& W);
 // matmul(W, ...).
 PackedMatrix pack_weights(const model::Tensor& W, uint8_t* dst, ThreadPool& pool);
 
-// matmul through P when it is non-empty and the active ISA is AVX-512, else through W. Same contract.
-// prequantized: see matmul_multi.
+// matmul through P when it is non-empty and the active ISA has its packed kernel, else through W. Same
+// contract. prequantized: see matmul_multi.
 void matmul(const model::Tensor& W, const PackedMatrix& P, const float* x, int n_tok, int64_t ldx, float* y,
             int64_t ldy, MatmulScratch scratch, ThreadPool& pool, bool prequantized = false);
 
 // Several products of the same activations (Q, K and V; gate and up), as one: when every matrix is
-// packed with one type and the ISA is AVX-512 the activations are quantized once and all row groups
+// packed with one type that the ISA has a packed kernel for, the activations are quantized once and all row groups
 // share one pool dispatch; otherwise it is matmul per job. Results are those of matmul per job.
 struct MatmulJob {
   const model::Tensor* W;

@@ -56,6 +56,9 @@ struct KernelSet {
 //         288 + 64 m), lane r byte i = lo4(q[4m + i]) | lo4(q[4(m + 32) + i]) << 4 | high bits:
 //         vector m < 16 (offset 2336 + 64 m), lane r byte i = hi2 of q[4m + i], q[4(m+16) + i],
 //         q[4(m+32) + i], q[4(m+48) + i] at bits 0, 2, 4, 6 (q: the stored 6-bit value, w + 32).
+//   Q5_K: Q4_K's block, then the 5th bits: sub-block j (offset 2368 + 64 j), lane r byte i, bit v =
+//         that of value 32j + 4v + i, bit 4 + v = that of value 32j + 16 + 4v + i (64 bytes per 16
+//         rows more than the file).
 //   IQ4_XS: fp16 d[16] | i8 (ls - 32)[4 pairs][16][2] | nibbles as Q4_K's (offset 160); 2 bytes more
 //         per row than the file (the 6-bit scales unpacked).
 //   Q4_K and Q6_K take exactly the bytes of the 16 original rows.
@@ -65,7 +68,7 @@ struct PackedFormat {
   int block_bytes;  // header + 64 * vectors
   int values = 32;  // values per block
 };
-inline PackedFormat packed_format(model::DType t) {
+constexpr PackedFormat packed_format(model::DType t) {
   switch (t) {
     case model::DType::Q4_0: return {32, 4, 32 + 256};
     case model::DType::Q4_1: return {64, 4, 64 + 256};
@@ -73,6 +76,7 @@ inline PackedFormat packed_format(model::DType t) {
     case model::DType::Q5_1: return {64, 5, 64 + 320};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
     case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
+    case model::DType::Q5_K: return {320, 40, 320 + 2560, 256};
     case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};
     case model::DType::IQ4_XS: return {160, 32, 160 + 2048, 256};
     default: return {0, 0, 0};
@@ -84,6 +88,15 @@ constexpr int kPackRows = 16;
 namespace avx512 {
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+}
+// AVX2: the same layout read as two 8-row halves per group; Q4_K and Q6_K only so far.
+namespace avx2 {
+void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+}
+// Whether `isa` has a packed kernel for type t (AVX-512: every type with a packed_format).
+constexpr bool has_packed_kernel(model::DType t, Isa isa) {
+  if (packed_format(t).block_bytes == 0) return false;
+  return isa == Isa::Avx512 || (isa == Isa::Avx2 && (t == model::DType::Q4_K || t == model::DType::Q6_K));
 }
 
 #define SS_DECLARE_ISA(ns)                                                                              \

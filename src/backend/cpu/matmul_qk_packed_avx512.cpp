@@ -1,4 +1,4 @@
-// Q4_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
+// Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
 // the 16 lanes are 16 output rows, so the weights stream through vpdpbusd with the token's 4
 // activation bytes broadcast, with no staging buffer and no horizontal sums (as the q32 packed
 // kernels). Per sub-block the exact integer dot I_j is scaled by its row's sc_j (vpmulld) into the
@@ -28,7 +28,7 @@ inline int32_t pair16(int lo, int hi) {
 template <DType T, int NT>
 [[gnu::always_inline]] inline void packed_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0, float* y,
                                                    int64_t ldy, int64_t o0, __mmask16 keep, const uint8_t* pf) {
-  constexpr int kBlock = T == DType::Q4_K ? 320 + 2048 : T == DType::Q6_K ? 288 + 3072 : 160 + 2048;
+  constexpr int kBlock = packed_format(T).block_bytes;
   constexpr int kLines = (kBlock + 63) / 64;
   const int64_t cols = a.cols;
   const int8_t* at[NT];
@@ -48,14 +48,21 @@ template <DType T, int NT>
       for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + sb * kBlock + 64 * l), _MM_HINT_T0);
     __m512i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm512_setzero_si512();
-    if constexpr (T == DType::Q4_K) {
+    if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
       for (int j = 0; j < 8; ++j) {
         __m512i I[NT];
         for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+        [[maybe_unused]] const __m512i h5 = T == DType::Q5_K ? _mm512_loadu_si512(p + 2368 + 64 * j) : __m512i{};
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           const __m512i w = _mm512_loadu_si512(p + 320 + 256 * j + 64 * v);
-          const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          if constexpr (T == DType::Q5_K) {  // 5th bits v and 4 + v of each byte to bit 4 (16-bit shifts
+                                             // cannot carry a neighbour's bit into bit 4 here)
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h5, 4 - v), bit4));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h5, v), bit4));
+          }
           for (int i = 0; i < NT; ++i) {
             const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
             I[i] = _mm512_dpbusd_epi32(I[i], lo, _mm512_set1_epi32(load_as<int32_t>(x)));
@@ -182,6 +189,7 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
 
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::Q5_K) rows_packed_kt<DType::Q5_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q6_K) rows_packed_kt<DType::Q6_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::IQ4_XS) rows_packed_kt<DType::IQ4_XS>(P, a, y, ldy, g0, g1);
 }

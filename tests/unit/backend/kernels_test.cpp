@@ -367,51 +367,65 @@ TEST(Kernels, BatchInvariance) {
       }
 }
 
-// The packed form (PackedMatrix) must give the very bits of the unpacked AVX-512 kernels, for every
-// token count (full 8-token passes over one group, 4-token passes over pairs of groups, and each
-// remainder), row counts that leave a partial 16-row group or an odd group after the pairs (83 rows:
-// 6 groups, 3 per thread), and the thread split; and it must also meet the reference tolerances on
-// its own.
-TEST(Kernels, PackedMatchesUnpackedBitForBit) {
-  if (ss::cpu::detected_isa() < Isa::Avx512) GTEST_SKIP() << "no AVX-512 VNNI on this CPU: nothing is packed";
-  std::mt19937 g(seed() + 4);
+// The packed form (PackedMatrix) must give the very bits of the unpacked kernels of the same ISA, for
+// every token count (full 8-token passes over one group, 4-token passes over pairs of groups, and each
+// remainder), row counts that leave a partial 16-row group (45 rows: a partial second 8-row AVX2
+// half), or an odd group after the pairs (83 rows: 6 groups, 3 per thread), and the thread split.
+// AVX2 has the packed kernels of Q4_K and Q6_K only; the other types must keep packing to nothing there.
+static void check_packed(Isa isa, DType type, std::mt19937& g) {
   ThreadPool pool1(1), pool2(2);
-  IsaGuard guard(Isa::Avx512);
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
-                     DType::IQ4_XS})
-    for (int64_t cols : {int64_t{32}, int64_t{160}, int64_t{576}, int64_t{1536}, int64_t{256}, int64_t{768}}) {
-      // K types: super-blocks of 256, so 256 (one), 768 (three) and 1536 (six) values per row.
-      const bool k = m::info(type).block_size == 256;
-      if (k ? cols % 256 != 0 : cols == 256 || cols == 768) continue;
-      const int64_t rows = cols == 32 || cols == 256 ? 5 : cols == 160 ? 32 : cols == 576 || cols == 768 ? 53 : 83;
-      RandTensor w = make_tensor(type, rows, cols, g);
-      ss::HugeBuffer buf;
-      ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
-      const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
-      ASSERT_FALSE(P.empty()) << m::dtype_name(type);
-      for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48})
-        for (ThreadPool* pool : {&pool1, &pool2}) {
-          SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " cols=" << cols << " n_tok=" << n_tok
-                                          << " threads=" << pool->size());
-          const int64_t ldx = cols + 3, ldy = rows + 5;
-          std::vector<float> x = rand_acts(n_tok, ldx, g);
-          const size_t sb = ss::cpu::matmul_scratch_bytes(type, cols, n_tok);
-          std::vector<uint8_t> scratch(sb + 64, 0xA5);
-          std::vector<float> ref(n_tok * ldy, NAN), got(n_tok * ldy, NAN);
-          ss::cpu::matmul(w.t, x.data(), n_tok, ldx, ref.data(), ldy, {scratch.data(), sb}, *pool);
-          ss::cpu::matmul(w.t, P, x.data(), n_tok, ldx, got.data(), ldy, {scratch.data(), sb}, *pool);
-          for (size_t i = sb; i < scratch.size(); ++i) ASSERT_EQ(scratch[i], 0xA5) << "scratch overrun";
-          for (int t = 0; t < n_tok; ++t)
-            for (int64_t o = 0; o < ldy; ++o) {
-              if (o >= rows) {
-                ASSERT_TRUE(std::isnan(got[t * ldy + o])) << "wrote past the rows: t=" << t << " o=" << o;
-                continue;
-              }
-              ASSERT_EQ(std::memcmp(&got[t * ldy + o], &ref[t * ldy + o], 4), 0)
-                  << "t=" << t << " o=" << o << ": packed " << got[t * ldy + o] << " vs " << ref[t * ldy + o];
+  IsaGuard guard(isa);
+  for (int64_t cols : {int64_t{32}, int64_t{160}, int64_t{576}, int64_t{1536}, int64_t{256}, int64_t{768}}) {
+    // K types: super-blocks of 256, so 256 (one), 768 (three) and 1536 (six) values per row.
+    const bool k = m::info(type).block_size == 256;
+    if (k ? cols % 256 != 0 : cols == 256 || cols == 768) continue;
+    const int64_t rows = cols == 32 || cols == 256 ? 5 : cols == 160 ? 32 : cols == 576 ? 53 : cols == 768 ? 45 : 83;
+    RandTensor w = make_tensor(type, rows, cols, g);
+    ss::HugeBuffer buf;
+    ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
+    const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
+    ASSERT_FALSE(P.empty()) << m::dtype_name(type);
+    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48})
+      for (ThreadPool* pool : {&pool1, &pool2}) {
+        SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " cols=" << cols
+                                        << " n_tok=" << n_tok << " threads=" << pool->size());
+        const int64_t ldx = cols + 3, ldy = rows + 5;
+        std::vector<float> x = rand_acts(n_tok, ldx, g);
+        const size_t sb = ss::cpu::matmul_scratch_bytes(type, cols, n_tok);
+        std::vector<uint8_t> scratch(sb + 64, 0xA5);
+        std::vector<float> ref(n_tok * ldy, NAN), got(n_tok * ldy, NAN);
+        ss::cpu::matmul(w.t, x.data(), n_tok, ldx, ref.data(), ldy, {scratch.data(), sb}, *pool);
+        ss::cpu::matmul(w.t, P, x.data(), n_tok, ldx, got.data(), ldy, {scratch.data(), sb}, *pool);
+        for (size_t i = sb; i < scratch.size(); ++i) ASSERT_EQ(scratch[i], 0xA5) << "scratch overrun";
+        for (int t = 0; t < n_tok; ++t)
+          for (int64_t o = 0; o < ldy; ++o) {
+            if (o >= rows) {
+              ASSERT_TRUE(std::isnan(got[t * ldy + o])) << "wrote past the rows: t=" << t << " o=" << o;
+              continue;
             }
-        }
+            ASSERT_EQ(std::memcmp(&got[t * ldy + o], &ref[t * ldy + o], 4), 0)
+                << "t=" << t << " o=" << o << ": packed " << got[t * ldy + o] << " vs " << ref[t * ldy + o];
+          }
+      }
+  }
+}
+
+TEST(Kernels, PackedMatchesUnpackedBitForBit) {
+  if (ss::cpu::detected_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU: nothing is packed";
+  std::mt19937 g(seed() + 4);
+  for (Isa isa : {Isa::Avx512, Isa::Avx2}) {
+    if (ss::cpu::detected_isa() < isa) continue;
+    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                       DType::Q6_K, DType::IQ4_XS}) {
+      if (isa == Isa::Avx2 && type != DType::Q4_K && type != DType::Q6_K) {
+        IsaGuard guard(isa);
+        RandTensor w = make_tensor(type, 16, 512, g);
+        EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type) << " has no AVX2 packed kernel";
+        continue;
+      }
+      check_packed(isa, type, g);
     }
+  }
 }
 
 // A type without a packed form, or a CPU without AVX-512, packs to nothing and matmul uses W itself.
@@ -419,7 +433,7 @@ TEST(Kernels, PackedFallsBackToTheTensor) {
   std::mt19937 g(seed() + 5);
   ThreadPool pool(2);
   std::vector<uint8_t> dummy(1 << 16);
-  for (DType type : {DType::Q2_K, DType::Q5_K, DType::F16}) {
+  for (DType type : {DType::Q2_K, DType::Q3_K, DType::F16}) {
     RandTensor w = make_tensor(type, 16, 512, g);
     EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type);
     EXPECT_TRUE(ss::cpu::pack_weights(w.t, dummy.data(), pool).empty()) << m::dtype_name(type);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -296,5 +299,69 @@ TEST_P(RequantizedDefaultModel, SimdKernelsMatchScalar) {
 
 INSTANTIATE_TEST_SUITE_P(Files, RequantizedDefaultModel,
                          ::testing::Values("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "IQ4_XS"));
+
+// Resident bytes of the mapping that holds p, from the kernel's own count (/proc/self/smaps); -1 if
+// not found. lo/hi: the mapping's range.
+int64_t mapping_rss(const void* p, uintptr_t* lo, uintptr_t* hi) {
+  std::ifstream f("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  bool in = false;
+  for (std::string line; std::getline(f, line);) {
+    unsigned long b = 0, e = 0;
+    long kb = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &b, &e) == 2) {
+      in = a >= b && a < e;
+      if (in) *lo = b, *hi = e;
+    } else if (in && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) {
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+// Q4_K_M RSS < 2x the file (issue 21) rests on this: a matrix copied into the packed buffer gives its
+// pages of the mapped file back, so the weights are resident once, not twice. Every page of the
+// mapping is touched first (as a loader that checks values does); after the backend packs, the
+// mapping may keep only what was not packed, plus at most the two partial pages of each packed tensor.
+TEST(PackedWeights, ReplaceTheMappedPages) {
+  const std::string path = models_dir() + "/SmolLM2-135M-Instruct.Q4_K_M.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (tools/make_kquant_models.sh makes it)";
+  if (ss::cpu::active_isa() != Isa::Avx512) GTEST_SKIP() << "packing needs AVX-512 VNNI (active: "
+                                                         << ss::cpu::isa_name(ss::cpu::active_isa()) << ")";
+  auto m = load(path);
+  ASSERT_TRUE(m);
+  const auto& w = m->weights;
+  uintptr_t lo = 0, hi = 0;
+  ASSERT_GE(mapping_rss(w.token_embd.data, &lo, &hi), 0) << "no mapping holds the weights";
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint8_t sink = 0;
+  for (uintptr_t q = lo; q < hi; q += static_cast<uintptr_t>(page)) sink ^= *reinterpret_cast<const volatile uint8_t*>(q);
+  const int64_t map_bytes = static_cast<int64_t>(hi - lo);
+  const int64_t before = mapping_rss(w.token_embd.data, &lo, &hi);
+  ASSERT_GE(before * 10, map_bytes * 9) << "touching every page did not make the mapping resident (sink " << int{sink} << ")";
+
+  // What the backend packs (the predicate it uses: a packed form exists on this ISA).
+  int64_t packed = 0, n_packed = 0;
+  auto count = [&](const ss::model::Tensor& t) {
+    if (t.valid() && ss::cpu::packed_bytes(t) > 0) packed += static_cast<int64_t>(t.nbytes), ++n_packed;
+  };
+  count(w.output.valid() ? w.output : w.token_embd);
+  for (const auto& L : w.layers)
+    for (const ss::model::Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) count(*t);
+  ASSERT_GT(packed * 2, map_bytes) << "most of the Q4_K_M file should have a packed form";
+
+  BackendOptions o;
+  o.threads = 2;
+  o.kv.num_blocks = 64;
+  o.kv.block_size = 16;
+  auto be = ss::backend::make_cpu_backend(*m, o);
+  ASSERT_TRUE(be.ok()) << (be.ok() ? "" : be.message());
+  const int64_t after = mapping_rss(w.token_embd.data, &lo, &hi);
+  const int64_t allowed = map_bytes - packed + 2 * page * n_packed;
+  EXPECT_LE(after, allowed) << "mapping resident " << after << " bytes of " << map_bytes << " (" << packed
+                            << " bytes in " << n_packed << " packed matrices)";
+  std::printf("[ Q4_K_M ] mapping resident %.1f MiB before packing, %.1f MiB after (%lld matrices, %.1f MiB packed)\n",
+              before / 1048576.0, after / 1048576.0, static_cast<long long>(n_packed), packed / 1048576.0);
+}
 
 }  // namespace
