@@ -851,6 +851,7 @@ Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(co
   h.ids = d_ids_;
   h.tables = d_tables_;
   h.max_blocks = max_blocks_;
+  h.max_position = max_position_;
   h.spare_slot = spare_slot_;
   h.cap_tokens = cap_tokens_;
   h.cap_rows = cap_rows_;

@@ -191,15 +191,12 @@ class DeviceLoopRunner final : public resident::LoopRunner {
                         " logits rows, the backend has " + std::to_string(h_.cap_rows));
     int n_graphs = 0;
     while (n_graphs < kMaxGraphs && (1 << n_graphs) <= h_.cap_tokens && (1 << n_graphs) < 2 * g.max_rows) ++n_graphs;
-    while (n_graphs > 1 && (1 << (n_graphs - 1)) > g.max_rows && (1 << (n_graphs - 2)) >= g.max_slots) --n_graphs;
     if (n_graphs == 0) return make_error("device loop: no room for a step");
     g.max_rows = std::min(g.max_rows, 1 << (n_graphs - 1));
     if (g.max_rows < g.max_slots) g.max_slots = g.max_rows;  // a decode row per running sequence
+    if (g.max_len > h_.max_position) g.max_len = h_.max_position;  // positions stay in the RoPE table and the cache
     g.max_blocks = (g.max_len + g.block_size - 1) / g.block_size;
-    if (g.max_blocks > h_.max_blocks) {
-      g.max_blocks = h_.max_blocks;
-      g.max_len = std::min(g.max_len, g.max_blocks * g.block_size);
-    }
+    if (g.max_blocks > h_.max_blocks) return make_error("device loop: a sequence's blocks exceed the backend's table row");
     geo_ = g;
 
     SS_ASSIGN(submits_, SubmitRing::create(1024));

@@ -26,6 +26,7 @@ struct LoopHooks {
   const int32_t* ids = nullptr;  // the argmax of row j after a step
   int32_t* tables = nullptr;     // the backend's block tables, [slot][max_blocks]
   int max_blocks = 0;
+  int max_position = 0;          // positions the model and the KV cache take
   int spare_slot = 0;            // padding rows' slot (its table points at a spare block)
   int cap_tokens = 0, cap_rows = 0;
   std::function<Status(int tokens, int rows, bool pdl)> record_step;
