@@ -134,6 +134,7 @@ class HostLoopRunner final : public LoopRunner {
     std::lock_guard<std::mutex> lk(err_mu_);
     return err_;
   }
+  int64_t steps() const override { return steps_.load(std::memory_order_relaxed); }
 
  private:
   void emit(const resident::Completion& c) {
@@ -191,6 +192,7 @@ class HostLoopRunner final : public LoopRunner {
         return;
       }
       resident::commit(st_, r, out.tokens.data(), emit_fn);
+      steps_.store(st_.steps, std::memory_order_relaxed);
     }
   }
 
@@ -265,6 +267,7 @@ class HostLoopRunner final : public LoopRunner {
   std::vector<int32_t> rows_tokens_, rows_pos_, rows_slots_;
   std::vector<uint8_t> rows_sample_;
   std::atomic<bool> quit_{false};
+  std::atomic<int64_t> steps_{0};
   mutable std::mutex err_mu_;
   Status err_;
   std::thread thread_;
@@ -502,6 +505,7 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
   }
   grant_blocks();
   admit_waiting();
+  stats_.steps = runner_->steps();
   stats_.num_running = static_cast<int>(live_.size());
   stats_.num_waiting = static_cast<int>(waiting_.size());
   stats_.kv_blocks_used = reserved_;
@@ -611,6 +615,7 @@ class RoutingExecutor final : public backend::Executor {
     a.prompt_tokens += r.prompt_tokens;
     a.generation_tokens += r.generation_tokens;
     a.finished_requests += r.finished_requests;
+    a.steps += r.steps;  // the server's watchdog: progress of either side
     return a;
   }
   Status check_invariants() const override {

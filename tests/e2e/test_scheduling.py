@@ -3,6 +3,7 @@ runs what it can and a host executor beside it the rest; greedy text equals --sc
 concurrent requests, a request with a repetition penalty (routed to the host executor) included,
 and a streamed request can be cancelled mid-stream with the server still serving."""
 import concurrent.futures as cf
+import time
 
 import requests
 
@@ -41,5 +42,25 @@ def test_persistent_scheduling_gives_the_host_schedulings_greedy_text(default_mo
                     break
         assert greedy_completion(s, PROMPTS[2], 20) == expect[2]
         assert s.metrics()["selfserve_kv_cache_blocks_used"] == 0  # the cancelled one's blocks came back
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_health_stays_ok_while_the_resident_loop_works(default_model, tmp_path):
+    """The watchdog reads progress from the loop's steps: a request longer than --watchdog that only
+    the resident loop runs keeps /health at 200 (no host-executor step happens meanwhile)."""
+    s = Server(tmp_path, "watchdog", "--model", default_model, "--api-key", API_KEY, "--scheduling", "persistent",
+               "--watchdog", "1")
+    try:
+        with cf.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(greedy_completion, s, PROMPTS[3], 400)
+            seen = []
+            while not fut.done():
+                seen.append(requests.get(s.url + "/health", timeout=10).status_code)
+                time.sleep(0.2)
+            fut.result()
+        assert len(seen) >= 10, f"the request took only {len(seen) * 0.2:.1f} s: too short to test the watchdog"
+        assert set(seen) == {200}, seen
+        assert s.metrics()["selfserve_engine_steps_total"] >= 400
     finally:
         assert s.stop() == 0, s.log_text()

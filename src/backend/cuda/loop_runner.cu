@@ -150,6 +150,9 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   int64_t now_ns() const override { return steady_ns() + clock_offset_; }
   bool greedy_only() const override { return true; }
   Status error() const override { return err_; }
+  int64_t steps() const override {
+    return static_cast<int64_t>(__atomic_load_n(&ctl()->steps, __ATOMIC_RELAXED));
+  }
 
   size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) override {
     const size_t first = out.size();

@@ -32,6 +32,9 @@ class LoopRunner {
   // The loop's clock (deadlines are sent in it), nanoseconds.
   virtual int64_t now_ns() const = 0;
   virtual Status error() const { return {}; }  // a failed forward pass stops the loop
+  // Steps the loop has run so far (any thread may ask): the server's watchdog reads progress from it,
+  // so a wedged loop (a hung kernel, a stuck step) turns /health to 503.
+  virtual int64_t steps() const = 0;
   // Runs fn where the loop runs, between two of its steps, and returns when it has run: how a host
   // executor sharing the backend (requests the loop cannot run) gets its steps in.
   virtual void run_on_loop(const std::function<void()>& fn) = 0;

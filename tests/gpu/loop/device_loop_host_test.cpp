@@ -116,6 +116,10 @@ class PhaseRunner final : public LoopRunner {
     std::lock_guard<std::mutex> lk(mu_);
     return err_;
   }
+  int64_t steps() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ds_.st.steps;
+  }
   int padding_errors() const { return padding_errors_.load(); }
   int64_t padded_rows() const { return padded_rows_.load(); }
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -198,6 +199,21 @@ TEST(ResidentExecutor, StopDeliversNothingAfterItAndChurnLosesNothing) {
   EXPECT_GT(n_stopped, 30);
   EXPECT_EQ(rex->stats().kv_blocks_used, 0);
   EXPECT_EQ(rex->stats().num_running, 0);
+}
+
+// The executor reports the loop's steps (the server's watchdog reads progress from them): one per
+// forward pass the loop ran.
+TEST(ResidentExecutor, StepsAreTheLoopsForwardPasses) {
+  std::mt19937 g(12);
+  FakeBackend be(64, 16, kVocab);
+  std::atomic<int64_t> batches{0};
+  be.on_batch = [&](const backend::StepBatch&) { ++batches; };
+  auto e = resident_engine(be, 4, 32, 256);
+  Collector c;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->add_request(make_request(spec(random_tokens(g, 20, kVocab), 9), &c)).ok());
+  run_all(*e);
+  EXPECT_GT(batches.load(), 9);
+  EXPECT_EQ(e->stats().steps, batches.load());
 }
 
 TEST(ResidentExecutor, DeadlineFinishesWithTimeout) {
