@@ -47,20 +47,21 @@ def test_persistent_scheduling_gives_the_host_schedulings_greedy_text(default_mo
 
 
 def test_health_stays_ok_while_the_resident_loop_works(default_model, tmp_path):
-    """The watchdog reads progress from the loop's steps: a request longer than --watchdog that only
-    the resident loop runs keeps /health at 200 (no host-executor step happens meanwhile)."""
+    """The watchdog reads progress from the loop's steps: a request twice as long as --watchdog or
+    more, which only the resident loop runs, keeps /health at 200 (no host-executor step happens
+    meanwhile; before the loop's steps were counted, /health turned 503 after 2 s)."""
     s = Server(tmp_path, "watchdog", "--model", default_model, "--api-key", API_KEY, "--scheduling", "persistent",
-               "--watchdog", "1")
+               "--watchdog", "2")
     try:
         with cf.ThreadPoolExecutor(1) as ex:
-            fut = ex.submit(greedy_completion, s, PROMPTS[3], 400)
+            fut = ex.submit(greedy_completion, s, PROMPTS[3], 800)
             seen = []
             while not fut.done():
                 seen.append(requests.get(s.url + "/health", timeout=10).status_code)
                 time.sleep(0.2)
             fut.result()
-        assert len(seen) >= 10, f"the request took only {len(seen) * 0.2:.1f} s: too short to test the watchdog"
-        assert set(seen) == {200}, seen
-        assert s.metrics()["selfserve_engine_steps_total"] >= 400
+        assert len(seen) >= 20, f"the request took only {len(seen) * 0.2:.1f} s: too short to test the watchdog"
+        assert set(seen) == {200}, "".join("." if x == 200 else "X" for x in seen)
+        assert s.metrics()["selfserve_engine_steps_total"] >= 800
     finally:
         assert s.stop() == 0, s.log_text()
