@@ -1,6 +1,7 @@
 #include "engine/resident_executor.h"
 
 #include "engine/host_executor.h"
+#include "engine/kv_cache_manager.h"
 
 #include <algorithm>
 #include <atomic>
@@ -103,6 +104,7 @@ class HostLoopRunner final : public LoopRunner {
   int num_blocks() const override { return share_.blocks; }
   int32_t* prompt_row(int slot) override { return prompts_.data() + static_cast<size_t>(slot) * geo_.max_len; }
   const int32_t* table_row(int slot) const override { return tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks; }
+  int32_t* admit_table_row(int slot) override { return tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks; }
   bool submit(const resident::Submit& m) override { return submits_.push(m); }
   bool grant_block(int32_t b) override {
     if (!blocks_.push(b)) return false;
@@ -329,7 +331,8 @@ Expected<std::unique_ptr<LoopRunner>> make_loop_runner(backend::Backend& be, int
   return make_host_loop_runner(be, max_slots, max_rows, max_len, share);
 }
 
-ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<Clock::time_point()> clock)
+ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<Clock::time_point()> clock,
+                                   bool prefix_caching)
     : runner_(std::move(runner)),
       clock_(clock ? std::move(clock) : std::function<Clock::time_point()>([] { return Clock::now(); })),
       slot_used_(static_cast<size_t>(runner_->geometry().max_slots), 0) {
@@ -337,7 +340,50 @@ ResidentExecutor::ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::func
   free_blocks_.reserve(static_cast<size_t>(n));
   for (int b = n - 1; b >= 0; --b) free_blocks_.push_back(b);
   stats_.kv_blocks_total = n;
+  prefix_caching_ = prefix_caching;
   grant_blocks();
+}
+
+void ResidentExecutor::unref_cached(int32_t block) {
+  Cached& c = cached_.at(block);
+  if (--c.refs == 0) {
+    --pinned_;
+    c.lru = lru_.insert(lru_.end(), block);
+  }
+}
+
+bool ResidentExecutor::evict_one() {
+  if (lru_.empty()) return false;
+  const int32_t b = lru_.front();
+  lru_.pop_front();
+  by_hash_.erase(cached_.at(b).hash);
+  cached_.erase(b);
+  free_blocks_.push_back(b);
+  return true;
+}
+
+// A finished sequence's blocks: the shared prefix unreferenced; its own full blocks (their K/V
+// computed: len tokens) into the cache when no block holds that prefix yet; the rest freed.
+void ResidentExecutor::release_blocks(Live& lv, const int32_t* row, int n_blocks, int len) {
+  const int bs = runner_->geometry().block_size;
+  uint64_t h = lv.root;
+  for (int i = 0; i < n_blocks; ++i) {
+    const int32_t b = row[i];
+    const bool full = (i + 1) * bs <= len && static_cast<int>(lv.tokens.size()) >= (i + 1) * bs;
+    if (prefix_caching_ && full)
+      h = hash_block(h, std::span<const int32_t>(lv.tokens.data() + static_cast<size_t>(i) * bs, static_cast<size_t>(bs)));
+    if (i < lv.shared) {
+      unref_cached(b);
+    } else if (prefix_caching_ && full && !by_hash_.count(h)) {
+      by_hash_[h] = b;
+      Cached& c = cached_[b];
+      c.hash = h;
+      c.refs = 0;
+      c.lru = lru_.insert(lru_.end(), b);
+    } else {
+      free_blocks_.push_back(b);
+    }
+  }
 }
 
 ResidentExecutor::~ResidentExecutor() = default;
@@ -420,15 +466,44 @@ void ResidentExecutor::admit_waiting() {
   while (!waiting_.empty()) {
     SeqStart& s = waiting_.front();
     const int need = blocks_needed(s);
-    if (reserved_ + need > runner_->num_blocks()) return;  // in arrival order: no overtaking
     const auto free_slot = std::find(slot_used_.begin(), slot_used_.end(), 0);
     if (free_slot == slot_used_.end()) return;
     const int slot = static_cast<int>(free_slot - slot_used_.begin());
+    // The longest cached run of the prompt's full blocks, the block of its last token excepted
+    // (that token's logits are needed); shared blocks are pinned, then the least recently used
+    // unreferenced ones make room for the new blocks, or the sequence waits.
+    std::vector<int32_t> shared;
+    const uint64_t root = salted_root(s.cache_salt);
+    if (prefix_caching_) {
+      const int bs = runner_->geometry().block_size;
+      uint64_t h = root;
+      for (int i = 0; (i + 1) * bs <= static_cast<int>(s.prompt.size()) - 1; ++i) {
+        h = hash_block(h, std::span<const int32_t>(s.prompt.data() + static_cast<size_t>(i) * bs, static_cast<size_t>(bs)));
+        auto it = by_hash_.find(h);
+        if (it == by_hash_.end()) break;
+        shared.push_back(it->second);
+      }
+      for (int32_t b : shared) {
+        Cached& c = cached_.at(b);
+        if (c.refs++ == 0) {
+          lru_.erase(c.lru);
+          ++pinned_;
+        }
+      }
+    }
+    const int need_new = need - static_cast<int>(shared.size());
+    while (runner_->num_blocks() - static_cast<int>(cached_.size()) - reserved_ < need_new && evict_one()) {
+    }
+    if (runner_->num_blocks() - static_cast<int>(cached_.size()) - reserved_ < need_new) {
+      for (int32_t b : shared) unref_cached(b);
+      return;  // in arrival order: no overtaking
+    }
     resident::Submit m;
     m.kind = resident::MsgKind::Admit;
     m.slot = slot;
     m.id = s.id;
     m.prompt_len = static_cast<int32_t>(s.prompt.size());
+    m.cached_len = static_cast<int32_t>(shared.size()) * runner_->geometry().block_size;
     m.max_tokens = s.max_tokens;
     m.min_tokens = s.min_tokens;
     m.n_stop = static_cast<int32_t>(s.stop_ids.size());
@@ -443,11 +518,26 @@ void ResidentExecutor::admit_waiting() {
     m.sampling.min_p = s.sampling.min_p;
     m.sampling.seed = s.sampling.seed;
     std::copy(s.prompt.begin(), s.prompt.end(), runner_->prompt_row(slot));
-    if (!runner_->submit(m)) return;  // the ring is full: next poll
+    std::copy(shared.begin(), shared.end(), runner_->admit_table_row(slot));
+    if (!runner_->submit(m)) {  // the ring is full: next poll
+      for (int32_t b : shared) unref_cached(b);
+      return;
+    }
     slot_used_[static_cast<size_t>(slot)] = 1;
-    reserved_ += need;
-    live_[s.id] = Live{slot, need, 0};
+    reserved_ += need_new;
+    Live lv;
+    lv.slot = slot;
+    lv.reserved = need_new;
+    lv.shared = static_cast<int>(shared.size());
+    lv.root = root;
+    if (prefix_caching_) {
+      lv.tokens.reserve(s.prompt.size() + static_cast<size_t>(std::max(0, s.max_tokens)));
+      lv.tokens = s.prompt;
+    }
+    live_[s.id] = std::move(lv);
     stats_.prompt_tokens += static_cast<int64_t>(s.prompt.size());
+    stats_.prefix_queried_tokens += static_cast<int64_t>(s.prompt.size());
+    stats_.prefix_hit_tokens += m.cached_len;
     waiting_.pop_front();
   }
 }
@@ -482,6 +572,7 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
     lv.filled_blocks = c.len / bs;
     ev.kv_blocks_filled = lv.filled_blocks;
     if (c.token >= 0) ++stats_.generation_tokens;
+    if (c.token >= 0 && prefix_caching_) lv.tokens.push_back(c.token);
     if (lv.cancel != FinishReason::None) {
       if (c.finish == resident::Finish::None) continue;  // made before the loop saw the Cancel
       ev.token = -1;
@@ -492,10 +583,7 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
     if (c.finish != resident::Finish::None) {
       // The slot's blocks come back; those still in the free-block ring stay the loop's. (n_blocks
       // < 0: an Admit for a slot in use was rejected; the slot is not this sequence's to free.)
-      if (c.n_blocks > 0) {
-        const int32_t* row = runner_->table_row(c.slot);
-        free_blocks_.insert(free_blocks_.end(), row, row + c.n_blocks);
-      }
+      if (c.n_blocks > 0) release_blocks(lv, runner_->table_row(c.slot), c.n_blocks, c.len);
       if (c.n_blocks >= 0) slot_used_[static_cast<size_t>(c.slot)] = 0;
       reserved_ -= lv.reserved;
       live_.erase(it);
@@ -508,8 +596,12 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
   stats_.steps = runner_->steps();
   stats_.num_running = static_cast<int>(live_.size());
   stats_.num_waiting = static_cast<int>(waiting_.size());
-  stats_.kv_blocks_used = reserved_;
-  stats_.kv_usage = stats_.kv_blocks_total > 0 ? static_cast<double>(reserved_) / stats_.kv_blocks_total : 0.0;
+  stats_.kv_blocks_used = reserved_ + pinned_;
+  stats_.kv_blocks_cached = static_cast<int>(cached_.size());
+  stats_.kv_usage = stats_.kv_blocks_total > 0 ? static_cast<double>(stats_.kv_blocks_used) / stats_.kv_blocks_total : 0.0;
+  stats_.prefix_hit_rate = stats_.prefix_queried_tokens > 0
+                               ? static_cast<double>(stats_.prefix_hit_tokens) / static_cast<double>(stats_.prefix_queried_tokens)
+                               : 0.0;
   return runner_->error();
 }
 
@@ -519,7 +611,18 @@ Status ResidentExecutor::check_invariants() const {
   for (const auto& [id, lv] : live_) reserved += lv.reserved;
   if (used != static_cast<int>(live_.size())) return make_error("resident: slots in use != live sequences");
   if (reserved != reserved_) return make_error("resident: reservations do not add up");
-  if (reserved_ > runner_->num_blocks()) return make_error("resident: more blocks reserved than exist");
+  if (reserved_ + static_cast<int>(cached_.size()) > runner_->num_blocks())
+    return make_error("resident: more blocks reserved and cached than exist");
+  int pinned = 0;
+  for (const auto& [b, c] : cached_) pinned += c.refs > 0;
+  if (pinned != pinned_ || static_cast<int>(lru_.size()) + pinned_ != static_cast<int>(cached_.size()) ||
+      by_hash_.size() != cached_.size())
+    return make_error("resident: prefix cache bookkeeping does not add up");
+  int shared = 0;
+  for (const auto& [id, lv] : live_) shared += lv.shared;
+  int refs = 0;
+  for (const auto& [b, c] : cached_) refs += c.refs;
+  if (refs != shared) return make_error("resident: cached blocks' references != live sequences' shared blocks");
   return {};
 }
 
@@ -616,6 +719,12 @@ class RoutingExecutor final : public backend::Executor {
     a.generation_tokens += r.generation_tokens;
     a.finished_requests += r.finished_requests;
     a.steps += r.steps;  // the server's watchdog: progress of either side
+    a.kv_blocks_cached += r.kv_blocks_cached;
+    a.prefix_queried_tokens += r.prefix_queried_tokens;
+    a.prefix_hit_tokens += r.prefix_hit_tokens;
+    a.prefix_hit_rate = a.prefix_queried_tokens > 0
+                            ? static_cast<double>(a.prefix_hit_tokens) / static_cast<double>(a.prefix_queried_tokens)
+                            : 0.0;
     return a;
   }
   Status check_invariants() const override {
@@ -646,7 +755,7 @@ Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::B
                                           LoopShare{0, rb, 0, rs}, host_loop));
   LoopRunner& loop = *runner;
   auto shared = std::make_unique<SharedBackend>(be, loop, LoopShare{rb, n - rb, rs, slots - rs});
-  auto resident = std::make_unique<ResidentExecutor>(std::move(runner), clock);
+  auto resident = std::make_unique<ResidentExecutor>(std::move(runner), clock, cfg.enable_prefix_caching);
   SchedulerConfig host_cfg = cfg;  // its share of the slots bounds its running sequences
   host_cfg.max_num_seqs = std::min(cfg.max_num_seqs, slots - rs);
   host_cfg.max_num_batched_tokens = std::max(host_cfg.max_num_batched_tokens, host_cfg.max_num_seqs);

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -58,7 +59,12 @@ class ResidentExecutor final : public backend::Executor {
  public:
   // clock: what deadlines are measured against (empty: steady_clock::now); it must tick with the
   // runner's now_ns().
-  explicit ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<backend::Clock::time_point()> clock = {});
+  // prefix_caching: full blocks of finished sequences stay cached (content-addressed, as the host
+  // executor's prefix cache: engine/kv_cache_manager.h) and a new sequence starts from the longest
+  // cached run of its prompt's blocks, shared read-only; evicted least recently used when the
+  // blocks are needed.
+  explicit ResidentExecutor(std::unique_ptr<LoopRunner> runner, std::function<backend::Clock::time_point()> clock = {},
+                            bool prefix_caching = false);
   ~ResidentExecutor() override;
 
   std::string name() const override { return "resident (" + runner_->name() + ")"; }
@@ -75,13 +81,25 @@ class ResidentExecutor final : public backend::Executor {
  private:
   struct Live {
     int slot = -1;
-    int reserved = 0;  // blocks reserved for it
+    int reserved = 0;  // new blocks reserved for it (beyond the shared prefix)
     int32_t filled_blocks = 0;
+    int shared = 0;                // leading table blocks taken from the prefix cache
+    uint64_t root = 0;             // the hash chain's root (its cache salt)
+    std::vector<int32_t> tokens;   // prompt, then every sampled token (the blocks' contents)
     // stop() was called: tokens the loop made before it saw the Cancel are dropped, and the final
     // completion becomes this reason with no token (the Executor contract: nothing after stop()).
     backend::FinishReason cancel = backend::FinishReason::None;
   };
   int blocks_needed(const backend::SeqStart& s) const;
+  // The prefix cache: block -> its entry; unreferenced entries in LRU order (front: oldest).
+  struct Cached {
+    uint64_t hash = 0;
+    int refs = 0;
+    std::list<int32_t>::iterator lru;
+  };
+  void unref_cached(int32_t block);
+  bool evict_one();  // the least recently used unreferenced block back to the free list
+  void release_blocks(Live& lv, const int32_t* row, int n_blocks, int len);
   void admit_waiting();
   void grant_blocks();
   void finish_waiting(backend::SeqId id, backend::FinishReason why, std::vector<backend::SeqEvent>& out);
@@ -97,6 +115,11 @@ class ResidentExecutor final : public backend::Executor {
   std::vector<resident::Completion> completions_;
   backend::ExecutorStats stats_;
   std::chrono::microseconds poll_wait_{1000};
+  bool prefix_caching_ = false;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::unordered_map<int32_t, Cached> cached_;
+  std::list<int32_t> lru_;
+  int pinned_ = 0;  // cached blocks some live sequence shares
 };
 
 }  // namespace ss::engine

@@ -108,8 +108,9 @@ SS_RESIDENT_HD inline void phase_take(Args& a, Shared& sh) {
     while (sh.n_msgs < kMaxMsgs && a.submits.try_pop_single(sh.msgs[sh.n_msgs])) ++sh.n_msgs;
 }
 
-// Every thread. The admitted prompts into device memory, read from the mapped rows in parallel (a
-// slot still live keeps its prompt: apply() rejects that Admit).
+// Every thread. The admitted prompts into device memory, read from the mapped rows in parallel, and
+// a cached prefix's blocks from the host's table row into the loop's (a slot still live keeps its
+// prompt and table: apply() rejects that Admit).
 SS_RESIDENT_HD inline void phase_copy_prompts(const Args& a, const Shared& sh, int tid, int nthreads) {
   if (!sh.go) return;
   const resident::State& st = a.ds->st;
@@ -120,6 +121,11 @@ SS_RESIDENT_HD inline void phase_copy_prompts(const Args& a, const Shared& sh, i
       continue;
     const int64_t off = static_cast<int64_t>(m.slot) * st.geo.max_len;
     for (int i = tid; i < m.prompt_len; i += nthreads) a.prompts[off + i] = a.host_prompts[off + i];
+    const int cached_blocks = m.cached_len > 0 ? m.cached_len / st.geo.block_size : 0;
+    if (cached_blocks <= st.geo.max_blocks) {
+      const int64_t row = static_cast<int64_t>(m.slot) * st.geo.max_blocks;
+      for (int k = tid; k < cached_blocks; k += nthreads) st.tables[row + k] = a.host_tables[row + k];
+    }
   }
 }
 

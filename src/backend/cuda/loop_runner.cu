@@ -145,6 +145,9 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   const int32_t* table_row(int slot) const override {
     return static_cast<const int32_t*>(host_tables_.host()) + static_cast<size_t>(slot) * geo_.max_blocks;
   }
+  int32_t* admit_table_row(int slot) override {
+    return static_cast<int32_t*>(host_tables_.host()) + static_cast<size_t>(slot) * geo_.max_blocks;
+  }
   bool submit(const resident::Submit& m) override { return submit_host_.try_push(m); }
   bool grant_block(int32_t b) override { return block_host_.try_push(b); }
   int64_t now_ns() const override { return steady_ns() + clock_offset_; }

@@ -40,13 +40,15 @@ struct Sampling {
 enum class MsgKind : uint32_t { Admit = 1, Cancel = 2 };
 
 // Host → loop. Admit: the prompt is in prompts[slot][0, prompt_len) (written before the push);
-// nothing of it is cached yet. Cancel: finish the slot's sequence `id` with `reason` before it
+// its first cached_len tokens (whole blocks, fewer than the prompt) are cached already, in the
+// blocks the slot's table row starts with (written before the push too: a shared prefix). Cancel: finish the slot's sequence `id` with `reason` before it
 // produces another token (a stale cancel, for a sequence already finished, is ignored).
 struct Submit {
   MsgKind kind = MsgKind::Admit;
   int32_t slot = -1;
   uint64_t id = 0;
   int32_t prompt_len = 0;
+  int32_t cached_len = 0;  // a multiple of the block size, < prompt_len
   int32_t max_tokens = 0;  // output tokens, >= 1
   int32_t min_tokens = 0;  // stop ids are banned before this many output tokens
   int32_t n_stop = 0;
@@ -125,6 +127,7 @@ SS_RESIDENT_HD inline bool in_stop_ids(const Slot& s, int32_t tok) {
 SS_RESIDENT_HD inline bool admit_ok(const Geometry& g, const Slot* slots, const Submit& m) {
   if (m.slot < 0 || m.slot >= g.max_slots || slots[m.slot].live) return false;
   if (m.prompt_len < 1 || m.prompt_len >= g.max_len || m.max_tokens < 1) return false;
+  if (m.cached_len < 0 || m.cached_len >= m.prompt_len || m.cached_len % g.block_size != 0) return false;
   if (m.min_tokens < 0 || m.min_tokens > m.max_tokens || m.n_stop < 0 || m.n_stop > kMaxStopIds) return false;
   for (int i = 0; i < m.n_stop; ++i)
     if (m.stop_ids[i] < 0 || m.stop_ids[i] >= g.vocab) return false;
@@ -157,6 +160,8 @@ SS_RESIDENT_HD void apply(State& st, const Submit& m, Emit&& emit) {
   for (int i = 0; i < m.n_stop; ++i) s.stop_ids[i] = m.stop_ids[i];
   s.deadline_ns = m.deadline_ns;
   s.sampling = m.sampling;
+  s.len = m.cached_len;
+  s.n_blocks = m.cached_len / st.geo.block_size;
   s.live = 1;
 }
 

@@ -25,6 +25,9 @@ class LoopRunner {
   virtual int32_t* prompt_row(int slot) = 0;
   // The slot's block-table row: the host's to read once the slot's final completion is drained.
   virtual const int32_t* table_row(int slot) const = 0;
+  // The same row, for the host to write a cached prefix's blocks into before the Admit that names
+  // the (free) slot.
+  virtual int32_t* admit_table_row(int slot) = 0;
   virtual bool submit(const Submit& m) = 0;     // false: the ring is full (try again later)
   virtual bool grant_block(int32_t block) = 0;  // false: the free-block ring is full
   // Appends completions, waiting up to `wait` for the first; returns how many were appended.

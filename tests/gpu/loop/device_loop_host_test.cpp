@@ -89,6 +89,7 @@ class PhaseRunner final : public LoopRunner {
   const int32_t* table_row(int slot) const override {
     return host_tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks;
   }
+  int32_t* admit_table_row(int slot) override { return host_tables_.data() + static_cast<size_t>(slot) * geo_.max_blocks; }
   bool submit(const resident::Submit& m) override { return host_submits().try_push(m); }
   bool grant_block(int32_t b) override { return host_blocks().try_push(b); }
   size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) override {
@@ -276,6 +277,41 @@ TEST(DeviceLoopPhases, GreedyTokensMatchTheModelAloneWithAnOffsetShare) {
   EXPECT_EQ((*e)->stats().kv_blocks_used, 0);
   EXPECT_GT(pr->padded_rows(), 0);
   EXPECT_EQ(pr->padding_errors(), 0);
+}
+
+// A cached prefix: the host writes the shared blocks into the slot's mapped table row before the
+// Admit, the scheduler copies them into its table (and the backend's, with the block-id offset);
+// the paging-checking backend reads the shared cells.
+TEST(DeviceLoopPhases, SharedPrefixBlocksReachTheBackendsTable) {
+  std::mt19937 g(33);
+  FakeBackend be(7 + 80 + 2, 8, kVocab, 12);
+  auto ex = std::make_unique<ResidentExecutor>(
+      std::make_unique<PhaseRunner>(be, geometry(4, 16, 128, 8), LoopShare{7, 80, 2, 4}, 16), nullptr, true);
+  auto e = Engine::create(std::move(ex));
+  ASSERT_TRUE(e.ok());
+  Collector c;
+  const std::vector<int32_t> base = random_tokens(g, 45, kVocab);
+  std::vector<Spec> specs;
+  std::vector<RequestId> ids;
+  for (int round = 0; round < 3; ++round) {
+    // Fillers first, so the prefix's next user sits in another slot than the one that cached it.
+    for (int f = 0; f < round; ++f) {
+      specs.push_back(spec(random_tokens(g, 12, kVocab), 20, 0.0f));
+      auto id = (*e)->add_request(make_request(specs.back(), &c));
+      ASSERT_TRUE(id.ok());
+      ids.push_back(*id);
+    }
+    std::vector<int32_t> p = base;
+    for (int i = 0; i < round * 5; ++i) p.push_back(static_cast<int32_t>(g() % kVocab));
+    specs.push_back(spec(p, 6 + round, 0.0f));
+    auto id = (*e)->add_request(make_request(specs.back(), &c));
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+    run_all(**e);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(c.out[ids[i]].tokens, greedy_alone(specs[i])) << "request " << i;
+  EXPECT_EQ((*e)->stats().prefix_hit_tokens, 40 + 40);  // 5 blocks of 8 of the 45-token base, twice
+  EXPECT_EQ((*e)->stats().kv_blocks_used, 0);
 }
 
 TEST(DeviceLoopPhases, StopDeliversNothingAfterItAndEveryBlockComesBack) {

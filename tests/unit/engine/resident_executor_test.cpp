@@ -201,6 +201,67 @@ TEST(ResidentExecutor, StopDeliversNothingAfterItAndChurnLosesNothing) {
   EXPECT_EQ(rex->stats().num_running, 0);
 }
 
+// The prefix cache: a prompt that extends a finished one's starts from its cached blocks (shared,
+// read-only, the paging-checking backend verifying every cell it reads), every request still gets
+// the toy model's own tokens, a different cache salt shares nothing, and a pool too small to keep
+// everything evicts the least recently used unreferenced blocks instead of refusing work.
+TEST(ResidentExecutor, PrefixCacheSharesFinishedBlocksExactly) {
+  std::mt19937 g(14);
+  FakeBackend be(48, 4, kVocab);
+  std::atomic<int64_t> computed{0};
+  be.on_batch = [&](const backend::StepBatch& b) { computed += static_cast<int64_t>(b.tokens.size()); };
+  auto ex = std::make_unique<ResidentExecutor>(make_host_loop_runner(be, 4, 16, 96), nullptr, true);
+  ResidentExecutor* rex = ex.get();
+  auto e = Engine::create(std::move(ex));
+  ASSERT_TRUE(e.ok());
+  Collector c;
+  const std::vector<int32_t> base = random_tokens(g, 30, kVocab);
+  const Spec first = spec(base, 8, 0.8f, 3);
+  auto id0 = (*e)->add_request(make_request(first, &c));
+  ASSERT_TRUE(id0.ok());
+  run_all(**e);
+  EXPECT_EQ(c.out[*id0].tokens, model_alone(first, 0));
+  const int64_t before = computed.load();
+  // The same prompt, the prompt extended, and the same prompt under another salt.
+  std::vector<int32_t> longer = base;
+  for (int i = 0; i < 9; ++i) longer.push_back(static_cast<int32_t>(g() % kVocab));
+  const std::vector<Spec> next = {spec(base, 8, 0.0f), spec(longer, 6, 0.5f, 9), spec(base, 5, 0.0f)};
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < next.size(); ++i) {
+    Request r = make_request(next[i], &c);
+    if (i == 2) r.cache_salt = "tenant-b";
+    auto id = (*e)->add_request(std::move(r));
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  run_all(**e);
+  for (size_t i = 0; i < next.size(); ++i) EXPECT_EQ(c.out[ids[i]].tokens, model_alone(next[i], 0)) << "request " << i;
+  const auto st = (*e)->stats();
+  // 28 of the 30 prompt tokens (7 blocks of 4; the last token's block is computed) for the first two.
+  EXPECT_EQ(st.prefix_hit_tokens, 28 + 28);
+  EXPECT_EQ(st.prefix_queried_tokens, 30 + 30 + 39 + 30);
+  EXPECT_EQ(computed.load() - before, (30 - 28) + (39 - 28) + 30 + (8 - 1) + (6 - 1) + (5 - 1));
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_GT(st.kv_blocks_cached, 0);
+  ASSERT_TRUE(rex->check_invariants().ok());
+
+  // Many different prompts through a pool that holds a fraction of them: evictions, no refusals.
+  std::vector<Spec> many;
+  std::vector<RequestId> many_ids;
+  for (int i = 0; i < 24; ++i) {
+    many.push_back(spec(random_tokens(g, 10 + static_cast<int>(g() % 30), kVocab), 1 + static_cast<int>(g() % 12)));
+    if (i % 3 == 2) many.back().prompt = many[static_cast<size_t>(i) - 1].prompt;  // a repeat: a hit when still cached
+    auto id = (*e)->add_request(make_request(many.back(), &c));
+    ASSERT_TRUE(id.ok());
+    many_ids.push_back(*id);
+  }
+  run_all(**e);
+  for (size_t i = 0; i < many.size(); ++i) EXPECT_EQ(c.out[many_ids[i]].tokens, model_alone(many[i], 0)) << "many " << i;
+  EXPECT_EQ((*e)->stats().kv_blocks_used, 0);
+  EXPECT_LE((*e)->stats().kv_blocks_cached, 48);
+  ASSERT_TRUE(rex->check_invariants().ok());
+}
+
 // The executor reports the loop's steps (the server's watchdog reads progress from them): one per
 // forward pass the loop ran.
 TEST(ResidentExecutor, StepsAreTheLoopsForwardPasses) {
