@@ -215,7 +215,7 @@ void KvCacheManager::publish(SeqBlocks& seq, std::span<const int32_t> tokens, in
 
 void KvCacheManager::free(SeqBlocks& seq) {
   if (seq.restoring()) {  // its loads are dropped; blocks not yet copied are unpublished, so go blank
-    tiers_->cancel_load(seq.restore.ticket);
+    if (tiers_) tiers_->cancel_load(seq.restore.ticket);
     restores_.erase(seq.restore.ticket);
     seq.restore.ticket = 0;
     seq.restore.pending = 0;

@@ -374,10 +374,16 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
     return;
   }
   if (cfg_.host_bytes <= 0 && !need_disk) return;
-  raw_.resize(static_cast<size_t>(block_bytes_));
-  if (!be_.read_kv_block(b, raw_).ok()) return;  // the block is then only dropped
   std::shared_ptr<const std::vector<uint8_t>> data;
   bool compressed = false;
+  if (!cfg_.host_compress) {  // straight into the entry's own buffer, pre-faulted by the loader
+    std::unique_ptr<std::vector<uint8_t>> buf = take_spare();
+    if (!be_.read_kv_block(b, *buf).ok()) return;  // the block is then only dropped
+    data = std::shared_ptr<const std::vector<uint8_t>>(std::move(buf));
+  } else {
+    raw_.resize(static_cast<size_t>(block_bytes_));
+    if (!be_.read_kv_block(b, raw_).ok()) return;
+  }
   if (cfg_.host_compress) {
     packed_.resize(ZSTD_compressBound(raw_.size()));
     const size_t r = ZSTD_compress(packed_.data(), packed_.size(), raw_.data(), raw_.size(), 1);
@@ -386,7 +392,7 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
       compressed = true;
     }
   }
-  if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);
+  if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);  // compressed no smaller: kept raw
   host_insert(hash, parent, tokens, data, compressed);
   std::lock_guard<std::mutex> lk(mu_);
   count();
@@ -532,11 +538,32 @@ void KvTiers::set_load_hook(std::function<void(BlockHash)> hook) {
   load_hook_ = std::move(hook);
 }
 
+std::unique_ptr<std::vector<uint8_t>> KvTiers::take_spare() {
+  {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    if (!spare_.empty()) {
+      auto b = std::move(spare_.back());
+      spare_.pop_back();
+      load_cv_.notify_one();  // the loader tops the spares up
+      return b;
+    }
+  }
+  return std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));
+}
+
 void KvTiers::loader_loop() {
   std::unique_lock<std::mutex> lk(load_mu_);
+  const size_t spares = cfg_.host_compress ? 0 : kSpareBuffers;
   for (;;) {
-    load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty(); });
+    load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty() || spare_.size() < spares; });
     if (load_stop_) return;
+    if (loads_.empty()) {  // idle: fault in a block buffer for the next demotion, off the engine thread
+      lk.unlock();
+      auto b = std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));  // zeroed: touched
+      lk.lock();
+      spare_.push_back(std::move(b));
+      continue;
+    }
     LoadJob j = std::move(loads_.front());
     loads_.pop_front();
     loading_ticket_ = j.ticket;
