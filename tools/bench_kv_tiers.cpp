@@ -12,9 +12,12 @@
 // Both windows do the same compute (the returning turn's new message and its decodes); they differ
 // by the tier traffic only. Reported: the streams' tokens per second in each kind of window, the
 // mean step time of the steps that copied blocks, and what the windows moved.
-//   bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR]
-// Without DISK_DIR the tier is host RAM (2 GiB); with it, the disk tier alone (8 GiB bound).
+//   bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]
+// Without DISK_DIR (or with -) the tier is host RAM (2 GiB); with it, the disk tier alone (8 GiB
+// bound). `null`: the tier windows do not jump the clock either (both kinds are control windows):
+// the difference then measured is the method's noise on this machine.
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -44,8 +47,15 @@ struct WindowSums {
   double demote_seconds = 0, restore_seconds = 0;
   int64_t demoted = 0, restored = 0;
   int64_t first_token_steps = 0;  // returning turn: steps from its arrival to its first token
+  double cpu_seconds = 0;          // the process's CPU time (all its threads: backend, engine, loader, writer)
   std::vector<double> step_ms, copy_step_ms;  // for medians (a shared machine's bursts skew means)
 };
+
+double process_cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -59,14 +69,15 @@ int64_t restored(const engine::EngineStats& s) { return s.kv_restored_host + s.k
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7 && argc != 8) {
-    std::fprintf(stderr, "usage: bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR]\n");
+  if (argc < 7 || argc > 9) {
+    std::fprintf(stderr, "usage: bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]\n");
     return 2;
   }
   const std::string path = argv[1];
   const int streams = std::atoi(argv[2]), history = std::atoi(argv[3]), rounds = std::atoi(argv[4]),
             window = std::atoi(argv[5]), threads = std::atoi(argv[6]);
-  const std::string disk_dir = argc == 8 ? argv[7] : "";
+  const std::string disk_dir = argc >= 8 && std::string(argv[7]) != "-" ? argv[7] : "";
+  const bool null_run = argc == 9 && std::string(argv[8]) == "null";
   if (streams < 1 || history < 32 || rounds < 1 || window < 8 || threads < 1) {
     std::fprintf(stderr, "bench_kv_tiers: STREAMS >= 1, HISTORY_TOKENS >= 32, ROUNDS >= 1, WINDOW_STEPS >= 8, THREADS >= 1\n");
     return 2;
@@ -203,13 +214,14 @@ int main(int argc, char** argv) {
   // no jump, the same arrival. The turn should end inside the window (else it is finished after it,
   // untimed, and counted as unfinished).
   auto measure = [&](const Conversation& c, bool jump, WindowSums& w) {
-    if (jump) skew_ms += ttl_ms + 1000;
+    if (jump && !null_run) skew_ms += ttl_ms + 1000;
     std::vector<int32_t> out;
     bool done = false;
     int64_t first = -1;
     const engine::EngineStats s0 = eng.stats();
     const int64_t tokens0 = total_stream_tokens();
     int64_t prev_dem = demoted(s0), prev_res = restored(s0);
+    const double cpu0 = process_cpu_seconds();
     for (int i = 0; i < window; ++i) {
       if (i == arrive) {
         engine::Request r;
@@ -243,6 +255,7 @@ int main(int argc, char** argv) {
       prev_res = restored(si);
       if (first < 0 && !out.empty()) first = i + 1 - arrive;
     }
+    w.cpu_seconds += process_cpu_seconds() - cpu0;
     const engine::EngineStats s1 = eng.stats();
     w.steps += window;
     w.stream_tokens += total_stream_tokens() - tokens0;
@@ -276,6 +289,7 @@ int main(int argc, char** argv) {
   auto rate = [&](const WindowSums& w) { return w.seconds > 0 ? double(w.stream_tokens) / w.seconds : 0.0; };
   auto ms = [](double s, int64_t n) { return n > 0 ? 1e3 * s / double(n) : 0.0; };
   const double slow = rate(tier) > 0 ? rate(ctrl) / rate(tier) - 1.0 : 0.0;
+  if (null_run) std::printf("NULL RUN: no clock jumps, both kinds of window are control windows\n");
   std::printf("tier: %s; %d streams; %d-token histories; %d rounds of %d-step windows; %d threads\n",
               disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, threads);
   std::printf("load average: start %.2f %.2f %.2f, end %.2f %.2f %.2f\n", load0[0], load0[1], load0[2], load1[0],
@@ -294,14 +308,17 @@ int main(int argc, char** argv) {
   std::printf("median step: control %.2f ms, tiers %.2f ms (%.1f%%), tiers' copy steps %.2f ms\n", median(ctrl.step_ms),
               median(tier.step_ms), 100.0 * (median(tier.step_ms) / std::max(1e-9, median(ctrl.step_ms)) - 1.0),
               median(tier.copy_step_ms));
+  const double cpu_ctrl = ms(ctrl.cpu_seconds, ctrl.steps), cpu_tier = ms(tier.cpu_seconds, tier.steps);
+  std::printf("process CPU time per step: control %.2f ms, tiers %.2f ms (%.1f%%)\n", cpu_ctrl, cpu_tier,
+              100.0 * (cpu_tier / std::max(1e-9, cpu_ctrl) - 1.0));
   std::printf("streams' decode with tier traffic: %.1f%% slower than without\n", 100.0 * slow);
   std::printf("{\"tier\":\"%s\",\"streams\":%d,\"history\":%d,\"rounds\":%d,\"window\":%d,\"ctrl_tok_s\":%.2f,"
               "\"tier_tok_s\":%.2f,\"slowdown\":%.4f,\"ctrl_step_ms\":%.3f,\"tier_step_ms\":%.3f,"
               "\"tier_copy_step_ms\":%.3f,\"tier_demote_step_ms\":%.3f,\"tier_restore_step_ms\":%.3f,"
-              "\"demoted\":%lld,\"restored\":%lld}\n",
+              "\"ctrl_cpu_ms_per_step\":%.3f,\"tier_cpu_ms_per_step\":%.3f,\"demoted\":%lld,\"restored\":%lld}\n",
               disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, rate(ctrl), rate(tier), slow,
               ms(ctrl.seconds, ctrl.steps), ms(tier.seconds, tier.steps), ms(tier.copy_seconds, tier.copy_steps),
-              ms(tier.demote_seconds, tier.demote_steps), ms(tier.restore_seconds, tier.restore_steps),
+              ms(tier.demote_seconds, tier.demote_steps), ms(tier.restore_seconds, tier.restore_steps), cpu_ctrl, cpu_tier,
               static_cast<long long>(tier.demoted), static_cast<long long>(tier.restored));
   return 0;
 }
