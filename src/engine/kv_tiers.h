@@ -89,8 +89,8 @@ class KvTiers {
   // Copies pool block b (full, holding this content) into the tiers.
   void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
   Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
-  // Writes the entry's K/V into pool block b. False if no tier has it, or the disk file turned out
-  // corrupt (then it is deleted and counted).
+  // Writes the entry's K/V into pool block b, synchronously (tests; the engine uses load_async).
+  // False if no tier has it, or the disk file turned out corrupt (then it is deleted and counted).
   bool restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b);
   KvTierStats stats() const;
   void wait_for_writes();  // tests, shutdown: returns when the writer's queue is empty
