@@ -87,6 +87,10 @@ Status HostExecutor::poll(std::vector<SeqEvent>& out) {
       sched_.update(plan_, result_, emissions_);
     }
   }
+  // Nothing ran and a prefix is on its way up from a tier: wait for it here, not in a busy loop (the
+  // engine polls again at once while requests are live).
+  if (plan_.seqs.empty() && emissions_.empty() && sched_.num_restoring() > 0 && tiers_)
+    tiers_->wait_loaded(std::chrono::milliseconds(20));
   for (Emission& e : emissions_) out.push_back(std::move(e.event));
   emissions_.clear();
   released_.clear();
@@ -114,7 +118,7 @@ void HostExecutor::refresh_stats() {
   const auto& c = sched_.counters();
   backend::ExecutorStats& s = stats_;
   s.num_running = sched_.num_running();
-  s.num_waiting = sched_.num_waiting();
+  s.num_waiting = sched_.num_waiting() + sched_.num_restoring();
   s.kv_blocks_total = kv.num_blocks();
   s.kv_blocks_used = kv.pool().num_used();
   s.kv_blocks_cached = kv.pool().num_cached();

@@ -31,6 +31,7 @@ class HostExecutor final : public backend::Executor {
   backend::ExecutorStats stats() const override { return stats_; }
   Status check_invariants() const override { return sched_.check_invariants(); }
   // With tiers and a TTL: idle blocks leave the pool within a second of their TTL, work or none.
+  KvTiers* tiers() { return tiers_.get(); }  // null without tiers (tests: a slow loader)
   std::chrono::milliseconds idle_tick() const override {
     return tiers_ && tiers_->config().ttl_ms > 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(0);
   }

@@ -43,48 +43,107 @@ void KvCacheManager::extend_hashes(SeqBlocks& seq, std::span<const int32_t> toke
 int KvCacheManager::match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq, std::vector<BlockId>& hits) {
   assert(seq.table.empty());
   hits.clear();
-  restored_ = {};
   if (caching_ && !tokens.empty()) {
     const int bs = block_size();
     const int max_blocks = static_cast<int>(tokens.size() - 1) / bs;  // keep the last token to compute
     extend_hashes(seq, tokens, max_blocks);
-    bool pinned = false;
     for (int b = 0; b < max_blocks; ++b) {
       const BlockHash parent = b == 0 ? seq.root : seq.hashes[b - 1];
-      const auto toks = tokens.subspan(static_cast<size_t>(b) * bs, bs);
-      BlockId id = pool_.lookup(seq.hashes[b], parent, toks);
-      if (id >= 0 && pinned) pool_.ref(id);  // held like the hits before it
-      const KvTiers::Where where =
-          id < 0 && tiers_ ? tiers_->find(seq.hashes[b], parent, toks) : KvTiers::Where::None;
-      if (where != KvTiers::Where::None) {
-        // Restoring takes free blocks, which may be evictable hits of this very lookup: hold them.
-        if (!pinned) {
-          pinned = true;
-          for (BlockId h : hits) pool_.ref(h);
-        }
-        pinned_.clear();
-        if (pool_.allocate(1, pinned_)) {
-          id = pinned_[0];
-          const auto t0 = std::chrono::steady_clock::now();
-          if (tiers_->restore(seq.hashes[b], parent, toks, id)) {
-            pool_.publish(id, seq.hashes[b], parent, toks);
-            if (restored_.blocks == 0) restored_.first_block = b, restored_.begin = t0;
-            ++restored_.blocks;
-            if (where == KvTiers::Where::Disk) ++restored_.from_disk;
-            restored_.end = std::chrono::steady_clock::now();
-          } else {
-            pool_.unref(id);  // uncached: blank again
-            id = -1;
-          }
-        }
-      }
+      const BlockId id = pool_.lookup(seq.hashes[b], parent, tokens.subspan(static_cast<size_t>(b) * bs, bs));
       if (id < 0) break;
-      hits.push_back(id);  // restored blocks hold the reference allocate gave them
+      hits.push_back(id);
     }
-    if (pinned)  // last first, as free() does: the prefix's head stays the most recently used
-      for (auto it = hits.rbegin(); it != hits.rend(); ++it) pool_.unref(*it);
   }
   return static_cast<int>(hits.size()) * block_size();
+}
+
+int KvCacheManager::start_restore(std::span<const int32_t> tokens, SeqBlocks& seq, std::span<const BlockId> hits) {
+  assert(seq.table.empty() && !seq.restoring());
+  if (!tiers_ || tokens.empty()) return 0;
+  const int bs = block_size();
+  const int max_blocks = static_cast<int>(tokens.size() - 1) / bs;
+  const int first = static_cast<int>(hits.size());
+  if (first >= max_blocks) return 0;
+  auto toks_of = [&](int b) { return tokens.subspan(static_cast<size_t>(b) * bs, bs); };
+  auto parent_of = [&](int b) { return b == 0 ? seq.root : seq.hashes[b - 1]; };
+  if (tiers_->find(seq.hashes[first], parent_of(first), toks_of(first)) == KvTiers::Where::None) return 0;
+  // Hold the hits first: the blocks restored into may otherwise evict them.
+  for (BlockId h : hits) {
+    pool_.ref(h);
+    seq.table.push_back(h);
+  }
+  Restore r{&seq, {}, {}};
+  for (int b = first; b < max_blocks; ++b) {
+    const BlockHash hash = seq.hashes[b], parent = parent_of(b);
+    const auto toks = toks_of(b);
+    if (const BlockId id = pool_.lookup(hash, parent, toks); id >= 0) {
+      pool_.ref(id);
+      seq.table.push_back(id);
+      continue;
+    }
+    if (tiers_->find(hash, parent, toks) == KvTiers::Where::None) break;
+    pinned_.clear();
+    if (!pool_.allocate(1, pinned_)) break;
+    r.table_index.push_back(static_cast<int>(seq.table.size()));
+    seq.table.push_back(pinned_[0]);
+    r.items.push_back({hash, parent, std::vector<int32_t>(toks.begin(), toks.end())});
+  }
+  const int n = static_cast<int>(r.items.size());
+  if (n == 0) {  // no free block for even one: as if the tiers had nothing
+    free(seq);
+    return 0;
+  }
+  // Pool hits after the last restored block are of no use before it is there; they stay held.
+  seq.restore = {};
+  seq.restore.begin = std::chrono::steady_clock::now();
+  seq.restore.first_block = r.table_index[0];
+  seq.restore.pending = n;
+  seq.restore.ticket = tiers_->load_async(r.items);
+  restores_.emplace(seq.restore.ticket, std::move(r));
+  return n;
+}
+
+int KvCacheManager::apply_restores(int max_blocks) {
+  if (!tiers_ || restores_.empty() || max_blocks <= 0) return 0;
+  loaded_.clear();
+  tiers_->take_loaded(max_blocks, loaded_);
+  int copied = 0;
+  for (const KvTiers::Loaded& l : loaded_) {
+    auto it = restores_.find(l.ticket);
+    if (it == restores_.end()) continue;  // cancelled
+    Restore& r = it->second;
+    SeqBlocks& seq = *r.seq;
+    RestoreState& st = seq.restore;
+    --st.pending;
+    const int ti = r.table_index[static_cast<size_t>(l.index)];
+    const KvTiers::LoadItem& item = r.items[static_cast<size_t>(l.index)];
+    if (st.failed_at < 0) {  // items arrive in order: after a failure the chain is of no use
+      if (tiers_->apply_load(l, item, seq.table[ti])) {
+        pool_.publish(seq.table[ti], item.hash, item.parent, item.tokens);  // false: a twin was published first; ours stays private
+        ++st.blocks;
+        if (l.from_disk) ++st.from_disk;
+        ++copied;
+      } else {
+        st.failed_at = ti;
+      }
+    }
+    if (st.pending == 0) end_restore(seq);
+  }
+  return copied;
+}
+
+void KvCacheManager::end_restore(SeqBlocks& seq) {
+  RestoreState& st = seq.restore;
+  restores_.erase(st.ticket);
+  st.ticket = 0;
+  st.end = std::chrono::steady_clock::now();
+  if (st.failed_at >= 0) {  // keep the prefix before the failed block; recompute the rest
+    while (static_cast<int>(seq.table.size()) > st.failed_at) {
+      pool_.unref(seq.table.back());
+      seq.table.pop_back();
+    }
+  }
+  seq.num_published = static_cast<int>(seq.table.size());
 }
 
 void KvCacheManager::set_tiers(KvTiers* tiers) {
@@ -155,6 +214,12 @@ void KvCacheManager::publish(SeqBlocks& seq, std::span<const int32_t> tokens, in
 }
 
 void KvCacheManager::free(SeqBlocks& seq) {
+  if (seq.restoring()) {  // its loads are dropped; blocks not yet copied are unpublished, so go blank
+    if (tiers_) tiers_->cancel_load(seq.restore.ticket);
+    restores_.erase(seq.restore.ticket);
+    seq.restore.ticket = 0;
+    seq.restore.pending = 0;
+  }
   for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) pool_.unref(*it);
   seq.table.clear();
   seq.num_published = 0;

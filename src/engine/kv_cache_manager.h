@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/block_pool.h"
+#include "engine/kv_tiers.h"
 
 namespace ss::engine {
 
@@ -23,6 +25,15 @@ BlockHash hash_block(BlockHash parent, std::span<const int32_t> tokens);
 // never share cached blocks; an empty salt gives kRootBlockHash.
 BlockHash salted_root(std::string_view salt);
 
+// A restore from the lower tiers (KvCacheManager::start_restore), while it runs and after.
+struct RestoreState {
+  uint64_t ticket = 0;  // != 0: blocks are still being loaded
+  int pending = 0;      // of them
+  int failed_at = -1;   // >= 0: the first block (table index) that could not be restored
+  int first_block = 0, blocks = 0, from_disk = 0;  // restored: table index, count, from disk
+  std::chrono::steady_clock::time_point begin{}, end{};
+};
+
 // One sequence's KV state, owned by the sequence and edited only through KvCacheManager.
 struct SeqBlocks {
   std::vector<BlockId> table;      // block i holds positions [i*block_size, (i+1)*block_size)
@@ -30,6 +41,8 @@ struct SeqBlocks {
                                    // on content only, so they survive preemption
   int num_published = 0;           // leading table blocks already in (or taken from) the cache
   BlockHash root = kRootBlockHash; // parent hash of the first block (salted_root of the request)
+  RestoreState restore;            // the last restore from the tiers
+  bool restoring() const { return restore.ticket != 0; }
 };
 
 struct PrefixCacheStats {
@@ -50,8 +63,8 @@ class KvCacheManager {
   const BlockPool& pool() const { return pool_; }
   const PrefixCacheStats& prefix_stats() const { return stats_; }
 
-  // Lower tiers (null: none): blocks leaving the pool are demoted there, and match_prefix restores
-  // from there what the pool misses. Needs prefix caching; `tiers` outlives the manager.
+  // Lower tiers (null: none): blocks leaving the pool are demoted there, and start_restore brings
+  // back from there what the pool misses. Needs prefix caching; `tiers` outlives the manager.
   void set_tiers(KvTiers* tiers);
   KvTiers* tiers() const { return tiers_; }
   // Per step: stamps the time on blocks becoming evictable, and demotes those idle longer than the
@@ -64,15 +77,19 @@ class KvCacheManager {
 
   // Cached blocks covering the longest prefix of tokens[0, size-1) (whole blocks), written to
   // `hits` without taking references. Returns the number of tokens they cover. `seq` must hold no
-  // blocks; its hashes are extended as needed. Blocks the pool misses but a lower tier holds are
-  // restored into free pool blocks (as far as there are free blocks) and count as hits.
+  // blocks; its hashes are extended as needed.
   int match_prefix(std::span<const int32_t> tokens, SeqBlocks& seq, std::vector<BlockId>& hits);
-  // What the last match_prefix restored from the tiers (blocks: 0 when nothing).
-  struct Restored {
-    int first_block = 0, blocks = 0, from_disk = 0;
-    std::chrono::steady_clock::time_point begin{}, end{};
-  };
-  const Restored& last_restored() const { return restored_; }
+  // After match_prefix: if a lower tier holds the blocks after `hits`, seq takes references on the
+  // hits and on free pool blocks for those (as far as there are free blocks; blocks the pool holds
+  // again further on are taken as hits), and a load of them starts on the tiers' loader thread.
+  // Returns the number of blocks being restored (0: nothing started, seq unchanged). While
+  // seq.restoring(), seq holds its blocks; apply_restores completes it.
+  int start_restore(std::span<const int32_t> tokens, SeqBlocks& seq, std::span<const BlockId> hits);
+  // Copies up to max_blocks loaded blocks into the pool (Backend::write_kv_block) and publishes
+  // them. A restore whose last block is done ends: seq.restore.ticket is 0 and seq.table holds the
+  // prefix up to the first block that failed (the rest is recomputed). Returns blocks copied.
+  int apply_restores(int max_blocks);
+  int num_restoring() const { return static_cast<int>(restores_.size()); }
   // Hit-rate counters: a lookup of `queried` tokens of which `hit` came from the cache.
   void count_query(int queried, int hit) {
     stats_.queried_tokens += queried;
@@ -86,8 +103,11 @@ class KvCacheManager {
   bool allocate(SeqBlocks& seq, std::span<const BlockId> hits, int num_tokens);
   // Publishes the blocks that are now full of computed K/V (positions < num_computed).
   void publish(SeqBlocks& seq, std::span<const int32_t> tokens, int num_computed);
-  // Drops seq's references (last block first, so a prefix's tail is evicted before its head).
+  // Drops seq's references (last block first, so a prefix's tail is evicted before its head); a
+  // restore in flight is cancelled (blocks not yet copied go blank).
   void free(SeqBlocks& seq);
+  // A sequence holding restored blocks that is not admitted now: the blocks stay cached, unheld.
+  void release(SeqBlocks& seq) { free(seq); }
 
  private:
   void extend_hashes(SeqBlocks& seq, std::span<const int32_t> tokens, int num_full) const;
@@ -95,8 +115,16 @@ class KvCacheManager {
   BlockPool pool_;
   bool caching_;
   KvTiers* tiers_ = nullptr;
-  std::vector<BlockId> pinned_;  // match_prefix: hits held while restoring
-  Restored restored_;
+  struct Restore {
+    SeqBlocks* seq;
+    std::vector<KvTiers::LoadItem> items;
+    std::vector<int> table_index;  // of each item's block in seq->table
+  };
+  void end_restore(SeqBlocks& seq);
+
+  std::vector<BlockId> pinned_;
+  std::unordered_map<uint64_t, Restore> restores_;  // by ticket
+  std::vector<KvTiers::Loaded> loaded_;
   PrefixCacheStats stats_;
 };
 

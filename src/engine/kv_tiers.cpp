@@ -120,10 +120,17 @@ Expected<std::unique_ptr<KvTiers>> KvTiers::create(const KvTierConfig& cfg, back
     SS_TRY(t->scan_disk());
     t->writer_ = std::thread([p = t.get()] { p->writer_loop(); });
   }
+  t->loader_ = std::thread([p = t.get()] { p->loader_loop(); });
   return t;
 }
 
 KvTiers::~KvTiers() {
+  {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    load_stop_ = true;
+  }
+  load_cv_.notify_all();
+  if (loader_.joinable()) loader_.join();
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -367,10 +374,16 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
     return;
   }
   if (cfg_.host_bytes <= 0 && !need_disk) return;
-  raw_.resize(static_cast<size_t>(block_bytes_));
-  if (!be_.read_kv_block(b, raw_).ok()) return;  // the block is then only dropped
   std::shared_ptr<const std::vector<uint8_t>> data;
   bool compressed = false;
+  if (!cfg_.host_compress) {  // straight into the entry's own buffer, pre-faulted by the loader
+    std::unique_ptr<std::vector<uint8_t>> buf = take_spare();
+    if (!be_.read_kv_block(b, *buf).ok()) return;  // the block is then only dropped
+    data = std::shared_ptr<const std::vector<uint8_t>>(std::move(buf));
+  } else {
+    raw_.resize(static_cast<size_t>(block_bytes_));
+    if (!be_.read_kv_block(b, raw_).ok()) return;
+  }
   if (cfg_.host_compress) {
     packed_.resize(ZSTD_compressBound(raw_.size()));
     const size_t r = ZSTD_compress(packed_.data(), packed_.size(), raw_.data(), raw_.size(), 1);
@@ -379,7 +392,7 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
       compressed = true;
     }
   }
-  if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);
+  if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);  // compressed no smaller: kept raw
   host_insert(hash, parent, tokens, data, compressed);
   std::lock_guard<std::mutex> lk(mu_);
   count();
@@ -460,9 +473,189 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
   return true;
 }
 
+namespace {
+// A delivered block whose bytes are a copy of its own (read from disk or decompressed), not the
+// host tier's: counted as staging memory until taken.
+bool owns_copy(const KvTiers::Loaded& l) { return l.bytes && (l.from_disk || l.compressed); }
+}  // namespace
+
+uint64_t KvTiers::load_async(std::span<const LoadItem> items) {
+  // Host entries are resolved here (the host index is the engine thread's); their bytes are shared,
+  // immutable, so the loader reads them even if the host tier drops the entry meanwhile.
+  std::vector<LoadJob> jobs;
+  jobs.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const LoadItem& it = items[i];
+    LoadJob j{0, static_cast<int>(i), it, find(it.hash, it.parent, it.tokens), nullptr, false};
+    if (j.where == Where::Host) {
+      const HostEntry& e = host_.at(it.hash);
+      j.host_data = e.data;
+      j.host_compressed = e.compressed;
+    }
+    jobs.push_back(std::move(j));
+  }
+  std::lock_guard<std::mutex> lk(load_mu_);  // never held with mu_ (find() takes that one)
+  const uint64_t ticket = ++next_ticket_;
+  for (LoadJob& j : jobs) {
+    j.ticket = ticket;
+    loads_.push_back(std::move(j));
+  }
+  load_cv_.notify_one();
+  return ticket;
+}
+
+void KvTiers::cancel_load(uint64_t ticket) {
+  std::lock_guard<std::mutex> lk(load_mu_);
+  std::erase_if(loads_, [&](const LoadJob& j) { return j.ticket == ticket; });
+  std::erase_if(ready_, [&](const Loaded& l) {
+    if (l.ticket != ticket) return false;
+    if (owns_copy(l)) staging_bytes_ -= static_cast<int64_t>(l.bytes->size());
+    return true;
+  });
+  if (loading_ticket_ == ticket) loading_cancelled_ = true;
+}
+
+int KvTiers::take_loaded(int max, std::vector<Loaded>& out) {
+  std::lock_guard<std::mutex> lk(load_mu_);
+  int n = 0;
+  while (n < max && !ready_.empty()) {
+    Loaded& l = ready_.front();
+    if (owns_copy(l)) staging_bytes_ -= static_cast<int64_t>(l.bytes->size());
+    out.push_back(std::move(l));
+    ready_.pop_front();
+    ++n;
+  }
+  return n;
+}
+
+bool KvTiers::wait_loaded(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(load_mu_);
+  return ready_cv_.wait_for(lk, timeout, [&] { return !ready_.empty() || load_stop_; }) && !ready_.empty();
+}
+
+void KvTiers::set_load_hook(std::function<void(BlockHash)> hook) {
+  std::lock_guard<std::mutex> lk(load_mu_);
+  load_hook_ = std::move(hook);
+}
+
+std::unique_ptr<std::vector<uint8_t>> KvTiers::take_spare() {
+  {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    if (!spare_.empty()) {
+      auto b = std::move(spare_.back());
+      spare_.pop_back();
+      load_cv_.notify_one();  // the loader tops the spares up
+      return b;
+    }
+  }
+  return std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));
+}
+
+void KvTiers::loader_loop() {
+  std::unique_lock<std::mutex> lk(load_mu_);
+  const size_t spares = cfg_.host_compress ? 0 : kSpareBuffers;
+  for (;;) {
+    load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty() || spare_.size() < spares; });
+    if (load_stop_) return;
+    if (loads_.empty()) {  // idle: fault in a block buffer for the next demotion, off the engine thread
+      lk.unlock();
+      auto b = std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));  // zeroed: touched
+      lk.lock();
+      spare_.push_back(std::move(b));
+      continue;
+    }
+    LoadJob j = std::move(loads_.front());
+    loads_.pop_front();
+    loading_ticket_ = j.ticket;
+    loading_cancelled_ = false;
+    const auto hook = load_hook_;
+    lk.unlock();
+    if (hook) hook(j.item.hash);
+    Loaded l = load_one(j);
+    lk.lock();
+    loading_ticket_ = 0;
+    if (loading_cancelled_) continue;
+    if (!l.ok) ++load_failures_;
+    if (owns_copy(l)) staging_bytes_ += static_cast<int64_t>(l.bytes->size());
+    ready_.push_back(std::move(l));
+    ready_cv_.notify_all();
+  }
+}
+
+KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
+  Loaded l;
+  l.ticket = j.ticket;
+  l.index = j.index;
+  if (j.where == Where::Host) {
+    if (!j.host_compressed) {
+      l.bytes = j.host_data;  // no copy: the host tier's bytes are the staging memory
+    } else {
+      auto raw = std::make_shared<std::vector<uint8_t>>();
+      if (!unpack(*j.host_data, true, *raw)) return l;
+      l.bytes = std::move(raw);
+      l.compressed = true;
+    }
+    l.ok = true;
+    return l;
+  }
+  if (j.where != Where::Disk) return l;
+  // The file is read without the lock (the engine thread's find() and demote() take it): the writer
+  // may remove or replace it meanwhile, which the open, the checksum and the token check catch.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!disk_.count(j.item.hash)) return l;
+  }
+  auto data = std::make_shared<std::vector<uint8_t>>();
+  auto raw = std::make_shared<std::vector<uint8_t>>();
+  bool compressed = false;
+  BlockHash fh = 0, fp = 0;
+  std::vector<int32_t> ft;
+  Status s = read_file(path_of(j.item.hash), &fh, &fp, &ft, data.get(), &compressed);
+  if (s.ok() && (fh != j.item.hash || fp != j.item.parent || ft != j.item.tokens))
+    s = make_error("entry does not hold this block");
+  if (s.ok() && !unpack(*data, compressed, *raw)) s = make_error("payload does not decompress");
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kv disk tier: %s; deleted\n", s.message().c_str());
+    disk_forget_locked(j.item.hash, true);
+    return l;
+  }
+  if (auto it = disk_.find(j.item.hash); it != disk_.end()) disk_lru_.splice(disk_lru_.end(), disk_lru_, it->second.lru);
+  l.ok = true;
+  l.from_disk = true;
+  l.compressed = compressed;
+  l.bytes = std::move(raw);
+  l.stored = std::move(data);
+  return l;
+}
+
+bool KvTiers::apply_load(const Loaded& l, const LoadItem& item, BlockId b) {
+  if (!l.ok || !l.bytes || !be_.write_kv_block(b, *l.bytes).ok()) return false;
+  if (l.from_disk) {
+    host_insert(item.hash, item.parent, item.tokens, l.stored, l.compressed);
+  } else if (auto it = host_.find(item.hash); it != host_.end()) {
+    host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  ++(l.from_disk ? st_.restored_disk : st_.restored_host);
+  return true;
+}
+
 KvTierStats KvTiers::stats() const {
+  int64_t pending = 0, ready = 0, failures = 0, staging = 0;
+  {
+    std::lock_guard<std::mutex> lk(load_mu_);
+    ready = static_cast<int64_t>(ready_.size());
+    pending = static_cast<int64_t>(loads_.size() + ready_.size()) + (loading_ticket_ && !loading_cancelled_ ? 1 : 0);
+    failures = load_failures_;
+    staging = staging_bytes_;
+  }
   std::lock_guard<std::mutex> lk(mu_);
   KvTierStats s = st_;
+  s.loads_pending = pending;
+  s.loads_ready = ready;
+  s.load_failures = failures;
+  s.staging_bytes = staging;
   s.host_capacity_bytes = cfg_.host_bytes;
   s.host_used_bytes = host_used_;
   s.host_blocks = static_cast<int64_t>(host_.size());

@@ -11,11 +11,17 @@
 //         counted, never served. A failed write (disk full) stops disk writes; serving goes on.
 // Every demotion is written through to disk (when there is a disk tier) so a crash loses at most
 // the writes in flight. Bytes are the backend's own (Backend::read_kv_block): restored K/V are
-// bit-identical. Engine-thread only, except the writer thread inside.
+// bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader thread,
+// which reads them (disk: read and checksum; zstd: decompress) into staging memory while the
+// engine steps other sequences; the engine thread then copies each ready block into the pool
+// (apply_load, Backend::write_kv_block) between steps. Engine-thread only, except the writer and
+// loader threads inside.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -60,6 +66,10 @@ struct KvTierStats {
   int64_t disk_dropped = 0;     // files removed by the byte bound
   int64_t disk_rejected = 0;    // files deleted as corrupt, truncated, partial or of another model
   bool disk_writes_stopped = false;
+  int64_t loads_pending = 0;    // blocks handed to load_async, not yet taken by take_loaded
+  int64_t loads_ready = 0;      // of them, loaded and waiting to be taken
+  int64_t load_failures = 0;    // blocks a load could not deliver (gone, corrupt): recomputed
+  int64_t staging_bytes = 0;    // loaded blocks' bytes waiting for apply_load (their own copies)
 };
 
 class KvTiers {
@@ -79,11 +89,40 @@ class KvTiers {
   // Copies pool block b (full, holding this content) into the tiers.
   void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
   Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
-  // Writes the entry's K/V into pool block b. False if no tier has it, or the disk file turned out
-  // corrupt (then it is deleted and counted).
+  // Writes the entry's K/V into pool block b, synchronously (tests; the engine uses load_async).
+  // False if no tier has it, or the disk file turned out corrupt (then it is deleted and counted).
   bool restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b);
   KvTierStats stats() const;
   void wait_for_writes();  // tests, shutdown: returns when the writer's queue is empty
+
+  // Asynchronous restores. A ticket names one run of blocks; the loader delivers its items in
+  // order. A block found in neither tier, or whose file fails its checks (deleted and counted), is
+  // delivered with ok = false; the caller recomputes from there.
+  struct LoadItem {
+    BlockHash hash, parent;
+    std::vector<int32_t> tokens;
+  };
+  struct Loaded {
+    uint64_t ticket = 0;
+    int index = 0;  // into the ticket's items
+    bool ok = false;
+    bool from_disk = false;
+    bool compressed = false;
+    std::shared_ptr<const std::vector<uint8_t>> bytes;   // the block's K/V (ok only)
+    std::shared_ptr<const std::vector<uint8_t>> stored;  // from disk: the entry as stored (to promote)
+  };
+  uint64_t load_async(std::span<const LoadItem> items);
+  // Drops the ticket's queued and delivered items; one being read is dropped when it is done.
+  void cancel_load(uint64_t ticket);
+  // Moves up to max delivered items into out (appended, in delivery order); returns how many.
+  int take_loaded(int max, std::vector<Loaded>& out);
+  // Waits up to timeout for a delivered item; true if one is there.
+  bool wait_loaded(std::chrono::milliseconds timeout);
+  // Copies a delivered block into pool block b (write_kv_block), promotes a disk entry to the host
+  // tier and counts the restore. False if the backend refused the write.
+  bool apply_load(const Loaded& l, const LoadItem& item, BlockId b);
+  // Tests: runs on the loader thread before each item is read (a slow or blocked tier).
+  void set_load_hook(std::function<void(BlockHash)> hook);
 
  private:
   struct HostEntry {
@@ -118,6 +157,20 @@ class KvTiers {
   void disk_forget_locked(BlockHash h, bool count_rejected);
   void host_insert(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
                    std::shared_ptr<const std::vector<uint8_t>> data, bool compressed);
+  struct LoadJob {
+    uint64_t ticket;
+    int index;
+    LoadItem item;
+    Where where;
+    std::shared_ptr<const std::vector<uint8_t>> host_data;  // Where::Host: the entry's bytes as kept
+    bool host_compressed;
+  };
+  void loader_loop();
+  Loaded load_one(const LoadJob& j);  // loader thread
+  // A block-sized buffer for a demotion: one the loader faulted in beforehand (fresh memory costs
+  // ~0.25 ms a block to fault in, 8 ms for a step's 32 demotions), else a new one.
+  std::unique_ptr<std::vector<uint8_t>> take_spare();
+  static constexpr size_t kSpareBuffers = 64;  // two steps' demotions
 
   KvTierConfig cfg_;
   backend::Backend& be_;
@@ -141,6 +194,18 @@ class KvTiers {
   bool writing_ = false, stop_ = false;
   KvTierStats st_;
   std::thread writer_;
+
+  // The loader: its queue, what it delivered, and the ticket it is reading now.
+  mutable std::mutex load_mu_;
+  std::condition_variable load_cv_, ready_cv_;
+  std::deque<LoadJob> loads_;
+  std::deque<Loaded> ready_;
+  uint64_t next_ticket_ = 0, loading_ticket_ = 0;
+  bool loading_cancelled_ = false, load_stop_ = false;
+  int64_t staging_bytes_ = 0, load_failures_ = 0;
+  std::function<void(BlockHash)> load_hook_;
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> spare_;  // under load_mu_
+  std::thread loader_;
 };
 
 }  // namespace ss::engine

@@ -134,9 +134,10 @@ void Scheduler::pop_waiting(Sequence* s) {
 }
 
 void Scheduler::finish(Sequence* s, FinishReason why, int32_t token, std::vector<Emission>& out, std::string error) {
-  kv_.free(s->kv);
+  kv_.free(s->kv);  // a restore in flight is cancelled
   if (s->state == Sequence::State::Running) remove_running(s);
   else if (s->state == Sequence::State::Waiting) pop_waiting(s);
+  else if (s->state == Sequence::State::Restoring) std::erase(restoring_, s);
   s->state = Sequence::State::Finished;
   s->finish = why;
   SeqEvent ev;
@@ -169,6 +170,7 @@ void Scheduler::reap(Clock::time_point now, std::vector<Emission>& out) {
     }
   };
   sweep(running_);
+  sweep(restoring_);
   sweep(resumed_);
   sweep(short_);
   sweep(long_);
@@ -274,6 +276,9 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     pressure_.demoted_early += kv_.expire_idle(now, max_demote - demoted, ttl);
   }
   reap(now, out);
+  // Loaded blocks into the pool, bounded like the demotions above while streams run.
+  kv_.apply_restores(running_.empty() ? INT_MAX : kMaxRestoreBlocksPerStep);
+  finish_restores();
 
   // Level 2: fewer running sequences; the rest of the work waits (running ones are never preempted
   // for it: they finish, and seats free up below the cap).
@@ -327,18 +332,24 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     if (charged) long_left_ -= n;
   }
   // (3) Admissions. Not after a preemption: memory is short, and the preempted go first next step.
-  while (!preempted_this_step_ && static_cast<int>(running_.size()) < max_seqs && budget_ > 0) {
+  // A restoring sequence keeps its seat: it is admitted as soon as its blocks are in.
+  while (!preempted_this_step_ && static_cast<int>(running_.size() + restoring_.size()) < max_seqs && budget_ > 0) {
     Sequence* s = peek_waiting(now, long_left_ > 0);
     if (!s) break;
     // A request that wants its prompt's logprobs computes every position (no cached prefix).
     int cached = 0;
-    if (s->wants_prompt_lp()) hits_.clear();
-    else cached = kv_.match_prefix(s->tokens, s->kv, hits_);
-    if (const auto& r = kv_.last_restored(); r.blocks > 0) {
-      const int bs = kv_.block_size();
-      backend::SeqMark m{backend::SeqMark::Kind::KvRestore, r.begin, r.end, r.first_block * bs, r.blocks * bs};
-      m.from_disk = r.from_disk * bs;
-      s->marks.push_back(m);
+    hits_.clear();
+    if (!s->kv.table.empty()) {  // its restore just ended: it holds its prefix
+      cached = static_cast<int>(s->kv.table.size()) * kv_.block_size();
+    } else if (!s->wants_prompt_lp()) {
+      cached = kv_.match_prefix(s->tokens, s->kv, hits_);
+      if (kv_.start_restore(s->tokens, s->kv, hits_) > 0) {  // waits for it outside the queues
+        s->return_queue = s->queue;
+        pop_waiting(s);
+        s->state = Sequence::State::Restoring;
+        restoring_.push_back(s);
+        continue;
+      }
     }
     const bool charged = s->lane == Lane::Long && long_left_ != INT_MAX;
     const int want = cap_prompt_rows(s, cached, std::min({s->num_tokens() - cached, budget_, charged ? long_left_ : INT_MAX}));
@@ -372,12 +383,40 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     plp_left_ -= rows;
     if (charged) long_left_ -= n;
   }
+  // Restored but not admitted this step (no budget or memory left, or another came first): the
+  // blocks stay cached, unheld, and are found in the pool at its admission.
+  for (Sequence* s : restored_)
+    if (s->state == Sequence::State::Waiting) kv_.release(s->kv);
+  restored_.clear();
   build_batch(plan);
   if (prefill_cut && plan.num_prefill_tokens > 0) ++pressure_.prefill_shrunk;
   if (level >= 2 && num_waiting() > 0 && static_cast<int>(running_.size()) >= max_seqs &&
       max_seqs < cfg_.max_num_seqs)
     ++pressure_.admissions_capped;
   if (level >= 3 && !cfg_.pressure.has_lower_backend) ++pressure_.no_lower_tier;
+}
+
+void Scheduler::finish_restores() {
+  for (size_t i = 0; i < restoring_.size();) {
+    Sequence* s = restoring_[i];
+    if (s->kv.restoring()) {
+      ++i;
+      continue;
+    }
+    restoring_.erase(restoring_.begin() + static_cast<std::ptrdiff_t>(i));
+    const RestoreState& r = s->kv.restore;
+    if (r.blocks > 0) {
+      const int bs = kv_.block_size();
+      backend::SeqMark m{backend::SeqMark::Kind::KvRestore, r.begin, r.end, r.first_block * bs, r.blocks * bs};
+      m.from_disk = r.from_disk * bs;
+      s->marks.push_back(m);
+    }
+    s->state = Sequence::State::Waiting;
+    s->queue = s->return_queue;
+    (s->queue == Sequence::Queue::Resumed ? resumed_ : s->queue == Sequence::Queue::Long ? long_ : short_).push_front(s);
+    if (s->kv.table.empty()) continue;  // nothing came back: an ordinary waiting request
+    restored_.push_back(s);
+  }
 }
 
 void Scheduler::update_pressure(Clock::time_point now) {
@@ -545,6 +584,12 @@ Status Scheduler::check_invariants() const {
         if (std::find(running_.begin(), running_.end(), &s) == running_.end())
           return make_error(who + "running but not in the running list");
         break;
+      case Sequence::State::Restoring:
+        if (s.num_computed != 0) return make_error(who + "restoring but has computed tokens");
+        if (!s.kv.restoring()) return make_error(who + "restoring without a restore in flight");
+        if (std::find(restoring_.begin(), restoring_.end(), &s) == restoring_.end())
+          return make_error(who + "restoring but not in the restoring list");
+        break;
       case Sequence::State::Waiting: {
         ++waiting;
         if (!s.kv.table.empty() || s.num_computed != 0) return make_error(who + "waiting but holds KV");
@@ -558,6 +603,7 @@ Status Scheduler::check_invariants() const {
         break;
     }
   }
+  if (kv_.num_restoring() != num_restoring()) return make_error("restores in flight do not match restoring sequences");
   if (running != running_.size() || waiting != static_cast<size_t>(num_waiting()))
     return make_error("queue sizes do not match sequence states");
   // Each running sequence holds its own block-table slot; the rest are free.

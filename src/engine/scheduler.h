@@ -6,6 +6,10 @@
 // (4) admit waiting requests (preempted first, then any request waiting too long, then the short
 // lane, then the long lane) with what is left. When KV blocks run out, the newest running
 // sequence is preempted (blocks freed, recomputed later from prompt + output).
+// A request whose prefix a lower KV tier holds leaves its queue to restore it: it holds its blocks
+// and a seat while the tiers' loader reads them, the others keep stepping, and at most
+// kMaxRestoreBlocksPerStep loaded blocks are copied into the pool per step; then it goes back to
+// the front of its queue and is admitted like any other, its restored blocks as cached ones.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -57,7 +61,7 @@ enum class Lane : uint8_t { Short, Long };
 
 // A sequence inside the host executor, owned by the Scheduler.
 struct Sequence {
-  enum class State : uint8_t { Waiting, Running, Finished };
+  enum class State : uint8_t { Waiting, Restoring, Running, Finished };
   enum class Queue : uint8_t { None, Resumed, Short, Long };
 
   explicit Sequence(SeqStart r);
@@ -78,6 +82,7 @@ struct Sequence {
   Lane lane = Lane::Short;
   State state = State::Waiting;
   Queue queue = Queue::None;
+  Queue return_queue = Queue::None;  // Restoring: the queue it goes back to the front of
   uint64_t arrival_order = 0;   // lower: older
   uint64_t admit_order = 0;     // on (re)admission; the highest running one is preempted first
   int64_t arrival_step = 0;
@@ -160,6 +165,7 @@ class Scheduler {
   // {slots in the blocks held by running sequences, slots of those holding a computed token}.
   std::pair<int64_t, int64_t> kv_slots() const;
   int num_waiting() const { return static_cast<int>(resumed_.size() + short_.size() + long_.size()); }
+  int num_restoring() const { return static_cast<int>(restoring_.size()); }  // not counted as waiting
   const KvCacheManager& kv() const { return kv_; }
   // Lower KV tiers (kv_tiers.h; null: none). Each schedule() first demotes blocks idle past their TTL.
   void set_tiers(KvTiers* tiers) { kv_.set_tiers(tiers); }
@@ -170,6 +176,9 @@ class Scheduler {
   // A 4,000-token history is 250 blocks (92 MB on the default model): copied out in one step, it
   // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
   static constexpr int kMaxIdleDemotionsPerStep = 32;
+  // Restored blocks copied into the pool per step while sequences run, for the same reason (all of
+  // them when nothing runs).
+  static constexpr int kMaxRestoreBlocksPerStep = 32;
   const SchedulerCounters& counters() const { return counters_; }
   // The memory-pressure level of the last step (0..3), its actions, and the host's available
   // memory fraction it saw (1 when unknown).
@@ -205,6 +214,7 @@ class Scheduler {
   int64_t short_demand(int max_seqs) const;
   void build_batch(StepPlan& plan);
   void update_pressure(Clock::time_point now);
+  void finish_restores();  // restores that ended go back to the front of their queues
 
   SchedulerConfig cfg_;
   int vocab_;
@@ -214,6 +224,8 @@ class Scheduler {
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;      // every live sequence
   std::vector<Sequence*> running_;                                 // admission order
   std::deque<Sequence*> resumed_, short_, long_;                   // waiting lanes
+  std::vector<Sequence*> restoring_;                               // restoring their prefix
+  std::vector<Sequence*> restored_;                                // back in a queue this step, holding it
   std::vector<Sequence*> finished_;
   std::vector<Decision> decisions_;
   std::vector<BlockId> hits_;

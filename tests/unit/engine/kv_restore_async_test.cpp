@@ -1,0 +1,416 @@
+// Restores from the KV tiers run on the tiers' loader thread while the other sequences keep
+// stepping. The loader is held on a latch (a tier read that takes as long as the test wants), so a
+// restore is in flight for as many steps as the test runs. Outputs are checked against the request
+// run alone on the fake backend, whose K/V cells hold the (token, position) written there: a block
+// restored with wrong bytes, or read before its bytes are in, fails the step or changes the tokens.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/host_executor.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/kv_tiers.h"
+#include "fake_backend.h"
+
+using namespace ss;
+using namespace ss::engine;
+using namespace ss::engine::testing;
+namespace fs = std::filesystem;
+
+namespace {
+constexpr int kVocab = 97;
+constexpr int kBlock = 16;
+
+// Blocks the loader thread until opened; counts the items that reached it.
+struct Latch {
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  int arrived = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lk(m);
+    ++arrived;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lk(m);
+    open = true;
+    cv.notify_all();
+  }
+  bool wait_arrived(int n) {
+    std::unique_lock<std::mutex> lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(10), [&] { return arrived >= n; });
+  }
+};
+// Opens the latch when the test leaves, before the executor (declared before it) joins the loader.
+struct OpenOnExit {
+  Latch& l;
+  ~OpenOnExit() { l.release(); }
+};
+
+struct TestClock {
+  Clock::time_point now = Clock::now();
+  std::function<Clock::time_point()> fn() {
+    return [this] { return now; };
+  }
+};
+
+struct Life {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::None;
+  std::vector<backend::SeqMark> marks;
+};
+
+// Drives a HostExecutor directly: one poll is one step.
+struct Driver {
+  explicit Driver(HostExecutor& e) : ex(e) {}
+  HostExecutor& ex;
+  std::map<SeqId, Life> lives;
+  int poll() {  // returns the number of token events
+    std::vector<SeqEvent> evs;
+    Status st = ex.poll(evs);
+    EXPECT_TRUE(st.ok()) << st.message();
+    Status inv = ex.check_invariants();
+    EXPECT_TRUE(inv.ok()) << inv.message();
+    int n = 0;
+    for (SeqEvent& e : evs) {
+      Life& l = lives[e.id];
+      if (e.token >= 0) {
+        l.tokens.push_back(e.token);
+        ++n;
+      }
+      if (e.finish != FinishReason::None) l.finish = e.finish;
+      l.marks.insert(l.marks.end(), e.marks.begin(), e.marks.end());
+    }
+    return n;
+  }
+  void start(SeqId id, const Spec& s) {
+    SeqStart r;
+    r.id = id;
+    r.prompt = s.prompt;
+    r.max_tokens = s.max_tokens;
+    r.sampling.temperature = 0;
+    ASSERT_TRUE(ex.check(r).ok());
+    ex.start(std::move(r));
+  }
+  void run_all(int max_steps = 2000) {
+    for (int i = 0; i < max_steps && ex.has_work(); ++i) poll();
+    ASSERT_FALSE(ex.has_work());
+  }
+};
+
+std::unique_ptr<HostExecutor> make_executor(backend::Backend& be, const KvTierConfig& tc,
+                                            std::function<Clock::time_point()> clock) {
+  SchedulerConfig sc;
+  sc.max_num_seqs = 4;
+  sc.max_num_batched_tokens = 64;
+  auto ex = HostExecutor::create(be, sc, std::move(clock), tc);
+  EXPECT_TRUE(ex.ok()) << (ex.ok() ? "" : ex.message());
+  return ex.ok() ? std::move(ex).value() : nullptr;
+}
+
+// The next turn of a conversation: its history (prompt and answer) and a new message.
+Spec next_turn(const Spec& t1, const std::vector<int32_t>& answer, std::mt19937& g, int max_tokens) {
+  Spec t2 = t1;
+  t2.prompt.insert(t2.prompt.end(), answer.begin(), answer.end());
+  const auto msg = random_tokens(g, 20, kVocab);
+  t2.prompt.insert(t2.prompt.end(), msg.begin(), msg.end());
+  t2.max_tokens = max_tokens;
+  return t2;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "ss_kv_async_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  return d;
+}
+struct ScopedDir {
+  std::string path;
+  explicit ScopedDir(const std::string& name) : path(fresh_dir(name)) {}
+  ~ScopedDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Runs turn 1, lets its blocks idle past the TTL into the tiers, and returns its answer.
+std::vector<int32_t> run_and_demote(Driver& d, TestClock& clock, const Spec& t1, int64_t ttl_ms) {
+  d.start(1, t1);
+  d.run_all();
+  EXPECT_EQ(d.lives[1].finish, FinishReason::Length);
+  clock.now += std::chrono::milliseconds(ttl_ms + 1);
+  d.poll();  // an idle tick: every idle block leaves the pool
+  EXPECT_EQ(d.ex.stats().kv_blocks_cached, 0);
+  return d.lives[1].tokens;
+}
+}  // namespace
+
+// While a returning turn's history is being read from the host tier (the loader held), a running
+// stream gets a token every step; the returning turn waits, holding its blocks and no seat in the
+// batch, and once the blocks are in it gives the tokens it gives alone, from the restored prefix.
+TEST(KvRestoreAsync, RestoreInFlightDoesNotStallOtherSequences) {
+  std::mt19937 g(31);
+  Latch latch;
+  TestClock clock;
+  FakeBackend be(64, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.host_bytes = 1 << 20;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  OpenOnExit guard{latch};
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 100, kVocab), 8);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  ASSERT_EQ(ex->stats().kv_demoted_idle, (100 + 8 - 1) / kBlock);
+  const Spec t2 = next_turn(t1, answer, g, 6);
+  const int history_blocks = (100 + 8 - 1) / kBlock;  // 6 full blocks of prompt + answer
+
+  const Spec stream = spec(random_tokens(g, 10, kVocab), 40);
+  d.start(2, stream);
+  d.poll();  // the stream's prefill and first token
+  ASSERT_EQ(d.lives[2].tokens.size(), 1u);
+
+  ex->tiers()->set_load_hook([&](BlockHash) { latch.wait(); });
+  d.start(3, t2);
+  const int forwards = be.forwards;
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(d.poll(), 1) << "step " << i << ": the stream alone gets its token";
+    if (i == 0) {
+      ASSERT_TRUE(latch.wait_arrived(1));
+    }
+  }
+  EXPECT_EQ(be.forwards - forwards, 12);  // every step ran a forward
+  EXPECT_TRUE(d.lives[3].tokens.empty());
+  const backend::ExecutorStats mid = ex->stats();
+  EXPECT_EQ(mid.num_running, 1);
+  EXPECT_EQ(mid.num_waiting, 1);                     // the restoring turn
+  const int stream_blocks = (10 + 12 + kBlock - 1) / kBlock;  // its prompt and 12 decodes
+  EXPECT_EQ(mid.kv_blocks_used, stream_blocks + history_blocks);  // the stream's and the held history
+  EXPECT_EQ(mid.kv_restored_host, 0);
+  EXPECT_EQ(be.blocks_written, 0);                    // nothing copied into the pool yet
+
+  latch.release();
+  d.run_all();
+  EXPECT_EQ(d.lives[2].tokens, run_alone(stream, kVocab).tokens);
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+  const backend::ExecutorStats st = ex->stats();
+  EXPECT_EQ(st.kv_restored_host, history_blocks);
+  EXPECT_EQ(be.blocks_written, history_blocks);
+  // The history was not recomputed: turn 2 computed its new tokens and its decodes only.
+  EXPECT_EQ(st.computed_tokens - mid.computed_tokens - (40 - 1 - 12),
+            static_cast<int64_t>(t2.prompt.size()) - history_blocks * kBlock + t2.max_tokens - 1);
+  int restore_marks = 0;
+  for (const backend::SeqMark& m : d.lives[3].marks) {
+    if (m.kind != backend::SeqMark::Kind::KvRestore) continue;
+    ++restore_marks;
+    EXPECT_EQ(m.position, 0);
+    EXPECT_EQ(m.tokens, history_blocks * kBlock);
+    EXPECT_EQ(m.from_disk, 0);
+    EXPECT_LE(m.at, m.end);
+  }
+  EXPECT_EQ(restore_marks, 1);
+}
+
+// With sequences running, at most kMaxRestoreBlocksPerStep loaded blocks are copied into the pool
+// per step; the restored turn still matches the request run alone.
+TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
+  std::mt19937 g(37);
+  TestClock clock;
+  FakeBackend be(256, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.host_bytes = 1 << 22;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  Driver d(*ex);
+  const int k = Scheduler::kMaxRestoreBlocksPerStep;
+  const Spec t1 = spec(random_tokens(g, (2 * k + 5) * kBlock + 3, kVocab), 1);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  const Spec t2 = next_turn(t1, answer, g, 4);
+  const int history_blocks = (static_cast<int>(t1.prompt.size()) + 1 - 1) / kBlock;
+  const Spec stream = spec(random_tokens(g, 10, kVocab), 30);
+  d.start(2, stream);
+  d.poll();
+  // Hold the loader until every block is loaded, so the copies, not the reads, set the pace.
+  Latch latch;
+  OpenOnExit guard{latch};
+  ex->tiers()->set_load_hook([&](BlockHash) { latch.wait(); });
+  d.start(3, t2);
+  d.poll();  // the restore starts
+  ASSERT_TRUE(latch.wait_arrived(1));
+  ex->tiers()->set_load_hook({});
+  latch.release();
+  for (int i = 0; i < 500 && ex->tiers()->stats().loads_ready < history_blocks; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::vector<int> per_step;
+  int before = be.blocks_written;
+  while (d.lives[3].tokens.empty() && ex->has_work()) {
+    d.poll();
+    per_step.push_back(be.blocks_written - before);
+    before = be.blocks_written;
+  }
+  ASSERT_GE(per_step.size(), 3u);
+  EXPECT_EQ(per_step[0], k);
+  EXPECT_EQ(per_step[1], k);
+  EXPECT_EQ(per_step[2], history_blocks - 2 * k);
+  d.run_all();
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+  EXPECT_EQ(d.lives[2].tokens, run_alone(stream, kVocab).tokens);
+  EXPECT_EQ(ex->stats().kv_restored_host, history_blocks);
+}
+
+// A returning turn cancelled while its blocks are being read from disk: its finish event comes at
+// once, every block it held is free again, nothing is copied into the pool when the read ends, and
+// no staging memory is left behind; the tier still has the entries for the next turn.
+TEST(KvRestoreAsync, CancelWhileRestoringFreesEverything) {
+  std::mt19937 g(41);
+  const ScopedDir dir("cancel");
+  Latch latch;
+  TestClock clock;
+  FakeBackend be(64, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.disk_dir = dir.path;
+  tc.disk_bytes = 1 << 20;
+  tc.model_hash = 7;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  OpenOnExit guard{latch};
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 100, kVocab), 8);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  ex->tiers()->wait_for_writes();
+  const int history_blocks = (100 + 8 - 1) / kBlock;
+  ASSERT_EQ(ex->tiers()->stats().disk_blocks, history_blocks);
+  const Spec t2 = next_turn(t1, answer, g, 6);
+
+  ex->tiers()->set_load_hook([&](BlockHash) { latch.wait(); });
+  d.start(3, t2);
+  d.poll();
+  ASSERT_TRUE(latch.wait_arrived(1));
+  EXPECT_EQ(ex->stats().kv_blocks_used, history_blocks);
+  ex->stop(3, FinishReason::Abort);
+  d.poll();
+  EXPECT_EQ(d.lives[3].finish, FinishReason::Abort);
+  EXPECT_TRUE(d.lives[3].tokens.empty());
+  EXPECT_FALSE(ex->has_work());
+  EXPECT_EQ(ex->stats().kv_blocks_used, 0);
+  EXPECT_EQ(ex->stats().kv_blocks_cached, 0);  // none was copied in, so none is cached
+
+  latch.release();
+  for (int i = 0; i < 500 && ex->tiers()->stats().loads_pending > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const KvTierStats ts = ex->tiers()->stats();
+  EXPECT_EQ(ts.loads_pending, 0);
+  EXPECT_EQ(ts.staging_bytes, 0);
+  EXPECT_EQ(ts.restored_disk, 0);
+  d.poll();  // an idle tick: nothing to apply
+  EXPECT_EQ(be.blocks_written, 0);
+  EXPECT_TRUE(ex->check_invariants().ok());
+
+  ex->tiers()->set_load_hook({});
+  d.start(4, t2);  // the turn again: the disk still has its history
+  d.run_all();
+  EXPECT_EQ(d.lives[4].tokens, run_alone(t2, kVocab).tokens);
+  EXPECT_EQ(ex->stats().kv_restored_disk, history_blocks);
+}
+
+// A disk entry that fails its checksum when read ends the restored prefix there: the blocks before
+// it are restored, it is deleted and counted, and the rest is recomputed with the same output.
+TEST(KvRestoreAsync, CorruptReadFallsBackToRecompute) {
+  std::mt19937 g(43);
+  const ScopedDir dir("corrupt");
+  TestClock clock;
+  FakeBackend be(64, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.disk_dir = dir.path;
+  tc.disk_bytes = 1 << 20;
+  tc.model_hash = 9;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 100, kVocab), 8);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  ex->tiers()->wait_for_writes();
+  const int history_blocks = (100 + 8 - 1) / kBlock;
+  ASSERT_EQ(ex->tiers()->stats().disk_blocks, history_blocks);
+  const Spec t2 = next_turn(t1, answer, g, 6);
+  // Block 3 of the history, named by its chain hash: flip a byte of its payload.
+  BlockHash h = kRootBlockHash;
+  for (int b = 0; b <= 3; ++b)
+    h = hash_block(h, std::span<const int32_t>(t2.prompt).subspan(static_cast<size_t>(b) * kBlock, kBlock));
+  char name[32];
+  std::snprintf(name, sizeof name, "/%016llx.kvb", static_cast<unsigned long long>(h));
+  const std::string path = dir.path + name;
+  ASSERT_TRUE(fs::exists(path));
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64 + 64 + 10);
+    char c;
+    f.get(c);
+    f.seekp(64 + 64 + 10);
+    f.put(static_cast<char>(c ^ 0x20));
+  }
+  const int64_t computed = ex->stats().computed_tokens;
+  d.start(3, t2);
+  d.run_all();
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+  const backend::ExecutorStats st = ex->stats();
+  EXPECT_EQ(st.kv_restored_disk, 3);
+  EXPECT_EQ(st.kv_disk_rejected, 1);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(st.computed_tokens - computed, static_cast<int64_t>(t2.prompt.size()) - 3 * kBlock + t2.max_tokens - 1);
+  EXPECT_EQ(ex->tiers()->stats().load_failures, 1);
+  EXPECT_EQ(ex->tiers()->stats().staging_bytes, 0);
+}
+
+// Several returning conversations restoring at once, interleaved with new requests and a stream,
+// under a pool small enough to evict: every output is the request's output run alone, and the
+// invariants hold after every step (Driver::poll checks them).
+TEST(KvRestoreAsync, ConcurrentRestoresUnderEvictionKeepOutputsExact) {
+  std::mt19937 g(47);
+  TestClock clock;
+  FakeBackend be(40, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.host_bytes = 1 << 22;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  Driver d(*ex);
+  std::vector<Spec> firsts, seconds;
+  SeqId id = 1;
+  for (int c = 0; c < 4; ++c) {
+    firsts.push_back(spec(random_tokens(g, 60 + 13 * c, kVocab), 5));
+    d.start(id, firsts.back());
+    d.run_all();
+    seconds.push_back(next_turn(firsts.back(), d.lives[id].tokens, g, 5));
+    ++id;
+  }
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  d.poll();
+  ASSERT_GT(ex->stats().kv_host_blocks, 0);
+  const Spec stream = spec(random_tokens(g, 12, kVocab), 30);
+  const SeqId stream_id = id++;
+  d.start(stream_id, stream);
+  d.poll();
+  std::vector<SeqId> ids;
+  for (const Spec& s : seconds) {
+    ids.push_back(id);
+    d.start(id++, s);
+    d.poll();
+  }
+  d.run_all();
+  for (size_t i = 0; i < seconds.size(); ++i)
+    EXPECT_EQ(d.lives[ids[i]].tokens, run_alone(seconds[i], kVocab).tokens) << "conversation " << i;
+  EXPECT_EQ(d.lives[stream_id].tokens, run_alone(stream, kVocab).tokens);
+  EXPECT_GT(ex->stats().kv_restored_host, 0);
+}
