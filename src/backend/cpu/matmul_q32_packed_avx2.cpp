@@ -138,9 +138,11 @@ template <int N, class F>
   f.template operator()<N>();
 }
 
-// Tokens per pass over both halves of a group: per token and half a float and an integer accumulator
-// (and the 16-bit pair sums), beside the weights, in AVX2's 16 registers.
-constexpr int kTokens = 2;
+// Tokens per pass: over both halves of a group 2 (per token and half a float and an integer
+// accumulator and the 16-bit pair sums, beside the weights, in AVX2's 16 registers), so each broadcast
+// activation feeds both halves. Q5_0/Q5_1 rebuild their 5-bit values per pass, as many instructions as
+// 2 tokens' products: they take one half at a time and 4 tokens per pass (6, with spills, was no faster).
+constexpr int kTokens = 2, kQ5Tokens = 4;
 
 template <DType T>
 void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
@@ -149,6 +151,14 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
     const uint8_t* gp = P.data + g * P.group_bytes;
     const int64_t o0 = g * kPackRows;
     const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
+    if (kPk<T>.five && a.n_tok > kTokens) {
+      for (int h = 0; h < 2 && 8 * h < nr; ++h)
+        for (int t = 0; t < a.n_tok; t += kQ5Tokens)
+          with_tokens<kQ5Tokens>(std::min(kQ5Tokens, a.n_tok - t), [&]<int NT>() {
+            packed_tokens<T, NT, 1>(gp, nb, a, t, y, ldy, o0, h, nr);
+          });
+      continue;
+    }
     for (int t = 0; t < a.n_tok; t += kTokens)
       with_tokens<kTokens>(std::min(kTokens, a.n_tok - t), [&]<int NT>() {
         if (nr > 8) packed_tokens<T, NT, 2>(gp, nb, a, t, y, ldy, o0, 0, nr);
