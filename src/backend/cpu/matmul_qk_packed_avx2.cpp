@@ -1,9 +1,10 @@
-// Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX2, for CPUs
-// without AVX-512: a 64-byte packed vector holds 16 rows x 4 bytes, so its low 32 bytes are rows 0..7 and its
-// high 32 bytes rows 8..15, and each half is one AVX2 vector with a row per 32-bit lane. With no
-// vpdpbusd, vpmaddubsw (pairs; |63 x 127 x 2| fits int16) then vpmaddwd by ones give the exact 4-value
-// integers (IQ4_XS's signed levels as |w| x sign(a, w)). The integers and the float step per super-block are those of matmul_qk_avx2.cpp's rows_k,
-// so the results are bit-identical to the unpacked AVX2 kernel (and batch invariant the same way).
+// Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on
+// AVX2, for CPUs without AVX-512: a 64-byte packed vector holds 16 rows x 4 bytes, so its low 32 bytes
+// are rows 0..7 and its high 32 bytes rows 8..15, and each half is one AVX2 vector with a row per
+// 32-bit lane. With no vpdpbusd, vpmaddubsw (pairs; |63 x 127 x 2| fits int16) then vpmaddwd by ones
+// give the exact 4-value integers (IQ4_XS's signed levels as |w| x sign(a, w)). The integers and the
+// float step per super-block are those of matmul_qk_avx2.cpp's rows_k, so the results are
+// bit-identical to the unpacked AVX2 kernel (and batch invariant the same way).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -427,7 +427,7 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   }
 }
 
-// A type without a packed form, or a CPU without AVX-512, packs to nothing and matmul uses W itself.
+// A type without a packed form, or a CPU without AVX2, packs to nothing and matmul uses W itself.
 TEST(Kernels, PackedFallsBackToTheTensor) {
   std::mt19937 g(seed() + 5);
   ThreadPool pool(2);
