@@ -138,32 +138,48 @@ template <int N, class F>
   f.template operator()<N>();
 }
 
-// Q5_0/Q5_1 over many tokens: block-outer over one half, so each block's 5-bit values are rebuilt
-// once for up to kQ5Chunk tokens (held in 8 registers), the tokens' float accumulators in L1. Per
-// (token, block) the integer and the float step are packed_tokens' exactly.
-constexpr int kQ5Chunk = 64;
+// Over many tokens: block-outer over one half, so each block's weights are unpacked once for up to
+// kChunkTokens tokens (nibble types: lo/hi in 8 registers; Q8_0: w and |w| in a 512-byte buffer), the
+// tokens' float accumulators in L1. Per (token, block) the integer and the float step are
+// packed_tokens' exactly.
+constexpr int kChunkTokens = 64;
 
 template <DType T>
-void q5_block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int64_t ldy, int64_t o0, int h, int nr) {
+void block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int64_t ldy, int64_t o0, int h, int nr) {
   constexpr Packed32 F = kPk<T>;
   constexpr int kBlock = packed_format(T).block_bytes;
   const int64_t cols = a.cols;
   const __m256i low4 = _mm256_set1_epi8(0x0F), bit5 = _mm256_set1_epi8(0x10), ones = _mm256_set1_epi16(1);
   const int n = std::clamp(nr - 8 * h, 0, 8);
   const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  alignas(32) float accb[kQ5Chunk][8];
-  for (int t0 = 0; t0 < a.n_tok; t0 += kQ5Chunk) {
-    const int nt = std::min(kQ5Chunk, a.n_tok - t0);
+  alignas(32) float accb[kChunkTokens][8];
+  alignas(32) uint8_t w8[8][32], aw8[8][32];  // Q8_0: w and |w| of the block's 8 vectors
+  for (int t0 = 0; t0 < a.n_tok; t0 += kChunkTokens) {
+    const int nt = std::min(kChunkTokens, a.n_tok - t0);
     for (int i = 0; i < nt; ++i) _mm256_store_ps(accb[i], _mm256_setzero_ps());
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = gp + b * kBlock;
-      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 256 + 32 * h));
       __m256i lo[4], hi[4];
-      for (int j = 0; j < 4; ++j) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * j + 32 * h));
-        lo[j] = _mm256_or_si256(_mm256_and_si256(w, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 4 - j), bit5));
-        hi[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4),
-                                _mm256_and_si256(_mm256_srli_epi16(hb, j), bit5));
+      if constexpr (F.nib) {
+        [[maybe_unused]] const __m256i hb =
+            F.five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 256 + 32 * h)) : low4;
+        for (int j = 0; j < 4; ++j) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * j + 32 * h));
+          lo[j] = _mm256_and_si256(w, low4);
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+          if constexpr (F.five) {
+            lo[j] = _mm256_or_si256(lo[j], _mm256_and_si256(_mm256_slli_epi16(hb, 4 - j), bit5));
+            hi[j] = _mm256_or_si256(hi[j], _mm256_and_si256(_mm256_srli_epi16(hb, j), bit5));
+          }
+        }
+      } else {
+        const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
+        for (int k = 0; k < 8; ++k) {
+          const __m256i w =
+              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * k + 32 * h)), x80);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(w8[k]), w);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(aw8[k]), _mm256_abs_epi8(w));
+        }
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
       [[maybe_unused]] const __m256 mw =
@@ -172,13 +188,24 @@ void q5_block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int
         const int t = t0 + i;
         const int8_t* x = a.qs + t * cols + 32 * b;
         __m256i I = _mm256_setzero_si256();
-        for (int j0 = 0; j0 < 4; j0 += 2) {  // 4 products in int16 per widening (4 x 7874 < 32767)
-          __m256i p16 = _mm256_setzero_si256();
-          for (int j = j0; j < j0 + 2; ++j)
-            p16 = _mm256_add_epi16(
-                p16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(load_as<int32_t>(x + 4 * j))),
-                                      _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(load_as<int32_t>(x + 16 + 4 * j)))));
-          I = _mm256_add_epi32(I, _mm256_madd_epi16(p16, ones));
+        if constexpr (F.nib) {
+          // 16-bit pair sums: all 8 products of a Q4 block (8 x 3810), 4 of a Q5 block (4 x 7874).
+          constexpr int kSum16 = F.five ? 2 : 4;  // vectors j per widening
+          for (int j0 = 0; j0 < 4; j0 += kSum16) {
+            __m256i p16 = _mm256_setzero_si256();
+            for (int j = j0; j < j0 + kSum16; ++j)
+              p16 = _mm256_add_epi16(
+                  p16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(load_as<int32_t>(x + 4 * j))),
+                                        _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(load_as<int32_t>(x + 16 + 4 * j)))));
+            I = _mm256_add_epi32(I, _mm256_madd_epi16(p16, ones));
+          }
+        } else {
+          for (int k = 0; k < 8; ++k) {
+            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(w8[k]));
+            const __m256i aw = _mm256_load_si256(reinterpret_cast<const __m256i*>(aw8[k]));
+            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(load_as<int32_t>(x + 4 * k)), w);
+            I = _mm256_add_epi32(I, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+          }
         }
         const int64_t si = t * nb + b;
         if constexpr (F.zp) I = _mm256_sub_epi32(I, _mm256_set1_epi32(a.corr[si]));
@@ -194,9 +221,13 @@ void q5_block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int
 
 // Tokens per pass: over both halves of a group 2 (per token and half a float and an integer
 // accumulator and the 16-bit pair sums, beside the weights, in AVX2's 16 registers), so each broadcast
-// activation feeds both halves. Q5_0/Q5_1 would rebuild their 5-bit values per pass, as many
-// instructions as 2 tokens' products: above 2 tokens they run q5_block_outer.
+// activation feeds both halves. From kBlockOuterFrom tokens block_outer, which unpacks each block once
+// for all of them, is faster (ffn_down, 1 thread: at 3-4 tokens the passes were up to 10% faster for
+// Q4_1/Q8_0, at 8 block_outer by 7-10%, at 16 and 512 by 3-13%); Q5_0/Q5_1 rebuild their 5-bit
+// values per pass, as many instructions as 2 tokens' products, so they switch above 2.
 constexpr int kTokens = 2;
+template <DType T>
+constexpr int kBlockOuterFrom = kPk<T>.five ? 3 : 5;
 
 template <DType T>
 void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
@@ -205,9 +236,8 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
     const uint8_t* gp = P.data + g * P.group_bytes;
     const int64_t o0 = g * kPackRows;
     const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
-    if (kPk<T>.five && a.n_tok > kTokens) {
-      for (int h = 0; h < 2 && 8 * h < nr; ++h)
-        if constexpr (kPk<T>.five) q5_block_outer<T>(gp, nb, a, y, ldy, o0, h, nr);
+    if (a.n_tok >= kBlockOuterFrom<T>) {
+      for (int h = 0; h < 2 && 8 * h < nr; ++h) block_outer<T>(gp, nb, a, y, ldy, o0, h, nr);
       continue;
     }
     for (int t = 0; t < a.n_tok; t += kTokens)

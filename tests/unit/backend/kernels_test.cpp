@@ -369,7 +369,7 @@ TEST(Kernels, BatchInvariance) {
 
 // The packed form (PackedMatrix) must give the very bits of the unpacked kernels of the same ISA, for
 // every token count (full 8-token passes over one group, 4-token passes over pairs of groups, and each
-// remainder), row counts that leave a partial 16-row group (45 rows: a partial second 8-row AVX2
+// remainder; AVX2's block-outer path in 64-token chunks: 70), row counts that leave a partial 16-row group (45 rows: a partial second 8-row AVX2
 // half; 29 rows the same for the 32-value types), or an odd group after the pairs (83 rows: 6 groups, 3
 // per thread), and the thread split.
 static void check_packed(Isa isa, DType type, std::mt19937& g) {
@@ -391,7 +391,7 @@ static void check_packed(Isa isa, DType type, std::mt19937& g) {
     ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
     const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
     ASSERT_FALSE(P.empty()) << m::dtype_name(type);
-    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48})
+    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48, 70})
       for (ThreadPool* pool : {&pool1, &pool2}) {
         SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " cols=" << cols
                                         << " n_tok=" << n_tok << " threads=" << pool->size());
