@@ -38,12 +38,13 @@ size_t matmul_scratch_bytes(model::DType wtype, int64_t cols, int n_tok);
 void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, float* y, int64_t ldy,
             MatmulScratch scratch, ThreadPool& pool);
 
-// A weight matrix re-laid out once, at load, for the packed kernels (AVX-512 VNNI; AVX2 for Q4_K and
-// Q6_K): per group of 16 output rows and per 32-value block (256-value super-block for the K types),
-// the 16 rows' scales and then the quantized values with the 16 rows in the 16 lanes of each vector,
-// so a kernel multiplies 16 rows by a token with no staging and no horizontal sums (layout:
-// kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS have a packed form;
-// it takes the same bytes as the original, or 11% more (Q4_0), 1.5% more (IQ4_XS), 2.3% more (Q5_K).
+// A weight matrix re-laid out once, at load, for the packed kernels (AVX-512 VNNI; AVX2 reads each
+// vector as two 8-row halves): per group of 16 output rows and per 32-value block (256-value
+// super-block for the K types), the 16 rows' scales and then the quantized values with the 16 rows
+// in the 16 lanes of each vector, so a kernel multiplies 16 rows by a token with no staging and no
+// horizontal sums (layout: kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and
+// IQ4_XS have a packed form; it takes the same bytes as the original, or 11% more (Q4_0), 1.5% more
+// (IQ4_XS), 2.3% more (Q5_K).
 struct PackedMatrix {
   model::DType type = model::DType::F32;
   int64_t rows = 0, cols = 0;
@@ -53,7 +54,7 @@ struct PackedMatrix {
 };
 
 // Bytes of W's packed form (a multiple of 64), or 0 when W's type has none or the active ISA has no
-// packed kernel for it (AVX-512: every packed type; AVX2: Q4_K, Q6_K; scalar: none). Callers pack many
+// packed kernel for it (AVX-512 and AVX2: every packed type; scalar: none). Callers pack many
 // matrices into one buffer (cf. common/huge_buffer.h).
 size_t packed_bytes(const model::Tensor& W);
 

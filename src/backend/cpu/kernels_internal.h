@@ -89,14 +89,14 @@ namespace avx512 {
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 }
-// AVX2: the same layout read as two 8-row halves per group; Q4_K and Q6_K only so far.
+// AVX2: the same layout read as two 8-row halves per group.
 namespace avx2 {
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
+void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1);
 }
-// Whether `isa` has a packed kernel for type t (AVX-512: every type with a packed_format).
+// Whether `isa` has a packed kernel for type t (AVX-512 and AVX2: every type with a packed_format).
 constexpr bool has_packed_kernel(model::DType t, Isa isa) {
-  if (packed_format(t).block_bytes == 0) return false;
-  return isa == Isa::Avx512 || (isa == Isa::Avx2 && (t == model::DType::Q4_K || t == model::DType::Q6_K));
+  return packed_format(t).block_bytes != 0 && (isa == Isa::Avx512 || isa == Isa::Avx2);
 }
 
 #define SS_DECLARE_ISA(ns)                                                                              \

@@ -1,9 +1,10 @@
-// Q4_K and Q6_K through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX2, for CPUs
-// without AVX-512: a 64-byte packed vector holds 16 rows x 4 bytes, so its low 32 bytes are rows 0..7 and its
-// high 32 bytes rows 8..15, and each half is one AVX2 vector with a row per 32-bit lane. With no
-// vpdpbusd, vpmaddubsw (pairs; |63 x 127 x 2| fits int16) then vpmaddwd by ones give the exact 4-value
-// integers. The integers and the float step per super-block are those of matmul_qk_avx2.cpp's rows_k,
-// so the results are bit-identical to the unpacked AVX2 kernel (and batch invariant the same way).
+// Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on
+// AVX2, for CPUs without AVX-512: a 64-byte packed vector holds 16 rows x 4 bytes, so its low 32 bytes
+// are rows 0..7 and its high 32 bytes rows 8..15, and each half is one AVX2 vector with a row per
+// 32-bit lane. With no vpdpbusd, vpmaddubsw (pairs; |63 x 127 x 2| fits int16) then vpmaddwd by ones
+// give the exact 4-value integers (IQ4_XS's signed levels as |w| x sign(a, w)). The integers and the
+// float step per super-block are those of matmul_qk_avx2.cpp's rows_k, so the results are
+// bit-identical to the unpacked AVX2 kernel (and batch invariant the same way).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -81,13 +82,51 @@ template <DType T, int NT>
                                  _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[i], off[i])), acc[i]);
       continue;
     }
+    if constexpr (T == DType::IQ4_XS) {  // as the AVX-512 kernel, but signed: 127 x 127 pairs, one per widening
+      const __m256i table =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues)));
+      for (int j = 0; j < 8; ++j) {
+        __m256i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 160 + 256 * j + 64 * v + 32 * h));
+          const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(w, low4));
+          const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(w, 4), low4));
+          const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+          for (int i = 0; i < NT; ++i) {
+            const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
+            const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(_mm256_set1_epi32(load_as<int32_t>(x)), lo));
+            const __m256i ph =
+                _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(_mm256_set1_epi32(load_as<int32_t>(x + 16)), hi));
+            I[i] = _mm256_add_epi32(I[i], _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
+          }
+        }
+        const __m256i sp =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32 + 32 * (j / 2) + 16 * h)));
+        const __m256i sc = j % 2 ? _mm256_srai_epi32(sp, 16) : _mm256_srai_epi32(_mm256_slli_epi32(sp, 16), 16);
+        for (int i = 0; i < NT; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(I[i], sc));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
+      for (int i = 0; i < NT; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(ad[i][sb])), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+      continue;
+    }
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
     for (int j = 0; j < 8; ++j) {
       __m256i I[NT];
       for (int i = 0; i < NT; ++i) I[i] = _mm256_setzero_si256();
+      [[maybe_unused]] const __m256i h5 =
+          T == DType::Q5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2368 + 64 * j + 32 * h))
+                           : __m256i{};
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 320 + 256 * j + 64 * v + 32 * h));
-        const __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+        __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+        if constexpr (T == DType::Q5_K) {  // 5th bits v and 4 + v of each byte to bit 4 (31 x 127 x 2 x 2 fits int16)
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h5, 4 - v), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(h5, v), bit4));
+        }
         for (int i = 0; i < NT; ++i) {
           const int8_t* x = at[i] + 256 * sb + 32 * j + 4 * v;
           const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_as<int32_t>(x)));
@@ -150,9 +189,14 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
 
 }  // namespace
 
-void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
-  if (P.type == DType::Q4_K) rows_packed_t<DType::Q4_K>(P, a, y, ldy, g0, g1);
-  else if (P.type == DType::Q6_K) rows_packed_t<DType::Q6_K>(P, a, y, ldy, g0, g1);
+void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  switch (P.type) {
+    case DType::Q4_K: return rows_packed_t<DType::Q4_K>(P, a, y, ldy, g0, g1);
+    case DType::Q5_K: return rows_packed_t<DType::Q5_K>(P, a, y, ldy, g0, g1);
+    case DType::Q6_K: return rows_packed_t<DType::Q6_K>(P, a, y, ldy, g0, g1);
+    case DType::IQ4_XS: return rows_packed_t<DType::IQ4_XS>(P, a, y, ldy, g0, g1);
+    default: return;
+  }
 }
 
 }  // namespace ss::cpu::detail::avx2
