@@ -373,7 +373,7 @@ void ResidentExecutor::release_blocks(Live& lv, const int32_t* row, int n_blocks
     if (prefix_caching_ && full)
       h = hash_block(h, std::span<const int32_t>(lv.tokens.data() + static_cast<size_t>(i) * bs, static_cast<size_t>(bs)));
     if (i < lv.shared) {
-      unref_cached(b);
+      unref_cached(lv.shared_blocks[static_cast<size_t>(i)]);
     } else if (prefix_caching_ && full && !by_hash_.count(h)) {
       by_hash_[h] = b;
       Cached& c = cached_[b];
@@ -529,6 +529,7 @@ void ResidentExecutor::admit_waiting() {
     lv.slot = slot;
     lv.reserved = need_new;
     lv.shared = static_cast<int>(shared.size());
+    lv.shared_blocks = shared;
     lv.root = root;
     if (prefix_caching_) {
       lv.tokens.reserve(s.prompt.size() + static_cast<size_t>(std::max(0, s.max_tokens)));
@@ -583,7 +584,11 @@ Status ResidentExecutor::poll(std::vector<SeqEvent>& out) {
     if (c.finish != resident::Finish::None) {
       // The slot's blocks come back; those still in the free-block ring stay the loop's. (n_blocks
       // < 0: an Admit for a slot in use was rejected; the slot is not this sequence's to free.)
-      if (c.n_blocks > 0) release_blocks(lv, runner_->table_row(c.slot), c.n_blocks, c.len);
+      if (c.n_blocks > 0) {
+        release_blocks(lv, runner_->table_row(c.slot), c.n_blocks, c.len);
+      } else {  // refused before it took the slot: its shared prefix was never the loop's
+        for (int32_t b : lv.shared_blocks) unref_cached(b);
+      }
       if (c.n_blocks >= 0) slot_used_[static_cast<size_t>(c.slot)] = 0;
       reserved_ -= lv.reserved;
       live_.erase(it);

@@ -84,6 +84,7 @@ class ResidentExecutor final : public backend::Executor {
     int reserved = 0;  // new blocks reserved for it (beyond the shared prefix)
     int32_t filled_blocks = 0;
     int shared = 0;                // leading table blocks taken from the prefix cache
+    std::vector<int32_t> shared_blocks;
     uint64_t root = 0;             // the hash chain's root (its cache salt)
     std::vector<int32_t> tokens;   // prompt, then every sampled token (the blocks' contents)
     // stop() was called: tokens the loop made before it saw the Cancel are dropped, and the final
