@@ -159,6 +159,8 @@ class DeviceLoopRunner final : public resident::LoopRunner {
 
   size_t drain(std::vector<resident::Completion>& out, std::chrono::microseconds wait) override {
     const size_t first = out.size();
+    out.insert(out.end(), stash_.begin(), stash_.end());  // drained while the loop was paused
+    stash_.clear();
     resident::Completion c;
     auto pull = [&] {
       while (done_host_.try_pop(c)) out.push_back(c);
@@ -336,10 +338,19 @@ class DeviceLoopRunner final : public resident::LoopRunner {
     running_ = true;
   }
 
-  // Ends the chain after the step in flight is committed; returns when the GPU is idle.
+  // Ends the chain after the step in flight is committed; returns when the GPU is idle. Completions
+  // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
+  // would otherwise never end.
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
-    const cudaError_t e = cudaStreamSynchronize(h_.stream);
+    resident::Completion c;
+    cudaError_t e = cudaStreamQuery(h_.stream);
+    while (e == cudaErrorNotReady) {
+      while (done_host_.try_pop(c)) stash_.push_back(c);
+      std::this_thread::yield();
+      e = cudaStreamQuery(h_.stream);
+    }
+    while (done_host_.try_pop(c)) stash_.push_back(c);
     running_ = false;
     if (e != cudaSuccess && err_.ok()) static_cast<void>(err_ = cuda_err("the loop's stream", e));
     if (const uint32_t d = __atomic_load_n(&ctl()->error, __ATOMIC_ACQUIRE); d != 0 && err_.ok())
@@ -387,6 +398,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   cudaGraphExec_t sched_ = nullptr;
   bool pdl_ = true, running_ = false;
   std::string first_capture_error_;
+  std::vector<resident::Completion> stash_;
   int64_t clock_offset_ = 0;
   Status err_;
 };
