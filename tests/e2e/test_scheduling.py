@@ -72,3 +72,26 @@ def test_health_stays_ok_while_the_resident_loop_works(default_model, tmp_path):
         assert s.metrics()["selfserve_engine_steps_total"] > steps0
     finally:
         assert s.stop() == 0, s.log_text()
+
+
+def test_resident_loop_reuses_a_cached_prefix(default_model, tmp_path):
+    """The resident loop's prefix cache on the real model: a prompt sent again (and one extending it)
+    starts from the first one's cached blocks, with the host scheduling's greedy text."""
+    long_prompt = " ".join(PROMPTS)  # ~130 tokens: several full 16-token blocks
+    prompts = [long_prompt, long_prompt, long_prompt + " And the last clock"]
+    host = Server(tmp_path, "host-prefix", "--model", default_model, "--api-key", API_KEY, "--no-prefix-caching")
+    try:
+        expect = [greedy_completion(host, p, 12) for p in prompts]
+    finally:
+        assert host.stop() == 0, host.log_text()
+    s = Server(tmp_path, "persistent-prefix", "--model", default_model, "--api-key", API_KEY,
+               "--scheduling", "persistent")
+    try:
+        got = [greedy_completion(s, p, 12) for p in prompts]
+        assert got == expect
+        m = s.metrics()
+        assert m["selfserve_prefix_cache_hits_total"] >= 2 * 112, m["selfserve_prefix_cache_hits_total"]
+        assert m["selfserve_kv_cache_blocks_cached"] > 0
+        assert m["selfserve_kv_cache_blocks_used"] == 0
+    finally:
+        assert s.stop() == 0, s.log_text()
