@@ -147,7 +147,12 @@ SS_RESIDENT_HD inline void phase_plan(Args& a, Shared& sh, int64_t now_ns) {
   resident::StepRows r{a.row_tokens, a.row_pos, a.row_slots, a.row_sample, 0, 0};
   auto take = [&](int32_t* b) { return a.blocks.try_pop_single(*b); };
   resident::plan(st, r, now_ns, take, emit);
-  for (int s = 0; s < g.max_slots; ++s) {
+  // Only slots with rows this step can have new entries (plan takes blocks for rows; a shared
+  // prefix's are in the host's row already and reach the backend's with the slot's first row).
+  // Rows of a slot are contiguous: one pass over the rows, not over every slot.
+  for (int k0 = 0; k0 < r.n; ++k0) {
+    const int s = r.slots[k0];
+    if (k0 > 0 && r.slots[k0 - 1] == s) continue;
     const int32_t nb = st.slots[s].n_blocks;
     for (int k = a.synced[s]; k < nb; ++k) {
       const int32_t b = st.tables[static_cast<int64_t>(s) * g.max_blocks + k];
