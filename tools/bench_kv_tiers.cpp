@@ -167,22 +167,26 @@ int main(int argc, char** argv) {
   };
   while (total_stream_tokens() < streams) step();  // every stream is decoding
 
-  // Runs a request to its end while the streams go on; returns its tokens.
-  auto run_turn = [&](std::vector<int32_t> prompt, int max_tokens, int64_t* first_token_steps) {
-    std::vector<int32_t> out;
-    bool done = false;
+  // A greedy request whose tokens go to *out and whose end sets *done.
+  auto add_greedy = [&](std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t>* out, bool* done) {
     engine::Request r;
     r.prompt = std::move(prompt);
     r.sampling.temperature = 0;
     r.max_tokens = max_tokens;
-    r.on_event = [&](const engine::TokenEvent& e) {
-      if (e.token >= 0) out.push_back(e.token);
-      if (e.finish != backend::FinishReason::None) done = true;
+    r.on_event = [out, done](const engine::TokenEvent& e) {
+      if (e.token >= 0) out->push_back(e.token);
+      if (e.finish != backend::FinishReason::None) *done = true;
     };
     if (auto id = eng.add_request(std::move(r)); !id.ok()) {
       std::fprintf(stderr, "%s\n", id.message().c_str());
       std::exit(1);
     }
+  };
+  // Runs a request to its end while the streams go on; returns its tokens.
+  auto run_turn = [&](std::vector<int32_t> prompt, int max_tokens, int64_t* first_token_steps) {
+    std::vector<int32_t> out;
+    bool done = false;
+    add_greedy(std::move(prompt), max_tokens, &out, &done);
     int64_t steps = 0;
     while (!done) {
       step();
@@ -223,20 +227,7 @@ int main(int argc, char** argv) {
     int64_t prev_dem = demoted(s0), prev_res = restored(s0);
     const double cpu0 = process_cpu_seconds();
     for (int i = 0; i < window; ++i) {
-      if (i == arrive) {
-        engine::Request r;
-        r.prompt = c.returning;
-        r.sampling.temperature = 0;
-        r.max_tokens = returning_tokens;
-        r.on_event = [&](const engine::TokenEvent& e) {
-          if (e.token >= 0) out.push_back(e.token);
-          if (e.finish != backend::FinishReason::None) done = true;
-        };
-        if (auto id = eng.add_request(std::move(r)); !id.ok()) {
-          std::fprintf(stderr, "%s\n", id.message().c_str());
-          std::exit(1);
-        }
-      }
+      if (i == arrive) add_greedy(c.returning, returning_tokens, &out, &done);
       const auto t0 = Clock::now();
       step();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
