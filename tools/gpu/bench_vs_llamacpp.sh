@@ -11,7 +11,8 @@
 # WHILE_LLAMACPP_BUILDS=<command> runs after selfserve's build and the synth, while llama.cpp still
 # builds, with MODELS (the GGUF folder) and OUT (a folder in the results) set, e.g.
 # WHILE_LLAMACPP_BUILDS='PARTS=tests tools/gpu/bench_scheduling.sh'; AFTER_LLAMACPP_BUILDS=<command> the same
-# once llama.cpp is built (timings then share the machine with nothing), before its benchmarks.
+# once llama.cpp is built (timings then share the machine with nothing), before its benchmarks;
+# AFTER_ALL=<command> (OUT: another folder) once every comparison has run.
 # usage: tools/gpu/bench_vs_llamacpp.sh [WAIT_S=560] [model ...]  (model: shape:dtype, e.g. llama3-8b:q4_0)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,6 +78,10 @@ if [ "${1:-}" = --pipeline ]; then
       stage "llama-batched-bench $m rc=$?"
     fi
   done
+  if [ -n "${AFTER_ALL:-}" ]; then
+    MODELS=$M OUT=$R/extra2 bash -c "$AFTER_ALL" > "$L/extra-all.log" 2>&1
+    stage "AFTER_ALL rc=$?"
+  fi
   stage "done"
   touch "$W/done"
   exit 0
@@ -95,7 +100,7 @@ if [ ! -f "$W/pid" ]; then
 fi
 while [ ! -f "$W/done" ] && [ $(($(date +%s) - S0)) -lt "$WAIT" ] && kill -0 "$(cat "$W/pid")" 2>/dev/null; do sleep 3; done
 echo "=== waited $(($(date +%s) - S0)) s; done: $([ -f "$W/done" ] && echo yes || echo no)"
-cat "$W/logs/progress" "$W/res/extra/progress" 2>/dev/null
+cat "$W/logs/progress" "$W/res/extra/progress" 2>/dev/null; tail -n 20 "$W/logs/extra-all.log" 2>/dev/null
 grep -E "error|FAILED" "$W/logs/"*build.log 2>/dev/null | head -10
 tail -n 3 "$W/pipeline.out"
 for f in "$W"/res/*; do [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done
