@@ -201,7 +201,8 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   const auto t0 = std::chrono::steady_clock::now();
   bool cancelled = false;
   while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
-    ASSERT_TRUE(e.step().ok());
+    const auto st = e.step();
+    ASSERT_TRUE(st.ok()) << st.message();
     if (!cancelled && toks_a.size() >= 5) {
       e.abort(*ida);
       cancelled = true;
@@ -227,7 +228,10 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   d.max_tokens = 10;
   d.on_event = sink(&again, &fd);
   ASSERT_TRUE(e.add_request(std::move(d)).ok());
-  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) ASSERT_TRUE(e.step().ok());
+  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) {
+    const auto st = e.step();
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
   EXPECT_EQ(fd, FinishReason::Length);
   const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});
   ASSERT_EQ(host.tokens.size(), 1u);

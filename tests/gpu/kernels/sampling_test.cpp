@@ -90,10 +90,9 @@ int32_t host_sample(const float* logits, int V, const RowSampling& p, const std:
 // (The device and the host share one sampling_uniform, backend/sampling_rng.h, whose values
 // tests/unit/backend/step_batch_test.cpp checks against SplitMix64's published outputs.)
 
-// Disabled: on the H200 (2026-12-04, docs/perf/gpu.md) the device draw returned id 0 where the host
-// reference drew another; the backend does not use the device sampler yet (greedy rows: argmax; the
-// rest: the host reference sampler). Re-enable with the fix.
-TEST(GpuSampling, DISABLED_DrawsMatchTheHostReference) {
+// The T = 1e-30 rows once failed here (id 0): the draw kernel's logit/T - max/T was contracted into an
+// fma, so the max's own weight was exp(+-1e23) instead of 1 (sampling.cu, w_id).
+TEST(GpuSampling, DrawsMatchTheHostReference) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(31);
   const RowSampling presets[] = {

@@ -138,7 +138,7 @@ __global__ void sample_prep_k(const float* logits, int V, const RowSampling* par
   const float T = params[row].temperature;
   const float inv_t = T > 0.0f ? 1.0f / T : 1.0f;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    keys[static_cast<int64_t>(row) * V + i] = masked(logits, mask, words, row, V, i) * inv_t + 0.0f;
+    keys[static_cast<int64_t>(row) * V + i] = __fmul_rn(masked(logits, mask, words, row, V, i), inv_t) + 0.0f;
     vals[static_cast<int64_t>(row) * V + i] = i;
   }
   if (threadIdx.x == 0) {
@@ -194,7 +194,10 @@ __global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* log
   if (!truncate) {
     // Inverse CDF in id order: each thread owns a contiguous run of ids; one scan over the runs'
     // sums finds the run holding u * total, whose thread walks it.
-    auto w_id = [&](int i) { return expf(masked(logits, mask, words, row, V, i) * inv_t - mx); };
+    // __fmul_rn: the product rounded before the subtraction, as mx was. Contracted into an fma the
+    // exact product minus the rounded max is off by up to an ulp of logit/T, which at T = 1e-30 is
+    // ~1e23: every weight became exp(-1e23) = 0 and the draw fell back to id 0.
+    auto w_id = [&](int i) { return expf(__fmul_rn(masked(logits, mask, words, row, V, i), inv_t) - mx); };
     const int per = (V + kSampleThreads - 1) / kSampleThreads;
     const int b0 = min(V, threadIdx.x * per), b1 = min(V, b0 + per);
     double run = 0.0;
