@@ -253,8 +253,10 @@ template <int N, class F>
 // sub-block's integers, beside the weights in AVX2's 16 registers (2 tokens). Q6_K takes 4 (some
 // spills) so that its 6-bit unpacking is shared by more tokens: at 2 it was 27% slower than the
 // unpacked kernel at 16 and 512 tokens (bench_kernels ffn_down, 1 thread); at 4 it is on par there.
+// Q3_K likewise (its 3-bit values rebuilt per pass): 1.03-1.05x the unpacked kernel at 16 and 512
+// tokens with 2, 1.2x with 4; Q2_K's 2-bit planes are cheap and 4 was no faster than 2.
 template <DType T>
-constexpr int kTokens = T == DType::Q6_K ? 4 : 2;
+constexpr int kTokens = T == DType::Q6_K || T == DType::Q3_K ? 4 : 2;
 
 template <DType T>
 void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
