@@ -84,8 +84,10 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t cols, uint32_
     }
     const uint16_t d = ss::model::fp32_to_fp16(0.01f), m = ss::model::fp32_to_fp16(-0.05f);
     if (t == DType::Q6_K) std::memcpy(q + 208, &d, 2);
+    else if (t == DType::Q3_K) std::memcpy(q + 108, &d, 2);
+    else if (t == DType::Q2_K) std::memcpy(q + 80, &d, 2), std::memcpy(q + 82, &m, 2);
     else if (ti.block_size > 1) std::memcpy(q, &d, 2);
-    if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K) std::memcpy(q + 2, &m, 2);
+    if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q5_K) std::memcpy(q + 2, &m, 2);
   }
   return w;
 }

@@ -192,6 +192,36 @@ void pack_k_row(model::DType t, const uint8_t* blk, int r, uint8_t* dst) {
         }
         if (five) dst[2368 + 64 * j + 4 * r + i] = static_cast<uint8_t>(bits);
       }
+  } else if (t == model::DType::Q2_K || t == model::DType::Q3_K) {
+    // Value 128n + 32j + l: bits 2j..2j+1 of qs[32n + l] (ggml dequantize_row_q2_K / q3_K); Q3_K adds
+    // bit 4n + j of hmask[l] as 4 (u = q + 4h, in 0..7).
+    const bool three = t == model::DType::Q3_K;
+    const uint8_t* qs = blk + (three ? 32 : 16);
+    for (int e = 0; e < 256; ++e) {
+      const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+      q[e] = static_cast<uint8_t>(((qs[32 * n + l] >> (2 * j)) & 3) | (three ? ((blk[l] >> (4 * n + j)) & 1) << 2 : 0));
+    }
+    const int lo_off = three ? 224 : 320;
+    for (int s = 0; s < 16; ++s)
+      for (int i = 0; i < 4; ++i) {
+        int b = 0;
+        for (int k = 0; k < 4; ++k) b |= (q[16 * s + 4 * k + i] & 3) << (2 * k);
+        dst[lo_off + 64 * s + 4 * r + i] = static_cast<uint8_t>(b);
+      }
+    if (three) {
+      std::memcpy(dst + 2 * r, blk + 108, 2);
+      for (int k = 0; k < 3; ++k) std::memcpy(dst + 32 + 64 * k + 4 * r, blk + 96 + 4 * k, 4);
+      for (int m = 0; m < 8; ++m)
+        for (int i = 0; i < 4; ++i) {
+          int b = 0;
+          for (int v = 0; v < 8; ++v) b |= (q[32 * m + 4 * v + i] >> 2) << v;
+          dst[1248 + 64 * m + 4 * r + i] = static_cast<uint8_t>(b);
+        }
+    } else {
+      std::memcpy(dst + 2 * r, blk + 80, 2);
+      std::memcpy(dst + 32 + 2 * r, blk + 82, 2);
+      for (int j = 0; j < 16; ++j) dst[64 + 32 * (j / 2) + 2 * r + j % 2] = blk[j];
+    }
   } else if (t == model::DType::IQ4_XS) {
     std::memcpy(dst + 2 * r, blk, 2);
     const int sh = blk[2] | blk[3] << 8;

@@ -42,9 +42,9 @@ void matmul(const model::Tensor& W, const float* x, int n_tok, int64_t ldx, floa
 // vector as two 8-row halves): per group of 16 output rows and per 32-value block (256-value
 // super-block for the K types), the 16 rows' scales and then the quantized values with the 16 rows
 // in the 16 lanes of each vector, so a kernel multiplies 16 rows by a token with no staging and no
-// horizontal sums (layout: kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and
-// IQ4_XS have a packed form; it takes the same bytes as the original, or 11% more (Q4_0), 1.5% more
-// (IQ4_XS), 2.3% more (Q5_K).
+// horizontal sums (layout: kernels_internal.h). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K and IQ4_XS have a packed form; it takes the same bytes as the original, or 11% more (Q4_0),
+// 1.5% more (IQ4_XS), 2.3% more (Q5_K).
 struct PackedMatrix {
   model::DType type = model::DType::F32;
   int64_t rows = 0, cols = 0;

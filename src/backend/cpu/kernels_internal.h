@@ -61,7 +61,14 @@ struct KernelSet {
 //         rows more than the file).
 //   IQ4_XS: fp16 d[16] | i8 (ls - 32)[4 pairs][16][2] | nibbles as Q4_K's (offset 160); 2 bytes more
 //         per row than the file (the 6-bit scales unpacked).
-//   Q4_K and Q6_K take exactly the bytes of the 16 original rows.
+//   Q2_K: fp16 d[16] | fp16 dmin[16] | u8 scale bytes (sc | m << 4, as in the file)[8 pairs][16][2] |
+//         2-bit values: sub-block j (16 values, offset 320 + 64 j), lane r byte i, bits 2k..2k+1 =
+//         value 16j + 4k + i.
+//   Q3_K: fp16 d[16] | the 12 scale bytes as 3 vectors (offset 32 + 64 k, lane r = bytes 4k..4k+3 of
+//         row r's, unpacked in the lanes as ggml does per row) | low 2 bits as Q2_K's (offset 224) |
+//         high bits: vector m < 8 (offset 1248 + 64 m), lane r byte i, bit b = that of value 32m + 4b + i
+//         (values stored as u = q + 4h = w + 4, in 0..7).
+//   Q2_K, Q3_K, Q4_K and Q6_K take exactly the bytes of the 16 original rows.
 struct PackedFormat {
   int header;       // bytes of scales before the vectors
   int vectors;      // 64-byte vectors per block
@@ -75,6 +82,8 @@ constexpr PackedFormat packed_format(model::DType t) {
     case model::DType::Q5_0: return {32, 5, 32 + 320};
     case model::DType::Q5_1: return {64, 5, 64 + 320};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
+    case model::DType::Q2_K: return {320, 16, 320 + 1024, 256};
+    case model::DType::Q3_K: return {224, 24, 224 + 1536, 256};
     case model::DType::Q4_K: return {320, 32, 320 + 2048, 256};
     case model::DType::Q5_K: return {320, 40, 320 + 2560, 256};
     case model::DType::Q6_K: return {288, 48, 288 + 3072, 256};

@@ -257,7 +257,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
     case DType::Q5_0: return rows_packed_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
     case DType::Q5_1: return rows_packed_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_XS:
+    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_XS:
       return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;
   }

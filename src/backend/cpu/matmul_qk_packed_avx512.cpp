@@ -1,4 +1,4 @@
-// Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS through their packed form (PackedMatrix, layout in kernels_internal.h) on AVX-512 VNNI:
 // the 16 lanes are 16 output rows, so the weights stream through vpdpbusd with the token's 4
 // activation bytes broadcast, with no staging buffer and no horizontal sums (as the q32 packed
 // kernels). Per sub-block the exact integer dot I_j is scaled by its row's sc_j (vpmulld) into the
@@ -87,6 +87,81 @@ template <DType T, int NT>
         acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
         acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(off[i]), acc[i]);
       }
+    } else if constexpr (T == DType::Q2_K) {  // 16 sub-blocks of 16: value plane k = bits 2k..2k+1
+      const __m512i m3 = _mm512_set1_epi8(3), low4w = _mm512_set1_epi32(15);
+      for (int j = 0; j < 16; ++j) {
+        __m512i I[NT];
+        for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+        const __m512i w = _mm512_loadu_si512(p + 320 + 64 * j);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          const __m512i q = _mm512_and_si512(_mm512_srli_epi16(w, 2 * k), m3);
+          for (int i = 0; i < NT; ++i)
+            I[i] = _mm512_dpbusd_epi32(I[i], q, _mm512_set1_epi32(load_as<int32_t>(at[i] + 256 * sb + 16 * j + 4 * k)));
+        }
+        // Row r's scale bytes j & ~1, j | 1 as one int32 lane (low, high int16); sc = low nibble.
+        const __m512i sp = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 + 32 * (j / 2))));
+        const __m512i sc = _mm512_and_si512(j % 2 ? _mm512_srli_epi32(sp, 16) : sp, low4w);
+        for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+      }
+      for (int k = 0; k < 8; ++k) {  // m_j (high nibbles) times the 16-value sums S_j, two sub-blocks at a time
+        const __m512i mp = _mm512_srli_epi16(
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 + 32 * k))), 4);
+        for (int i = 0; i < NT; ++i)
+          off[i] = _mm512_dpwssd_epi32(off[i], mp, _mm512_set1_epi32(load_as<int32_t>(bs[i] + 16 * sb + 2 * k)));
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+      for (int i = 0; i < NT; ++i) {
+        const __m512 da = _mm512_set1_ps(ad[i][sb]);
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[i]), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(off[i]), acc[i]);
+      }
+    } else if constexpr (T == DType::Q3_K) {  // Q2_K's planes plus a high bit (u = q + 4h), Q6_K's offset form
+      // The 16 6-bit scales, per lane as ggml unpacks one row's 12 bytes: byte b of s[k] = scale 4k + b.
+      const __m512i a0 = _mm512_loadu_si512(p + 32), a1 = _mm512_loadu_si512(p + 96), tb = _mm512_loadu_si512(p + 160);
+      const __m512i k1 = _mm512_set1_epi32(0x03030303), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+      const __m512i s[4] = {
+          _mm512_or_si512(_mm512_and_si512(a0, k2), _mm512_slli_epi32(_mm512_and_si512(tb, k1), 4)),
+          _mm512_or_si512(_mm512_and_si512(a1, k2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(tb, 2), k1), 4)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a0, 4), k2),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(tb, 4), k1), 4)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a1, 4), k2),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(tb, 6), k1), 4))};
+      const __m512i m3 = _mm512_set1_epi8(3), bit2 = _mm512_set1_epi8(4), ff = _mm512_set1_epi32(0xFF);
+      for (int jp = 0; jp < 8; ++jp) {  // sub-blocks 2jp, 2jp + 1 share a high-bit vector
+        const __m512i H = _mm512_loadu_si512(p + 1248 + 64 * jp);
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; ++e) {
+          const int j = 2 * jp + e;
+          __m512i I[NT];
+          for (int i = 0; i < NT; ++i) I[i] = _mm512_setzero_si512();
+          const __m512i L = _mm512_loadu_si512(p + 224 + 64 * j);
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {  // high bit 4e + k to bit 2 (16-bit shifts by <= 5 stay in the byte here)
+            const int b = 4 * e + k;
+            const __m512i hb = b >= 2 ? _mm512_srli_epi16(H, b - 2) : _mm512_slli_epi16(H, 2 - b);
+            const __m512i q =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 2 * k), m3), _mm512_and_si512(hb, bit2));
+            for (int i = 0; i < NT; ++i)
+              I[i] = _mm512_dpbusd_epi32(I[i], q, _mm512_set1_epi32(load_as<int32_t>(at[i] + 256 * sb + 16 * j + 4 * k)));
+          }
+          const __m512i sc =
+              _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(s[j / 4], 8 * (j % 4)), ff), _mm512_set1_epi32(32));
+          for (int i = 0; i < NT; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(I[i], sc));
+        }
+      }
+      for (int k = 0; k < 8; ++k) {  // values are stored + 4: 4 sc_j times the 16-value sums, pairs (2k, 2k + 1)
+        const __m512i x = _mm512_srli_epi32(s[k / 2], 16 * (k % 2));
+        const __m512i pr = _mm512_or_si512(_mm512_and_si512(x, ff), _mm512_and_si512(_mm512_slli_epi32(x, 8), _mm512_set1_epi32(0xFF0000)));
+        const __m512i sp = _mm512_slli_epi16(_mm512_sub_epi16(pr, _mm512_set1_epi16(32)), 2);
+        for (int i = 0; i < NT; ++i)
+          off[i] = _mm512_dpwssd_epi32(off[i], sp, _mm512_set1_epi32(load_as<int32_t>(bs[i] + 16 * sb + 2 * k)));
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      for (int i = 0; i < NT; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][sb])),
+                                 _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[i], off[i])), acc[i]);
     } else if constexpr (T == DType::IQ4_XS) {  // levels + 128 (u8): the dot's 128 sum(a) comes off
       const __m512i table =
           _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues)));
@@ -188,7 +263,9 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
 }  // namespace
 
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
-  if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);
+  if (P.type == DType::Q2_K) rows_packed_kt<DType::Q2_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::Q3_K) rows_packed_kt<DType::Q3_K>(P, a, y, ldy, g0, g1);
+  else if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q5_K) rows_packed_kt<DType::Q5_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q6_K) rows_packed_kt<DType::Q6_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::IQ4_XS) rows_packed_kt<DType::IQ4_XS>(P, a, y, ldy, g0, g1);

@@ -237,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(Types, TinyKQuantModel,
 // ---- the default model requantized by llama.cpp (tools/make_kquant_models.sh; skipped without) ----
 // Its llama-quantize mixes: 576-column matrices cannot hold 256-value super-blocks, so llama.cpp
 // falls back there (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q3_K/IQ4_XS -> Q4_0/IQ4_NL) and the K
-// types hold ffn_down (1536 columns). SIMD logits against the scalar path's (dequantized weights,
+// types hold ffn_down (1536 columns); Q3_K_M's ffn_down is Q4_K/Q5_K, so only the Q3_K_S file
+// (`tools/make_kquant_models.sh Q3_K_S`) carries Q3_K (a Q2_K file has the same tensors; no file here
+// has a Q2_K matrix). SIMD logits against the scalar path's (dequantized weights,
 // fp32 activations) on the reference prompts: the 8-bit activation rounding alone moves the Q4_1
 // model's logits by up to 2.13 and flips top-1 where the margin is below 0.44 (measured in
 // transformers, forward_test.cpp). The noise is chaotic, and the requantized files (fewer bits) show
@@ -298,7 +300,7 @@ TEST_P(RequantizedDefaultModel, SimdKernelsMatchScalar) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, RequantizedDefaultModel,
-                         ::testing::Values("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "IQ4_XS"));
+                         ::testing::Values("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "IQ4_XS", "Q3_K_S"));
 
 // Resident bytes of the mapping that holds p, from the kernel's own count (/proc/self/smaps); -1 if
 // not found. lo/hi: the mapping's range.
