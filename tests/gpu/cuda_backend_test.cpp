@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -391,4 +392,81 @@ TEST(CudaNativeQuant, PrefillAndDecodeMatchTheCpuBackend) {
       expect_close(go.logits.data(), co.logits.data(), V, name + " decode step " + std::to_string(k));
     }
   }
+}
+
+// KV tier copies (read_kv_block / write_kv_block, what the host and disk tiers use): a prompt's
+// blocks copied into other blocks through the host give the same next-token logits, bit for bit, as
+// the originals (the restored cache computes exactly what the demoted one did); more writes than the
+// backend's staging slots, each read back exact, leave every other block as it was; a bad block id or
+// size is refused without a copy.
+TEST(CudaKvBlocks, CopiesThroughTheHostAreExact) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  auto be = cuda_backend(*model);
+  ASSERT_NE(be, nullptr);
+  const Ref ref = load_ref("llama3-tiny");
+  const auto& ids = ref.ids[0];
+  ASSERT_GE(ids.size(), 33u);
+  const int n = 40 <= static_cast<int>(ids.size()) ? 40 : static_cast<int>(ids.size()) - 1;  // 3 blocks
+  const size_t bytes = static_cast<size_t>(be->kv_block_bytes());
+  ss::backend::SamplingParams greedy;
+  {  // prefill n tokens into slot 0, blocks 0..2
+    StepBatch b;
+    b.seq_slot = {0};
+    b.edit_table(0, 0, blocks(0, n));
+    for (int i = 0; i < n; ++i) {
+      b.tokens.push_back(ids[static_cast<size_t>(i)]);
+      b.positions.push_back(i);
+      b.seq_index.push_back(0);
+    }
+    StepOutput out;
+    ASSERT_TRUE(be->step(b, out).ok());
+  }
+  const int nb = (n + 15) / 16;
+  std::vector<std::vector<uint8_t>> orig(static_cast<size_t>(nb), std::vector<uint8_t>(bytes));
+  for (int i = 0; i < nb; ++i) ASSERT_TRUE(be->read_kv_block(i, orig[static_cast<size_t>(i)]).ok());
+  ASSERT_TRUE(std::any_of(orig[0].begin(), orig[0].end(), [](uint8_t v) { return v != 0; }));
+  // Blocks 40.. get 20 random blocks (more than the staging ring), then the prompt's copies go to 10..
+  std::mt19937 rng(5);
+  std::vector<std::vector<uint8_t>> rnd(20, std::vector<uint8_t>(bytes));
+  for (auto& r : rnd)
+    for (auto& v : r) v = static_cast<uint8_t>(rng() & 0x3f);  // finite bf16 patterns
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(be->write_kv_block(40 + i, rnd[static_cast<size_t>(i)]).ok());
+  for (int i = 0; i < nb; ++i) ASSERT_TRUE(be->write_kv_block(10 + i, orig[static_cast<size_t>(i)]).ok());
+  std::vector<uint8_t> got(bytes);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(be->read_kv_block(40 + i, got).ok());
+    EXPECT_TRUE(got == rnd[static_cast<size_t>(i)]) << "block " << 40 + i;
+  }
+  for (int i = 0; i < nb; ++i) {
+    ASSERT_TRUE(be->read_kv_block(i, got).ok());
+    EXPECT_TRUE(got == orig[static_cast<size_t>(i)]) << "the source block " << i << " changed";
+    ASSERT_TRUE(be->read_kv_block(10 + i, got).ok());
+    EXPECT_TRUE(got == orig[static_cast<size_t>(i)]) << "copy of block " << i;
+  }
+  // The next token at position n over the original blocks (slot 0) and over the copies (slot 1).
+  StepBatch b;
+  b.seq_slot = {0, 1};
+  b.edit_table(1, 0, blocks(10, n + 1));
+  for (int s = 0; s < 2; ++s) {
+    b.tokens.push_back(ids[static_cast<size_t>(n)]);
+    b.positions.push_back(n);
+    b.seq_index.push_back(s);
+  }
+  b.logits_rows = {0, 1};
+  StepOutput out;
+  ASSERT_TRUE(be->step(b, out).ok());
+  const size_t V = static_cast<size_t>(be->vocab_size());
+  ASSERT_EQ(out.logits.size(), 2 * V);
+  EXPECT_TRUE(std::equal(out.logits.begin(), out.logits.begin() + static_cast<std::ptrdiff_t>(V),
+                         out.logits.begin() + static_cast<std::ptrdiff_t>(V)))
+      << "logits over the copied blocks differ from the originals'";
+  expect_close(out.logits.data(), ref.logits[0].data() + static_cast<size_t>(n) * V, static_cast<int>(V),
+               "position " + std::to_string(n));
+  // Refused: a block out of range, a short buffer.
+  EXPECT_FALSE(be->write_kv_block(be->kv_config().num_blocks, orig[0]).ok());
+  EXPECT_FALSE(be->read_kv_block(-1, got).ok());
+  std::vector<uint8_t> short_buf(bytes - 1);
+  EXPECT_FALSE(be->write_kv_block(0, short_buf).ok());
 }

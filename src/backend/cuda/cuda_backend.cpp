@@ -203,12 +203,24 @@ class CudaBackend final : public Backend {
   bool prof_active() const { return profile_env_ && profiling_; }
   bool pdl_ = true;  // fused kernels launched with programmatic dependent launch (overlap of prologues)
   bool loop_made_ = false;
+  // KV tier copies go through pinned staging: a host-to-device block is copied into a free stage
+  // slot and its DMA left in flight (stream order puts it before the next step), device-to-host
+  // lands in its own slot and is waited for. Taken at the first copy (a server without tiers never
+  // makes one), kKvStages blocks plus one.
+  static constexpr int kKvStages = 8;
+  uint8_t* kv_stage_ = nullptr;
+  cudaEvent_t kv_stage_ev_[kKvStages] = {};
+  int kv_stage_next_ = 0;
+  Status ensure_kv_stage();
 
  public:
   ~CudaBackend() override;
 };
 
 CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);  // staged KV copies may still be in flight
+  for (cudaEvent_t e : kv_stage_ev_)
+    if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (cudaGraphExec_t g : graphs_)
     if (g) cudaGraphExecDestroy(g);
@@ -763,11 +775,34 @@ Status CudaBackend::copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bo
   const size_t row = sizeof(bf16_bits) * 2 * static_cast<size_t>(nkv_) * kv_.block_size * hd_;  // one layer
   bf16_bits* dev = cache_ + static_cast<int64_t>(block) * 2 * nkv_ * kv_.block_size * hd_;
   const size_t pitch = sizeof(bf16_bits) * static_cast<size_t>(layer_cache_elems_);
-  if (to_host)
-    SS_CUDA(cudaMemcpy2DAsync(host, row, dev, pitch, row, L_, cudaMemcpyDeviceToHost, stream_));
-  else
-    SS_CUDA(cudaMemcpy2DAsync(dev, pitch, host, row, row, L_, cudaMemcpyHostToDevice, stream_));
-  SS_CUDA(cudaStreamSynchronize(stream_));
+  SS_TRY(ensure_kv_stage());
+  if (to_host) {  // the last slot is the read slot: no write ever stages there
+    uint8_t* st = kv_stage_ + static_cast<size_t>(kKvStages) * bytes;
+    SS_CUDA(cudaMemcpy2DAsync(st, row, dev, pitch, row, L_, cudaMemcpyDeviceToHost, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));
+    std::memcpy(host, st, bytes);
+    return {};
+  }
+  const int k = kv_stage_next_;
+  kv_stage_next_ = (k + 1) % kKvStages;
+  SS_CUDA(cudaEventSynchronize(kv_stage_ev_[k]));  // that slot's previous copy has left it
+  uint8_t* st = kv_stage_ + static_cast<size_t>(k) * bytes;
+  std::memcpy(st, host, bytes);
+  SS_CUDA(cudaMemcpy2DAsync(dev, pitch, st, row, row, L_, cudaMemcpyHostToDevice, stream_));
+  SS_CUDA(cudaEventRecord(kv_stage_ev_[k], stream_));
+  return {};
+}
+
+Status CudaBackend::ensure_kv_stage() {
+  if (kv_stage_) return {};
+  void* p = nullptr;
+  SS_CUDA(cudaMallocHost(&p, static_cast<size_t>(kKvStages + 1) * static_cast<size_t>(kv_block_bytes())));
+  pinned_.push_back(p);
+  for (cudaEvent_t& e : kv_stage_ev_) {
+    SS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    SS_CUDA(cudaEventRecord(e, stream_));
+  }
+  kv_stage_ = static_cast<uint8_t*>(p);
   return {};
 }
 
