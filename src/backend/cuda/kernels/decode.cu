@@ -478,29 +478,33 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
 }
 
 namespace {
-// One thread a (row, chunk): the chunk's 32 weights from the packed layout, as bf16.
+// One thread a (row, chunk, quarter): 8 of the chunk's 32 weights from the packed layout, as bf16,
+// stored as one 16-byte vector; consecutive threads write consecutive 16 bytes (coalesced).
 __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int N, int K, int kp,
                           uint16_t* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int chunks = K / 32;
-  if (i >= static_cast<int64_t>(N) * chunks) return;
-  const int64_t row = i / chunks;
-  const int c = static_cast<int>(i % chunks);
+  if (i >= static_cast<int64_t>(N) * chunks * 4) return;
+  const int t = static_cast<int>(i & 3);
+  const int64_t rc = i >> 2, row = rc / chunks;
+  const int c = static_cast<int>(rc % chunks);
   const float dc = h2f(d[row * (kp / 32) + c]);
   const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
-  uint16_t* o = out + row * K + 32 * c;
-  for (int t = 0; t < 4; ++t) {
-    if (f == WFormat::Q8_0) {
-      const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
-      for (int e = 0; e < 8; ++e) o[8 * t + e] = f2bf(dc * static_cast<float>(p[e]));
-    } else {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
-      for (int e = 0; e < 8; ++e) {
-        const float v = static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF);
-        o[8 * t + e] = f2bf(f == WFormat::Q4_0 ? dc * (v - 8.0f) : fmaf(dc, v, mc));
-      }
+  uint16_t o[8];
+  if (f == WFormat::Q8_0) {
+    const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
+    for (int e = 0; e < 8; ++e) o[e] = f2bf(dc * static_cast<float>(p[e]));
+  } else {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+    for (int e = 0; e < 8; ++e) {
+      const float v = static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF);
+      o[e] = f2bf(f == WFormat::Q4_0 ? dc * (v - 8.0f) : fmaf(dc, v, mc));
     }
   }
+  uint4 v;
+  v.x = o[0] | (static_cast<uint32_t>(o[1]) << 16), v.y = o[2] | (static_cast<uint32_t>(o[3]) << 16);
+  v.z = o[4] | (static_cast<uint32_t>(o[5]) << 16), v.w = o[6] | (static_cast<uint32_t>(o[7]) << 16);
+  *reinterpret_cast<uint4*>(out + row * K + 32 * c + 8 * t) = v;
 }
 }  // namespace
 
@@ -508,7 +512,8 @@ Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cud
   if (W.format == WFormat::BF16) return make_error("dequantize_weights: the weights are bf16 already");
   if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (W.format == WFormat::Q4_1 && !W.m))
     return make_error("dequantize_weights: bad shape or missing arrays");
-  const int64_t n = static_cast<int64_t>(N) * (K / 32);
+  if ((reinterpret_cast<uintptr_t>(out) & 15u) != 0) return make_error("dequantize_weights: out must be 16-byte aligned");
+  const int64_t n = static_cast<int64_t>(N) * (K / 32) * 4;
   dequant_k<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(W.format, static_cast<const uint8_t*>(W.q), W.d, W.m,
                                                                       N, K, packed_k(K), out);
   SS_CUDA_LAUNCHED();
