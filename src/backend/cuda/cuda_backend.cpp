@@ -341,7 +341,7 @@ Status CudaBackend::init() {
                                padded(4 * static_cast<size_t>(max_ctx + 1) * rope_dim_) + (16 << 20);
   split_attention_ = kv_.block_size == cuda::kern::kBlockTokens && (hd_ == 64 || hd_ == 128 || hd_ == 256) &&
                      nh_ / nkv_ <= 8;
-  fused_ = split_attention_ && !c_.qk_norm && H_ % 32 == 0 && qd_ % 32 == 0 && I_ % 32 == 0 && hd_ % 16 == 0 &&
+  fused_ = split_attention_ && H_ % 32 == 0 && qd_ % 32 == 0 && I_ % 32 == 0 && hd_ % 16 == 0 &&
            static_cast<size_t>(kFusedMaxBatch) * H_ * 2 <= 160 * 1024;
   int64_t attn_ws_floats = 0;
   if (split_attention_) {
@@ -608,9 +608,23 @@ Status CudaBackend::forward_fused(int T, int R) {
     rk.n_heads = nh_, rk.n_kv = nkv_, rk.hd = hd_, rk.positions = d_pos_, rk.seq_of_token = d_tok_table_;
     rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.cache = layer_cache, rk.bias = d.bqkv;
     rk.norm_eps = eps;
-    if (on('q')) SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
+    float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));  // the attention's, unless q comes pre-scaled
+    if (!c_.qk_norm) {
+      if (on('q')) SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
+    } else if (on('q')) {
+      // Qwen3's per-head q/k RMSNorm needs a whole head's sum of squares, which the GEMV's epilogue
+      // (one RoPE pair a thread) does not have: the normed projection writes fp32 rows, then the
+      // unfused epilogue (norms, bias, RoPE, KV store; q pre-scaled) runs as its own kernel.
+      SS_TRY(k::dec_norm_gemv(d.wqkv, x_, nullptr, d.attn_norm, eps, qkv_, qd_ + 2 * kvd_, H_, T, pdl, stream_));
+      cuda::QkvEpilogue e{qkv_, d.bqkv, d.bqkv ? d.bqkv + qd_ : nullptr, d.bqkv ? d.bqkv + qd_ + kvd_ : nullptr,
+                          d.q_norm, d.k_norm, eps, rope_cs_, rope_dim_,
+                          c_.rope_style == model::RopeStyle::Interleaved, q_scale,
+                          nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
+      cuda::qkv_epilogue(e, T, stream_);
+      q_scale = 1.0f;
+    }
     mark(kQkv);
-    k::Attention a{q_,       layer_cache,    nh_,         nkv_,        hd_,  1.0f / std::sqrt(static_cast<float>(hd_)),
+    k::Attention a{q_,       layer_cache,    nh_,         nkv_,        hd_,  q_scale,
                    d_ctx_,   d_tok_table_,   d_tables_,   max_blocks_, att_, attn_ws_,
                    max_splits_, attn_counters_};
     a.pdl = pdl;
