@@ -8,6 +8,9 @@
 # The pipeline runs detached (it outlasts one 10-minute call): call this script again within 30 s of
 # the previous call's end to keep waiting; results and logs are copied to $OUT each time.
 # Needs .lcp/llama.cpp.tgz (tools/gpu/fetch_llamacpp.sh) and .gpu-deps/ carried.
+# WHILE_LLAMACPP_BUILDS=<command> runs after selfserve's build and the synth, while llama.cpp still
+# builds, with MODELS (the GGUF folder) and OUT (a folder in the results) set, e.g.
+# WHILE_LLAMACPP_BUILDS=tools/gpu/bench_scheduling.sh.
 # usage: tools/gpu/bench_vs_llamacpp.sh [WAIT_S=560] [model ...]  (model: shape:dtype, e.g. llama3-8b:q4_0)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,9 +39,14 @@ if [ "${1:-}" = --pipeline ]; then
   S=build-gpu/selfserve
   for m in "${models[@]}"; do
     shape=${m%%:*} dt=${m#*:}
+    [ -s "$M/$shape-$dt.gguf" ] && continue
     "$S" synth --shape "$shape" --format gguf --dtype "$dt" --seed 1 --out "$M/$shape-$dt.gguf" --quiet >> "$L/synth.log" 2>&1
     stage "synth $m rc=$?"
   done
+  if [ -n "${WHILE_LLAMACPP_BUILDS:-}" ]; then
+    MODELS=$M OUT=$R/extra bash -c "$WHILE_LLAMACPP_BUILDS" > "$L/extra.log" 2>&1
+    stage "WHILE_LLAMACPP_BUILDS rc=$?"
+  fi
   wait $LPID
   stage "llama.cpp build rc=$?"
   BIN=$LB/bin
@@ -82,7 +90,7 @@ if [ ! -f "$W/pid" ]; then
 fi
 while [ ! -f "$W/done" ] && [ $(($(date +%s) - S0)) -lt "$WAIT" ] && kill -0 "$(cat "$W/pid")" 2>/dev/null; do sleep 3; done
 echo "=== waited $(($(date +%s) - S0)) s; done: $([ -f "$W/done" ] && echo yes || echo no)"
-cat "$W/logs/progress" 2>/dev/null
+cat "$W/logs/progress" "$W/res/extra/progress" 2>/dev/null
 grep -E "error|FAILED" "$W/logs/"*build.log 2>/dev/null | head -10
 tail -n 3 "$W/pipeline.out"
 for f in "$W"/res/*; do [ -f "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done
