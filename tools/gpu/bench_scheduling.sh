@@ -7,26 +7,31 @@
 #      plans each step and replays a graph) beside `--scheduling persistent` (the GPU schedules
 #      itself), interleaved twice per model, on random-weights models of real shapes (seed 1).
 # Results go to $OUT (log, one file per bench); models in $MODELS (default /tmp/ssm, an existing file is
-# reused). usage: tools/gpu/bench_scheduling.sh [shape ...]
+# reused); PARTS=tests or PARTS=bench runs only steps 1-2 or 1 and 3.
+# usage: tools/gpu/bench_scheduling.sh [shape ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out-gpu}
 MODELS=${MODELS:-/tmp/ssm}
+PARTS=${PARTS:-all}  # tests | bench | all
 mkdir -p "$OUT" "$MODELS"
 T0=$(date +%s)
 say() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
-tools/gpu/build_on_device.sh selfserve selfserve_cuda test_gpu test_gpu_backend > "$OUT/build.log" 2>&1
+tools/gpu/build_on_device.sh selfserve selfserve_cuda test_gpu test_gpu_backend >> "$OUT/build.log" 2>&1
 say "build rc=$?"
 source build-gpu/env.sh
 S=build-gpu/selfserve
 git log -1 --format='commit %H %cd' > "$OUT/env.txt" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >> "$OUT/env.txt" 2>&1
-timeout 180 build-gpu/test_gpu_backend --gtest_filter='*DeviceLoop*' > "$OUT/test_device_loop.log" 2>&1
-say "device loop tests rc=$?"
-timeout 180 build-gpu/test_gpu_backend --gtest_filter='-*DeviceLoop*' --gtest_brief=1 > "$OUT/test_gpu_backend.log" 2>&1
-say "other backend tests rc=$?"
-timeout 180 build-gpu/test_gpu --gtest_brief=1 > "$OUT/test_gpu.log" 2>&1
-say "kernel tests rc=$?"
+if [ "$PARTS" != bench ]; then
+  timeout 180 build-gpu/test_gpu_backend --gtest_filter='*DeviceLoop*' > "$OUT/test_device_loop.log" 2>&1
+  say "device loop tests rc=$?"
+  timeout 180 build-gpu/test_gpu_backend --gtest_filter='-*DeviceLoop*' --gtest_brief=1 > "$OUT/test_gpu_backend.log" 2>&1
+  say "other backend tests rc=$?"
+  timeout 180 build-gpu/test_gpu --gtest_brief=1 > "$OUT/test_gpu.log" 2>&1
+  say "kernel tests rc=$?"
+fi
+[ "$PARTS" = tests ] && { say done; exit 0; }
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(smollm2-135m llama32-1b llama3-8b)
 for shape in "${shapes[@]}"; do

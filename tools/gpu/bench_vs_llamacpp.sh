@@ -10,7 +10,8 @@
 # Needs .lcp/llama.cpp.tgz (tools/gpu/fetch_llamacpp.sh) and .gpu-deps/ carried.
 # WHILE_LLAMACPP_BUILDS=<command> runs after selfserve's build and the synth, while llama.cpp still
 # builds, with MODELS (the GGUF folder) and OUT (a folder in the results) set, e.g.
-# WHILE_LLAMACPP_BUILDS=tools/gpu/bench_scheduling.sh.
+# WHILE_LLAMACPP_BUILDS='PARTS=tests tools/gpu/bench_scheduling.sh'; AFTER_LLAMACPP_BUILDS=<command> the same
+# once llama.cpp is built (timings then share the machine with nothing), before its benchmarks.
 # usage: tools/gpu/bench_vs_llamacpp.sh [WAIT_S=560] [model ...]  (model: shape:dtype, e.g. llama3-8b:q4_0)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,6 +50,10 @@ if [ "${1:-}" = --pipeline ]; then
   fi
   wait $LPID
   stage "llama.cpp build rc=$?"
+  if [ -n "${AFTER_LLAMACPP_BUILDS:-}" ]; then
+    MODELS=$M OUT=$R/extra bash -c "$AFTER_LLAMACPP_BUILDS" > "$L/extra-after.log" 2>&1
+    stage "AFTER_LLAMACPP_BUILDS rc=$?"
+  fi
   BIN=$LB/bin
   for m in "${models[@]}"; do
     shape=${m%%:*} dt=${m#*:}
