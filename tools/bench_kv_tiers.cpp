@@ -303,6 +303,16 @@ int main(int argc, char** argv) {
   std::printf("process CPU time per step: control %.2f ms, tiers %.2f ms (%.1f%%)\n", cpu_ctrl, cpu_tier,
               100.0 * (cpu_tier / std::max(1e-9, cpu_ctrl) - 1.0));
   std::printf("streams' decode with tier traffic: %.1f%% slower than without\n", 100.0 * slow);
+  {
+    const engine::EngineStats es = eng.stats();
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    std::printf("host tier: capacity %lld bytes, used %lld, %lld blocks; restored from host %lld, from disk %lld; "
+                "peak RSS %lld MiB\n",
+                static_cast<long long>(es.kv_host_capacity_bytes), static_cast<long long>(es.kv_host_used_bytes),
+                static_cast<long long>(es.kv_host_blocks), static_cast<long long>(es.kv_restored_host),
+                static_cast<long long>(es.kv_restored_disk), static_cast<long long>(ru.ru_maxrss / 1024));
+  }
   std::printf("{\"tier\":\"%s\",\"streams\":%d,\"history\":%d,\"rounds\":%d,\"window\":%d,\"ctrl_tok_s\":%.2f,"
               "\"tier_tok_s\":%.2f,\"slowdown\":%.4f,\"ctrl_step_ms\":%.3f,\"tier_step_ms\":%.3f,"
               "\"tier_copy_step_ms\":%.3f,\"tier_demote_step_ms\":%.3f,\"tier_restore_step_ms\":%.3f,"

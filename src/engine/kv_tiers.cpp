@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "engine/kv_cache_manager.h"
+#include "engine/kv_host_arena.h"
 
 namespace ss::engine {
 
@@ -39,7 +40,10 @@ constexpr char kMagic[8] = {'S', 'S', 'K', 'V', 'B', 'L', 'K', '1'};
 constexpr const char* kExt = ".kvb";
 constexpr const char* kTmpExt = ".kvb.tmp";
 // Demotions waiting for the writer hold their bytes; past this much, new ones are not written.
+// Without a host tier this is also the size of the arena the queue's bytes live in.
 constexpr int64_t kMaxQueuedBytes = int64_t(256) << 20;
+// A compressed block takes whole chunks: a 32nd of a block wastes ~1.5% of it on average.
+constexpr int64_t kChunksPerCompressedBlock = 32;
 
 std::string hex16(uint64_t h) {
   char buf[17];
@@ -113,6 +117,24 @@ Expected<std::unique_ptr<KvTiers>> KvTiers::create(const KvTierConfig& cfg, back
   if (be.kv_block_bytes() <= 0)
     return make_error("backend " + be.name() + " cannot copy KV blocks, so it has no host or disk tier");
   std::unique_ptr<KvTiers> t(new KvTiers(cfg, be));
+  const int64_t bb = t->block_bytes_;
+  // Plain blocks take one chunk each (read in place); compressed ones as many small chunks as they need.
+  const int64_t chunk = cfg.host_compress ? std::max<int64_t>(16, (bb / kChunksPerCompressedBlock + 15) / 16 * 16) : bb;
+  if (cfg.host_bytes > 0 && cfg.host_bytes < bb)
+    return make_error("--kv-host-bytes " + std::to_string(cfg.host_bytes) + " holds no KV block (a block is " +
+                      std::to_string(bb) + " bytes)");
+  if (cfg.host_bytes > 0 || !cfg.disk_dir.empty()) {
+    const int64_t bytes = cfg.host_bytes > 0 ? cfg.host_bytes : std::max(bb, std::min(kMaxQueuedBytes, cfg.disk_bytes));
+    SS_ASSIGN(t->arena_, HostArena::create(bytes, chunk));
+  }
+  t->raw_.resize(static_cast<size_t>(bb));  // zero-filled: faulted in now, not at the first demotion
+  if (cfg.host_compress) {
+    t->packed_.resize(ZSTD_compressBound(static_cast<size_t>(bb)));
+    t->cctx_ = ZSTD_createCCtx();
+  }
+  t->dctx_ = ZSTD_createDCtx();
+  t->loader_dctx_ = ZSTD_createDCtx();
+  if ((cfg.host_compress && !t->cctx_) || !t->dctx_ || !t->loader_dctx_) return make_error("zstd: cannot create a context");
   if (!cfg.disk_dir.empty()) {
     std::error_code ec;
     fs::create_directories(cfg.disk_dir, ec);
@@ -137,6 +159,9 @@ KvTiers::~KvTiers() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  ZSTD_freeCCtx(cctx_);
+  ZSTD_freeDCtx(dctx_);
+  ZSTD_freeDCtx(loader_dctx_);
 }
 
 std::string KvTiers::path_of(BlockHash h) const { return cfg_.disk_dir + "/" + hex16(h) + kExt; }
@@ -246,31 +271,32 @@ void KvTiers::disk_forget_locked(BlockHash h, bool count_rejected) {
   if (count_rejected) ++st_.disk_rejected;
 }
 
-Status KvTiers::write_file(const DiskJob& j, int64_t* bytes) {
+Status KvTiers::write_file(BlockHash hash, const DiskJob& j, int64_t* bytes) {
+  const ArenaBytes& data = *j.data;
   FileHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.model_hash = cfg_.model_hash;
   h.dtype = dtype_;
   h.block_size = static_cast<uint32_t>(block_size_);
   h.block_bytes = static_cast<uint64_t>(block_bytes_);
-  h.hash = j.hash;
+  h.hash = hash;
   h.parent = j.parent;
-  h.compressed = j.compressed ? 1 : 0;
-  h.payload_bytes = j.data->size();
+  h.compressed = data.compressed() ? 1 : 0;
+  h.payload_bytes = static_cast<uint64_t>(data.size());
   XXH64_state_t* xs = XXH64_createState();
   XXH64_reset(xs, 0);
   XXH64_update(xs, &h, sizeof h);
   XXH64_update(xs, j.tokens.data(), sizeof(int32_t) * j.tokens.size());
-  XXH64_update(xs, j.data->data(), j.data->size());
+  for (int i = 0; i < data.num_pieces(); ++i) XXH64_update(xs, data.piece(i).data(), data.piece(i).size());
   const uint64_t sum = XXH64_digest(xs);
   XXH64_freeState(xs);
 
-  const std::string path = path_of(j.hash), tmp = cfg_.disk_dir + "/" + hex16(j.hash) + kTmpExt;
+  const std::string path = path_of(hash), tmp = cfg_.disk_dir + "/" + hex16(hash) + kTmpExt;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_error(tmp + ": cannot create: " + std::strerror(errno));
   Status s = write_all(fd, &h, sizeof h, tmp);
   if (s.ok()) s = write_all(fd, j.tokens.data(), sizeof(int32_t) * j.tokens.size(), tmp);
-  if (s.ok()) s = write_all(fd, j.data->data(), j.data->size(), tmp);
+  for (int i = 0; s.ok() && i < data.num_pieces(); ++i) s = write_all(fd, data.piece(i).data(), data.piece(i).size(), tmp);
   if (s.ok()) s = write_all(fd, &sum, sizeof sum, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = make_error(tmp + ": fsync failed: " + std::strerror(errno));
   if (::close(fd) != 0 && s.ok()) s = make_error(tmp + ": close failed: " + std::strerror(errno));
@@ -285,7 +311,7 @@ Status KvTiers::write_file(const DiskJob& j, int64_t* bytes) {
     (void)::fsync(dfd);
     ::close(dfd);
   }
-  *bytes = static_cast<int64_t>(sizeof h + sizeof(int32_t) * j.tokens.size() + j.data->size() + sizeof sum);
+  *bytes = static_cast<int64_t>(sizeof h + sizeof(int32_t) * j.tokens.size() + static_cast<size_t>(data.size()) + sizeof sum);
   return {};
 }
 
@@ -294,26 +320,29 @@ void KvTiers::writer_loop() {
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_, and every queued write done
-    DiskJob j = std::move(queue_.front());
+    const BlockHash hash = queue_.front();
     queue_.pop_front();
-    queued_bytes_ -= static_cast<int64_t>(j.data->size());
+    // Only this thread erases from pending_, and nodes do not move: j stays valid unlocked.
+    const auto pit = pending_.find(hash);
+    const DiskJob& j = pit->second;
     writing_ = true;
-    const int64_t need = static_cast<int64_t>(sizeof(FileHeader) + sizeof(int32_t) * j.tokens.size() + j.data->size() + 8);
-    const bool skip = st_.disk_writes_stopped || disk_.count(j.hash) || need > cfg_.disk_bytes;
+    const int64_t need = static_cast<int64_t>(sizeof(FileHeader) + sizeof(int32_t) * j.tokens.size()) + j.data->size() + 8;
+    const bool skip = st_.disk_writes_stopped || disk_.count(hash) || need > cfg_.disk_bytes;
     if (!skip)
       while (disk_used_ + need > cfg_.disk_bytes && !disk_lru_.empty()) {
         disk_forget_locked(disk_lru_.front(), false);
         ++st_.disk_dropped;
       }
+    const auto hook = write_hook_;
     lk.unlock();
+    if (hook) hook(hash);
     int64_t bytes = 0;
-    Status s = skip ? Status{} : write_file(j, &bytes);
+    Status s = skip ? Status{} : write_file(hash, j, &bytes);
     lk.lock();
-    queued_.erase(j.hash);
     if (!skip) {
       if (s.ok()) {
-        disk_lru_.push_back(j.hash);
-        disk_.emplace(j.hash, DiskEntry{j.parent, std::move(j.tokens), bytes, std::prev(disk_lru_.end())});
+        disk_lru_.push_back(hash);
+        disk_.emplace(hash, DiskEntry{j.parent, j.tokens, bytes, std::prev(disk_lru_.end())});
         disk_used_ += bytes;
         ++st_.disk_writes;
       } else {  // disk full or failing: stop writing, keep serving (what is on disk stays usable)
@@ -322,7 +351,13 @@ void KvTiers::writer_loop() {
         std::fprintf(stderr, "kv disk tier: %s; no more writes to %s\n", s.message().c_str(), cfg_.disk_dir.c_str());
       }
     }
+    // Out of the queue only now that the file is indexed: a restore finds the block in one or the
+    // other all along. The bytes go back to the arena unless the host tier keeps them.
+    queued_bytes_ -= j.data->held_bytes();
+    pending_.erase(pit);
+    ++writes_done_;
     writing_ = false;
+    progress_cv_.notify_all();
     if (queue_.empty()) idle_cv_.notify_all();
   }
 }
@@ -332,27 +367,97 @@ void KvTiers::wait_for_writes() {
   idle_cv_.wait(lk, [&] { return (queue_.empty() && !writing_) || !writer_.joinable(); });
 }
 
-void KvTiers::host_insert(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
-                          std::shared_ptr<const std::vector<uint8_t>> data, bool compressed) {
+void KvTiers::set_write_hook(std::function<void(BlockHash)> hook) {
+  std::lock_guard<std::mutex> lk(mu_);
+  write_hook_ = std::move(hook);
+}
+
+std::pair<const uint8_t*, const uint8_t*> KvTiers::arena_range() const {
+  if (!arena_) return {nullptr, nullptr};
+  return {arena_->begin(), arena_->end()};
+}
+
+const uint8_t* KvTiers::host_bytes_of(BlockHash hash) const {
+  const auto it = host_.find(hash);
+  return it == host_.end() ? nullptr : it->second.data->piece(0).data();
+}
+
+bool KvTiers::host_drop_one() {
+  for (auto it = host_lru_.begin(); it != host_lru_.end(); ++it) {
+    const auto e = host_.find(*it);
+    if (e->second.data.use_count() > 1) continue;  // a queued write or a load holds it: dropping frees nothing
+    host_.erase(e);
+    host_lru_.erase(it);
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.host_dropped;
+    return true;
+  }
+  return false;
+}
+
+std::shared_ptr<ArenaBytes> KvTiers::arena_alloc(int64_t size, bool compressed, bool may_wait) {
+  if (!arena_) return nullptr;
+  const int64_t cb = arena_->chunk_bytes();
+  const int64_t n = (size + cb - 1) / cb;
+  if (n > arena_->num_chunks()) return nullptr;
+  std::vector<uint32_t> chunks;
+  chunks.reserve(static_cast<size_t>(n));
+  for (;;) {
+    if (arena_->take(static_cast<int>(n), chunks))
+      return std::make_shared<ArenaBytes>(arena_, std::move(chunks), size, compressed);
+    if (host_drop_one()) continue;
+    if (!may_wait) return nullptr;
+    // Every chunk is held by queued writes (or loads): wait for the writer to finish one.
+    std::unique_lock<std::mutex> lk(mu_);
+    if (queue_.empty() && !writing_) return nullptr;  // nothing that will let go soon
+    const uint64_t done = writes_done_;
+    progress_cv_.wait(lk, [&] { return writes_done_ != done || (queue_.empty() && !writing_); });
+  }
+}
+
+std::shared_ptr<const ArenaBytes> KvTiers::read_block(BlockId b, bool may_wait) {
+  std::shared_ptr<ArenaBytes> a;
+  if (!cfg_.host_compress) {  // straight into its chunk
+    a = arena_alloc(block_bytes_, false, may_wait);
+    if (a && !be_.read_kv_block(b, a->piece(0)).ok()) return nullptr;  // the block is then only dropped
+  } else {
+    if (!be_.read_kv_block(b, raw_).ok()) return nullptr;
+    const size_t r = ZSTD_compressCCtx(cctx_, packed_.data(), packed_.size(), raw_.data(), raw_.size(), 1);
+    const bool z = !ZSTD_isError(r) && r < raw_.size();  // compressed no smaller: kept raw
+    const std::span<const uint8_t> src = z ? std::span<const uint8_t>(packed_.data(), r) : std::span<const uint8_t>(raw_);
+    a = arena_alloc(static_cast<int64_t>(src.size()), z, may_wait);
+    if (a) a->copy_in(src);
+  }
+  if (!a) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.demote_no_room;
+  }
+  return a;
+}
+
+void KvTiers::host_adopt(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
+                         std::shared_ptr<const ArenaBytes> data) {
   if (cfg_.host_bytes <= 0) return;
   if (auto it = host_.find(hash); it != host_.end()) {
     host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
     return;
   }
-  const int64_t n = static_cast<int64_t>(data->size());
-  if (n > cfg_.host_bytes) return;
-  while (host_used_ + n > cfg_.host_bytes && !host_lru_.empty()) {
-    auto it = host_.find(host_lru_.front());
-    host_used_ -= static_cast<int64_t>(it->second.data->size());
-    host_.erase(it);
-    host_lru_.pop_front();
-    std::lock_guard<std::mutex> lk(mu_);
-    ++st_.host_dropped;
-  }
   host_lru_.push_back(hash);
-  host_.emplace(hash, HostEntry{parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data), compressed,
+  host_.emplace(hash, HostEntry{parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data),
                                 std::prev(host_lru_.end())});
-  host_used_ += n;
+}
+
+void KvTiers::host_insert_copy(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
+                               std::span<const uint8_t> stored, bool compressed) {
+  if (cfg_.host_bytes <= 0) return;
+  if (auto it = host_.find(hash); it != host_.end()) {
+    host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
+    return;
+  }
+  std::shared_ptr<ArenaBytes> a = arena_alloc(static_cast<int64_t>(stored.size()), compressed, false);
+  if (!a) return;  // no room: the block stays on disk only
+  a->copy_in(stored);
+  host_adopt(hash, parent, tokens, std::move(a));
 }
 
 void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why) {
@@ -365,7 +470,7 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
   bool need_disk = false;
   if (disk_on) {
     std::lock_guard<std::mutex> lk(mu_);
-    need_disk = !st_.disk_writes_stopped && !disk_.count(hash) && !queued_.count(hash);
+    need_disk = !st_.disk_writes_stopped && !disk_.count(hash) && !pending_.count(hash);
   }
   if (hit != host_.end() && !need_disk) {  // already kept: only fresher now
     host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
@@ -374,36 +479,26 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
     return;
   }
   if (cfg_.host_bytes <= 0 && !need_disk) return;
-  std::shared_ptr<const std::vector<uint8_t>> data;
-  bool compressed = false;
-  if (!cfg_.host_compress) {  // straight into the entry's own buffer, pre-faulted by the loader
-    std::unique_ptr<std::vector<uint8_t>> buf = take_spare();
-    if (!be_.read_kv_block(b, *buf).ok()) return;  // the block is then only dropped
-    data = std::shared_ptr<const std::vector<uint8_t>>(std::move(buf));
+  std::shared_ptr<const ArenaBytes> data;
+  if (hit != host_.end()) {  // kept, not yet on disk: the write shares the host entry's bytes
+    host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
+    data = hit->second.data;
   } else {
-    raw_.resize(static_cast<size_t>(block_bytes_));
-    if (!be_.read_kv_block(b, raw_).ok()) return;
+    // A shutdown copy may wait for the writer to free room; a demotion between steps never waits.
+    data = read_block(b, why == Why::Shutdown);
+    if (!data) return;
+    host_adopt(hash, parent, tokens, data);
   }
-  if (cfg_.host_compress) {
-    packed_.resize(ZSTD_compressBound(raw_.size()));
-    const size_t r = ZSTD_compress(packed_.data(), packed_.size(), raw_.data(), raw_.size(), 1);
-    if (!ZSTD_isError(r) && r < raw_.size()) {
-      data = std::make_shared<const std::vector<uint8_t>>(packed_.begin(), packed_.begin() + static_cast<std::ptrdiff_t>(r));
-      compressed = true;
-    }
-  }
-  if (!data) data = std::make_shared<const std::vector<uint8_t>>(raw_);  // compressed no smaller: kept raw
-  host_insert(hash, parent, tokens, data, compressed);
   std::lock_guard<std::mutex> lk(mu_);
   count();
   if (need_disk) {
-    if (queued_bytes_ + static_cast<int64_t>(data->size()) > kMaxQueuedBytes) {
+    if (queued_bytes_ + data->held_bytes() > kMaxQueuedBytes) {
       ++st_.disk_write_errors;  // the writer is that far behind: this block is not written
       return;
     }
-    queued_bytes_ += static_cast<int64_t>(data->size());
-    queued_.insert(hash);
-    queue_.push_back(DiskJob{hash, parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data), compressed});
+    queued_bytes_ += data->held_bytes();
+    pending_.emplace(hash, DiskJob{parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data)});
+    queue_.push_back(hash);
     cv_.notify_one();
   }
 }
@@ -416,18 +511,43 @@ KvTiers::Where KvTiers::find(BlockHash hash, BlockHash parent, std::span<const i
   if (cfg_.disk_dir.empty()) return Where::None;
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = disk_.find(hash); it != disk_.end() && same(it->second.parent, it->second.tokens)) return Where::Disk;
+  if (auto it = pending_.find(hash); it != pending_.end() && same(it->second.parent, it->second.tokens)) return Where::Disk;
   return Where::None;
 }
 
-bool KvTiers::unpack(const std::vector<uint8_t>& data, bool compressed, std::vector<uint8_t>& out) const {
+bool KvTiers::unpack(std::span<const uint8_t> data, bool compressed, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const {
   out.resize(static_cast<size_t>(block_bytes_));
   if (!compressed) {
     if (data.size() != out.size()) return false;
     std::memcpy(out.data(), data.data(), out.size());
     return true;
   }
-  const size_t r = ZSTD_decompress(out.data(), out.size(), data.data(), data.size());
+  const size_t r = ZSTD_decompressDCtx(dctx, out.data(), out.size(), data.data(), data.size());
   return !ZSTD_isError(r) && r == out.size();
+}
+
+bool KvTiers::unpack_kept(const ArenaBytes& a, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const {
+  out.resize(static_cast<size_t>(block_bytes_));
+  if (!a.compressed()) {
+    if (a.size() != block_bytes_) return false;
+    a.copy_out(out);
+    return true;
+  }
+  // Chunk by chunk through zstd's streaming interface: the chunks need not be adjacent.
+  ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
+  ZSTD_outBuffer ob{out.data(), out.size(), 0};
+  size_t r = 1;
+  for (int i = 0; i < a.num_pieces(); ++i) {
+    const std::span<const uint8_t> p = a.piece(i);
+    ZSTD_inBuffer ib{p.data(), p.size(), 0};
+    while (ib.pos < ib.size) {
+      const size_t in0 = ib.pos, out0 = ob.pos;
+      r = ZSTD_decompressStream(dctx, &ob, &ib);
+      if (ZSTD_isError(r)) return false;
+      if (ib.pos == in0 && ob.pos == out0) return false;  // more input than a block: not ours
+    }
+  }
+  return r == 0 && ob.pos == ob.size;
 }
 
 bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b) {
@@ -435,19 +555,27 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
   if (w == Where::Host) {
     HostEntry& e = host_.at(hash);
     host_lru_.splice(host_lru_.end(), host_lru_, e.lru);
-    Status s;
-    if (e.compressed) {
-      if (!unpack(*e.data, true, raw_)) return false;
-      s = be_.write_kv_block(b, raw_);
-    } else {
-      s = be_.write_kv_block(b, *e.data);
-    }
-    if (!s.ok()) return false;
+    const std::span<const uint8_t> in_place = e.data->compressed() ? std::span<const uint8_t>{} : e.data->contiguous();
+    if (in_place.empty() && !unpack_kept(*e.data, dctx_, raw_)) return false;
+    if (!be_.write_kv_block(b, in_place.empty() ? std::span<const uint8_t>(raw_) : in_place).ok()) return false;
     std::lock_guard<std::mutex> lk(mu_);
     ++st_.restored_host;
     return true;
   }
   if (w != Where::Disk) return false;
+  std::shared_ptr<const ArenaBytes> queued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = pending_.find(hash); it != pending_.end()) queued = it->second.data;
+  }
+  if (queued) {  // its file is not in yet: its bytes are
+    if (!unpack_kept(*queued, dctx_, raw_) || !be_.write_kv_block(b, raw_).ok()) return false;
+    host_adopt(hash, parent, tokens, std::move(queued));
+    std::lock_guard<std::mutex> lk(mu_);
+    ++st_.restored_disk;
+    ++st_.restored_queued;
+    return true;
+  }
   std::vector<uint8_t> data;
   bool compressed = false;
   {
@@ -459,7 +587,7 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
     Status s = read_file(path_of(hash), &fh, &fp, &ft, &data, &compressed);
     if (s.ok() && (fh != hash || fp != parent || !std::equal(ft.begin(), ft.end(), tokens.begin(), tokens.end())))
       s = make_error("entry does not hold this block");
-    if (!s.ok() || !unpack(data, compressed, raw_)) {
+    if (!s.ok() || !unpack(data, compressed, dctx_, raw_)) {
       std::fprintf(stderr, "kv disk tier: %s; deleted\n", s.ok() ? "payload does not decompress" : s.message().c_str());
       disk_forget_locked(hash, true);
       return false;
@@ -467,7 +595,7 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
     disk_lru_.splice(disk_lru_.end(), disk_lru_, it->second.lru);
   }
   if (!be_.write_kv_block(b, raw_).ok()) return false;
-  host_insert(hash, parent, tokens, std::make_shared<const std::vector<uint8_t>>(std::move(data)), compressed);
+  host_insert_copy(hash, parent, tokens, data, compressed);
   std::lock_guard<std::mutex> lk(mu_);
   ++st_.restored_disk;
   return true;
@@ -475,22 +603,27 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
 
 namespace {
 // A delivered block whose bytes are a copy of its own (read from disk or decompressed), not the
-// host tier's: counted as staging memory until taken.
-bool owns_copy(const KvTiers::Loaded& l) { return l.bytes && (l.from_disk || l.compressed); }
+// tiers' arena: counted as staging memory until taken.
+bool owns_copy(const KvTiers::Loaded& l) { return l.bytes != nullptr; }
 }  // namespace
 
 uint64_t KvTiers::load_async(std::span<const LoadItem> items) {
-  // Host entries are resolved here (the host index is the engine thread's); their bytes are shared,
-  // immutable, so the loader reads them even if the host tier drops the entry meanwhile.
+  // Host entries and queued writes are resolved here (the host index is the engine thread's);
+  // the job holds their bytes, immutable, so the loader reads them even if the host tier drops
+  // the entry or the write lands meanwhile.
   std::vector<LoadJob> jobs;
   jobs.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const LoadItem& it = items[i];
     LoadJob j{0, static_cast<int>(i), it, find(it.hash, it.parent, it.tokens), nullptr, false};
     if (j.where == Where::Host) {
-      const HostEntry& e = host_.at(it.hash);
-      j.host_data = e.data;
-      j.host_compressed = e.compressed;
+      j.kept = host_.at(it.hash).data;
+    } else if (j.where == Where::Disk) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto p = pending_.find(it.hash); p != pending_.end()) {
+        j.kept = p->second.data;
+        j.queued = true;
+      }
     }
     jobs.push_back(std::move(j));
   }
@@ -538,32 +671,11 @@ void KvTiers::set_load_hook(std::function<void(BlockHash)> hook) {
   load_hook_ = std::move(hook);
 }
 
-std::unique_ptr<std::vector<uint8_t>> KvTiers::take_spare() {
-  {
-    std::lock_guard<std::mutex> lk(load_mu_);
-    if (!spare_.empty()) {
-      auto b = std::move(spare_.back());
-      spare_.pop_back();
-      load_cv_.notify_one();  // the loader tops the spares up
-      return b;
-    }
-  }
-  return std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));
-}
-
 void KvTiers::loader_loop() {
   std::unique_lock<std::mutex> lk(load_mu_);
-  const size_t spares = cfg_.host_compress ? 0 : kSpareBuffers;
   for (;;) {
-    load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty() || spare_.size() < spares; });
+    load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty(); });
     if (load_stop_) return;
-    if (loads_.empty()) {  // idle: fault in a block buffer for the next demotion, off the engine thread
-      lk.unlock();
-      auto b = std::make_unique<std::vector<uint8_t>>(static_cast<size_t>(block_bytes_));  // zeroed: touched
-      lk.lock();
-      spare_.push_back(std::move(b));
-      continue;
-    }
     LoadJob j = std::move(loads_.front());
     loads_.pop_front();
     loading_ticket_ = j.ticket;
@@ -586,16 +698,17 @@ KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
   Loaded l;
   l.ticket = j.ticket;
   l.index = j.index;
-  if (j.where == Where::Host) {
-    if (!j.host_compressed) {
-      l.bytes = j.host_data;  // no copy: the host tier's bytes are the staging memory
-    } else {
+  if (j.kept) {  // a host entry or a queued write: in the arena already
+    const ArenaBytes& a = *j.kept;
+    if (a.compressed() || a.contiguous().size() != static_cast<size_t>(block_bytes_)) {
       auto raw = std::make_shared<std::vector<uint8_t>>();
-      if (!unpack(*j.host_data, true, *raw)) return l;
+      if (!unpack_kept(a, loader_dctx_, *raw)) return l;
       l.bytes = std::move(raw);
-      l.compressed = true;
     }
+    if (!l.bytes || j.queued) l.kept = j.kept;  // read in place, or promoted to the host tier
     l.ok = true;
+    l.from_disk = l.queued = j.queued;
+    l.compressed = a.compressed();
     return l;
   }
   if (j.where != Where::Disk) return l;
@@ -613,7 +726,7 @@ KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
   Status s = read_file(path_of(j.item.hash), &fh, &fp, &ft, data.get(), &compressed);
   if (s.ok() && (fh != j.item.hash || fp != j.item.parent || ft != j.item.tokens))
     s = make_error("entry does not hold this block");
-  if (s.ok() && !unpack(*data, compressed, *raw)) s = make_error("payload does not decompress");
+  if (s.ok() && !unpack(*data, compressed, loader_dctx_, *raw)) s = make_error("payload does not decompress");
   std::lock_guard<std::mutex> lk(mu_);
   if (!s.ok()) {
     std::fprintf(stderr, "kv disk tier: %s; deleted\n", s.message().c_str());
@@ -630,14 +743,19 @@ KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
 }
 
 bool KvTiers::apply_load(const Loaded& l, const LoadItem& item, BlockId b) {
-  if (!l.ok || !l.bytes || !be_.write_kv_block(b, *l.bytes).ok()) return false;
+  if (!l.ok) return false;
+  const std::span<const uint8_t> block =
+      l.bytes ? std::span<const uint8_t>(*l.bytes) : l.kept ? l.kept->contiguous() : std::span<const uint8_t>{};
+  if (static_cast<int64_t>(block.size()) != block_bytes_ || !be_.write_kv_block(b, block).ok()) return false;
   if (l.from_disk) {
-    host_insert(item.hash, item.parent, item.tokens, l.stored, l.compressed);
+    if (l.kept) host_adopt(item.hash, item.parent, item.tokens, l.kept);  // a queued write's bytes: no copy
+    else if (l.stored) host_insert_copy(item.hash, item.parent, item.tokens, *l.stored, l.compressed);
   } else if (auto it = host_.find(item.hash); it != host_.end()) {
     host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
   }
   std::lock_guard<std::mutex> lk(mu_);
   ++(l.from_disk ? st_.restored_disk : st_.restored_host);
+  if (l.queued) ++st_.restored_queued;
   return true;
 }
 
@@ -650,14 +768,18 @@ KvTierStats KvTiers::stats() const {
     failures = load_failures_;
     staging = staging_bytes_;
   }
+  const int64_t arena_bytes = arena_ ? arena_->bytes() : 0;
+  const int64_t arena_used = arena_ ? (arena_->num_chunks() - arena_->free_chunks()) * arena_->chunk_bytes() : 0;
   std::lock_guard<std::mutex> lk(mu_);
   KvTierStats s = st_;
   s.loads_pending = pending;
   s.loads_ready = ready;
   s.load_failures = failures;
   s.staging_bytes = staging;
-  s.host_capacity_bytes = cfg_.host_bytes;
-  s.host_used_bytes = host_used_;
+  s.arena_bytes = arena_bytes;
+  s.write_queue_bytes = queued_bytes_;
+  s.host_capacity_bytes = cfg_.host_bytes > 0 ? arena_bytes : 0;
+  s.host_used_bytes = cfg_.host_bytes > 0 ? arena_used : 0;
   s.host_blocks = static_cast<int64_t>(host_.size());
   s.disk_capacity_bytes = cfg_.disk_dir.empty() ? 0 : cfg_.disk_bytes;
   s.disk_used_bytes = disk_used_;

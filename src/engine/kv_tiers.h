@@ -3,17 +3,21 @@
 // pool restores them instead of recomputing them. Two tiers, both named by the pool's content hash
 // chain (hash, parent hash and tokens are compared, as in the pool, so a collision never serves
 // wrong K/V):
-//   host: a byte-bounded LRU of blocks in RAM, optionally zstd-compressed;
+//   host: a byte-bounded LRU of blocks in RAM, optionally zstd-compressed, kept in an arena of
+//         fixed-size chunks allocated and faulted in at start-up (kv_host_arena.h): a demotion is a
+//         copy into memory already there, and the tier's bytes are the arena's, counted whole;
 //   disk: one file per block in a directory, byte-bounded LRU, kept across restarts. Each file is
 //         written to a temporary name, checksummed (XXH64), fsynced and renamed by a writer
 //         thread; at start-up the index is rebuilt from the files, and a file that is truncated,
 //         fails its checksum or belongs to another model / KV dtype / block size is deleted and
 //         counted, never served. A failed write (disk full) stops disk writes; serving goes on.
 // Every demotion is written through to disk (when there is a disk tier) so a crash loses at most
-// the writes in flight. Bytes are the backend's own (Backend::read_kv_block): restored K/V are
-// bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader thread,
-// which reads them (disk: read and checksum; zstd: decompress) into staging memory while the
-// engine steps other sequences; the engine thread then copies each ready block into the pool
+// the writes in flight. A queued write holds the block's bytes in the arena (the host entry's own,
+// or, without a host tier, an arena as big as the write queue's bound) and is found and restored
+// from there until its file is in. Bytes are the backend's own (Backend::read_kv_block): restored
+// K/V are bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader
+// thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
+// the engine steps other sequences; the engine thread then copies each ready block into the pool
 // (apply_load, Backend::write_kv_block) between steps. Engine-thread only, except the writer and
 // loader threads inside.
 #pragma once
@@ -29,13 +33,19 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/block_pool.h"
 
+struct ZSTD_CCtx_s;  // zstd's contexts (zstd.h), kept across calls: a context per call allocates
+struct ZSTD_DCtx_s;
+
 namespace ss::engine {
+
+class HostArena;
+class ArenaBytes;
 
 struct KvTierConfig {
   int64_t host_bytes = 0;      // 0: no host tier
@@ -54,12 +64,20 @@ struct KvTierConfig {
 Expected<uint64_t> model_file_hash(const std::string& path);
 
 struct KvTierStats {
+  // The host tier's arena (0 without a host tier) and the part of it in use: host entries, and
+  // entries the host index let go that a queued disk write or a load still holds.
   int64_t host_capacity_bytes = 0, host_used_bytes = 0, host_blocks = 0;
+  // Host memory the tiers allocated at start-up: the host tier's arena, or without a host tier the
+  // disk write queue's (min(256 MiB, --kv-disk-bytes)).
+  int64_t arena_bytes = 0;
+  int64_t write_queue_bytes = 0;  // arena bytes held by disk writes not yet done
   int64_t disk_capacity_bytes = 0, disk_used_bytes = 0, disk_blocks = 0;
   int64_t demoted_evicted = 0;  // blocks demoted because the pool needed their room
   int64_t demoted_idle = 0;     // blocks demoted because they outlived the TTL
   int64_t restored_host = 0;    // blocks restored into the pool from each tier
   int64_t restored_disk = 0;
+  int64_t restored_queued = 0;  // of restored_disk: served from the write queue, the file not yet in
+  int64_t demote_no_room = 0;   // blocks dropped: every arena chunk held by queued writes or loads
   int64_t host_dropped = 0;     // host entries pushed out by its byte bound
   int64_t disk_writes = 0;      // files written
   int64_t disk_write_errors = 0;
@@ -74,7 +92,7 @@ struct KvTierStats {
 
 class KvTiers {
  public:
-  enum class Where { None, Host, Disk };
+  enum class Where { None, Host, Disk };  // Disk: on disk, or queued for the disk writer
 
   // be must outlive the tiers; its kv_block_bytes() must be > 0. Scans the disk directory.
   static Expected<std::unique_ptr<KvTiers>> create(const KvTierConfig& cfg, backend::Backend& be);
@@ -94,6 +112,12 @@ class KvTiers {
   bool restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b);
   KvTierStats stats() const;
   void wait_for_writes();  // tests, shutdown: returns when the writer's queue is empty
+  // Tests: runs on the writer thread before each file is written (a slow or latched disk).
+  void set_write_hook(std::function<void(BlockHash)> hook);
+  // Tests: the arena's address range (a demotion's bytes lie in it; nothing else is allocated).
+  std::pair<const uint8_t*, const uint8_t*> arena_range() const;
+  // Tests: where the host entry's bytes start (null if the host tier does not hold the block).
+  const uint8_t* host_bytes_of(BlockHash hash) const;
 
   // Asynchronous restores. A ticket names one run of blocks; the loader delivers its items in
   // order. A block found in neither tier, or whose file fails its checks (deleted and counted), is
@@ -106,10 +130,14 @@ class KvTiers {
     uint64_t ticket = 0;
     int index = 0;  // into the ticket's items
     bool ok = false;
-    bool from_disk = false;
+    bool from_disk = false;  // from the disk tier: its file, or its write queue (queued)
+    bool queued = false;
     bool compressed = false;
-    std::shared_ptr<const std::vector<uint8_t>> bytes;   // the block's K/V (ok only)
-    std::shared_ptr<const std::vector<uint8_t>> stored;  // from disk: the entry as stored (to promote)
+    // The block's K/V (ok only): a copy (read from disk or decompressed; staging memory), or else
+    // the tiers' own plain bytes in the arena (kept), read in place.
+    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const ArenaBytes> kept;              // also: a queued entry's bytes, to promote
+    std::shared_ptr<const std::vector<uint8_t>> stored;  // from a file: the entry as stored (to promote)
   };
   uint64_t load_async(std::span<const LoadItem> items);
   // Drops the ticket's queued and delivered items; one being read is dropped when it is done.
@@ -128,8 +156,7 @@ class KvTiers {
   struct HostEntry {
     BlockHash parent;
     std::vector<int32_t> tokens;
-    std::shared_ptr<const std::vector<uint8_t>> data;  // shared with a queued disk write
-    bool compressed;
+    std::shared_ptr<const ArenaBytes> data;  // shared with a queued disk write or a load
     std::list<BlockHash>::iterator lru;
   };
   struct DiskEntry {
@@ -138,61 +165,71 @@ class KvTiers {
     int64_t bytes;
     std::list<BlockHash>::iterator lru;
   };
-  struct DiskJob {
-    BlockHash hash, parent;
+  struct DiskJob {  // a queued write; restores are served from its bytes until the file is in
+    BlockHash parent;
     std::vector<int32_t> tokens;
-    std::shared_ptr<const std::vector<uint8_t>> data;
-    bool compressed;
+    std::shared_ptr<const ArenaBytes> data;
   };
 
   KvTiers(const KvTierConfig& cfg, backend::Backend& be);
   Status scan_disk();
   void writer_loop();
-  Status write_file(const DiskJob& j, int64_t* bytes);
+  Status write_file(BlockHash hash, const DiskJob& j, int64_t* bytes);
   // Reads and checks a file; on success data holds the payload as stored.
   Status read_file(const std::string& path, BlockHash* hash, BlockHash* parent, std::vector<int32_t>* tokens,
                    std::vector<uint8_t>* data, bool* compressed) const;
-  bool unpack(const std::vector<uint8_t>& data, bool compressed, std::vector<uint8_t>& out) const;
+  bool unpack(std::span<const uint8_t> data, bool compressed, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const;
+  bool unpack_kept(const ArenaBytes& a, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const;
   std::string path_of(BlockHash h) const;
   void disk_forget_locked(BlockHash h, bool count_rejected);
-  void host_insert(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
-                   std::shared_ptr<const std::vector<uint8_t>> data, bool compressed);
+  // size bytes of arena chunks; makes room by dropping least recently used host entries no one
+  // else holds. may_wait (shutdown copies): waits for the writer to let go of chunks. Null if none.
+  std::shared_ptr<ArenaBytes> arena_alloc(int64_t size, bool compressed, bool may_wait);
+  bool host_drop_one();
+  // Pool block b's K/V into the arena (compressed with host_compress); null if no room or no read.
+  std::shared_ptr<const ArenaBytes> read_block(BlockId b, bool may_wait);
+  void host_adopt(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
+                  std::shared_ptr<const ArenaBytes> data);
+  void host_insert_copy(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
+                        std::span<const uint8_t> stored, bool compressed);
   struct LoadJob {
     uint64_t ticket;
     int index;
     LoadItem item;
     Where where;
-    std::shared_ptr<const std::vector<uint8_t>> host_data;  // Where::Host: the entry's bytes as kept
-    bool host_compressed;
+    std::shared_ptr<const ArenaBytes> kept;  // a host entry's or a queued write's bytes
+    bool queued;
   };
   void loader_loop();
   Loaded load_one(const LoadJob& j);  // loader thread
-  // A block-sized buffer for a demotion: one the loader faulted in beforehand (fresh memory costs
-  // ~0.25 ms a block to fault in, 8 ms for a step's 32 demotions), else a new one.
-  std::unique_ptr<std::vector<uint8_t>> take_spare();
-  static constexpr size_t kSpareBuffers = 64;  // two steps' demotions
 
   KvTierConfig cfg_;
   backend::Backend& be_;
   int block_size_;
   int64_t block_bytes_;
   uint32_t dtype_;
-  std::vector<uint8_t> raw_, packed_;  // engine-thread scratch
+  std::shared_ptr<HostArena> arena_;  // null only without any tier memory (no host, no disk)
+  // Engine-thread scratch, sized at start-up: a block, its compressed form, zstd's contexts.
+  std::vector<uint8_t> raw_, packed_;
+  ::ZSTD_CCtx_s* cctx_ = nullptr;
+  ::ZSTD_DCtx_s* dctx_ = nullptr;
+  ::ZSTD_DCtx_s* loader_dctx_ = nullptr;  // the loader thread's
 
   std::unordered_map<BlockHash, HostEntry> host_;
   std::list<BlockHash> host_lru_;  // front: least recently used
-  int64_t host_used_ = 0;
 
-  mutable std::mutex mu_;  // the disk index, the queue and the stats below
-  std::condition_variable cv_, idle_cv_;
+  mutable std::mutex mu_;  // the disk index, the write queue and the stats below
+  std::condition_variable cv_, idle_cv_, progress_cv_;
   std::unordered_map<BlockHash, DiskEntry> disk_;
   std::list<BlockHash> disk_lru_;
-  std::unordered_set<BlockHash> queued_;
-  std::deque<DiskJob> queue_;
+  std::unordered_map<BlockHash, DiskJob> pending_;  // queued or being written; only the writer erases
+  std::deque<BlockHash> queue_;                     // pending_'s write order
   int64_t queued_bytes_ = 0;
   int64_t disk_used_ = 0;
+  uint64_t writes_done_ = 0;
   bool writing_ = false, stop_ = false;
   KvTierStats st_;
+  std::function<void(BlockHash)> write_hook_;
   std::thread writer_;
 
   // The loader: its queue, what it delivered, and the ticket it is reading now.
@@ -204,7 +241,6 @@ class KvTiers {
   bool loading_cancelled_ = false, load_stop_ = false;
   int64_t staging_bytes_ = 0, load_failures_ = 0;
   std::function<void(BlockHash)> load_hook_;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> spare_;  // under load_mu_
   std::thread loader_;
 };
 

@@ -140,6 +140,13 @@ struct ScopedDir {
   }
 };
 
+std::vector<fs::path> kv_files(const std::string& dir) {
+  std::vector<fs::path> v;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".kvb") v.push_back(e.path());
+  return v;
+}
+
 // Runs turn 1, lets its blocks idle past the TTL into the tiers, and returns its answer.
 std::vector<int32_t> run_and_demote(Driver& d, TestClock& clock, const Spec& t1, int64_t ttl_ms) {
   d.start(1, t1);
@@ -413,4 +420,121 @@ TEST(KvRestoreAsync, ConcurrentRestoresUnderEvictionKeepOutputsExact) {
     EXPECT_EQ(d.lives[ids[i]].tokens, run_alone(seconds[i], kVocab).tokens) << "conversation " << i;
   EXPECT_EQ(d.lives[stream_id].tokens, run_alone(stream, kVocab).tokens);
   EXPECT_GT(ex->stats().kv_restored_host, 0);
+}
+
+// A block demoted to a disk-only tier whose write has not landed (the writer held on a latch) is
+// found and restored from the write queue's bytes, by both restore paths, bit-exact; when the write
+// then lands, the file is indexed, intact, and serves the same bytes after a restart.
+TEST(KvRestoreAsync, QueuedDiskWriteIsRestoredBeforeItLands) {
+  for (bool compress : {false, true}) {
+    SCOPED_TRACE(compress ? "zstd" : "plain");
+    std::mt19937 g(compress ? 47 : 45);
+    const ScopedDir dir(compress ? "queued_z" : "queued");
+    FakeBackend be(8, 1024, kVocab);  // 8 KiB blocks: zstd spans several arena chunks
+    const size_t bb = static_cast<size_t>(be.kv_block_bytes());
+    std::vector<uint8_t> bytes(bb);
+    for (size_t i = 0; i < bb; ++i) bytes[i] = i % 2 ? 0 : static_cast<uint8_t>(g());
+    ASSERT_TRUE(be.write_kv_block(2, bytes).ok());
+    const auto tokens = random_tokens(g, 1024, kVocab);
+    const BlockHash hash = hash_block(kRootBlockHash, tokens);
+    KvTierConfig tc;
+    tc.disk_dir = dir.path;
+    tc.disk_bytes = 1 << 20;
+    tc.model_hash = 11;
+    tc.host_compress = compress;
+    std::vector<uint8_t> back(bb);
+    {
+      Latch latch;
+      auto t = KvTiers::create(tc, be);
+      ASSERT_TRUE(t.ok()) << t.message();
+      OpenOnExit guard{latch};  // before the tiers join the writer
+      (*t)->set_write_hook([&](BlockHash) { latch.wait(); });
+      (*t)->demote(2, hash, kRootBlockHash, tokens, KvTiers::Why::Idle);
+      ASSERT_TRUE(latch.wait_arrived(1));  // the writer holds it: no file yet
+      EXPECT_TRUE(kv_files(dir.path).empty());
+      EXPECT_EQ((*t)->stats().disk_blocks, 0);
+      EXPECT_GT((*t)->stats().write_queue_bytes, 0);
+      ASSERT_EQ((*t)->find(hash, kRootBlockHash, tokens), KvTiers::Where::Disk);
+
+      ASSERT_TRUE((*t)->restore(hash, kRootBlockHash, tokens, 5));  // the synchronous path
+      ASSERT_TRUE(be.read_kv_block(5, back).ok());
+      EXPECT_EQ(back, bytes);
+      const KvTiers::LoadItem item{hash, kRootBlockHash, tokens};  // the loader's path
+      (*t)->load_async(std::span<const KvTiers::LoadItem>(&item, 1));
+      ASSERT_TRUE((*t)->wait_loaded(std::chrono::seconds(10)));
+      std::vector<KvTiers::Loaded> got;
+      ASSERT_EQ((*t)->take_loaded(1, got), 1);
+      ASSERT_TRUE(got[0].ok);
+      EXPECT_TRUE(got[0].queued);
+      ASSERT_TRUE((*t)->apply_load(got[0], item, 6));
+      ASSERT_TRUE(be.read_kv_block(6, back).ok());
+      EXPECT_EQ(back, bytes);
+      KvTierStats st = (*t)->stats();
+      EXPECT_EQ(st.restored_disk, 2);
+      EXPECT_EQ(st.restored_queued, 2);
+      EXPECT_EQ(st.disk_writes, 0);
+
+      latch.release();  // the write lands after the restores
+      (*t)->wait_for_writes();
+      st = (*t)->stats();
+      EXPECT_EQ(st.disk_writes, 1);
+      EXPECT_EQ(st.disk_blocks, 1);
+      EXPECT_EQ(st.write_queue_bytes, 0);
+      EXPECT_EQ(st.arena_bytes > 0 && st.host_used_bytes == 0, true);  // no host tier: the arena is the queue's
+      EXPECT_EQ(kv_files(dir.path).size(), 1u);
+      ASSERT_EQ((*t)->find(hash, kRootBlockHash, tokens), KvTiers::Where::Disk);
+      ASSERT_TRUE((*t)->restore(hash, kRootBlockHash, tokens, 7));  // now from the file
+      ASSERT_TRUE(be.read_kv_block(7, back).ok());
+      EXPECT_EQ(back, bytes);
+      EXPECT_EQ((*t)->stats().restored_queued, 2);
+    }
+    auto t = KvTiers::create(tc, be);  // a restart: the index is rebuilt from the file
+    ASSERT_TRUE(t.ok()) << t.message();
+    const KvTierStats st = (*t)->stats();
+    EXPECT_EQ(st.disk_blocks, 1);
+    EXPECT_EQ(st.disk_rejected, 0);
+    ASSERT_TRUE((*t)->restore(hash, kRootBlockHash, tokens, 4));
+    ASSERT_TRUE(be.read_kv_block(4, back).ok());
+    EXPECT_EQ(back, bytes);
+  }
+}
+
+// The same through the engine: a returning turn whose history is still queued for the disk
+// writer is restored (not recomputed) and gives the tokens it gives alone; the writes land later.
+TEST(KvRestoreAsync, ReturningTurnIsRestoredFromQueuedDiskWrites) {
+  std::mt19937 g(49);
+  const ScopedDir dir("queued_turn");
+  Latch latch;
+  TestClock clock;
+  FakeBackend be(64, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.disk_dir = dir.path;
+  tc.disk_bytes = 1 << 20;
+  tc.model_hash = 13;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  OpenOnExit guard{latch};
+  ex->tiers()->set_write_hook([&](BlockHash) { latch.wait(); });
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 100, kVocab), 8);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  const int history_blocks = (100 + 8 - 1) / kBlock;
+  ASSERT_TRUE(latch.wait_arrived(1));
+  EXPECT_EQ(ex->tiers()->stats().disk_blocks, 0);  // every write still queued
+  const Spec t2 = next_turn(t1, answer, g, 6);
+  d.start(2, t2);
+  d.run_all();
+  EXPECT_EQ(d.lives[2].tokens, run_alone(t2, kVocab).tokens);
+  KvTierStats st = ex->tiers()->stats();
+  EXPECT_EQ(st.restored_disk, history_blocks);
+  EXPECT_EQ(st.restored_queued, history_blocks);
+  EXPECT_EQ(ex->stats().kv_restored_disk, history_blocks);
+  EXPECT_EQ(st.disk_blocks, 0);
+  latch.release();
+  ex->tiers()->wait_for_writes();
+  st = ex->tiers()->stats();
+  EXPECT_EQ(st.disk_blocks, history_blocks);
+  EXPECT_EQ(st.disk_rejected, 0);
+  EXPECT_TRUE(ex->check_invariants().ok());
 }
