@@ -3,7 +3,9 @@
 # same server (CUDA backend, a random-weights GGUF of a real shape, seed 1) under --scheduling host
 # and --scheduling persistent, interleaved, each driven by `selfserve bench serve` at open-loop
 # Poisson rates with short prompts (TTFT, TPOT p50/p99, throughput), while nvidia-smi samples the
-# GPU's busy share every 100 ms (its log beside each run).
+# GPU's busy share every 100 ms (its log beside each run). Requests are greedy (temperature 0): the
+# device loop runs only greedy sequences, and the API's default temperature (1) would send every
+# request to the host executor beside it.
 # usage: tools/gpu/bench_serving.sh [shape] [rates]   (default llama32-1b, rates 4,16,64; N requests a rate;
 #        BUILD=build DEVICE=cpu N=4 tools/gpu/bench_serving.sh smollm2-135m 2 tries it on a CPU machine)
 set -uo pipefail
@@ -30,7 +32,8 @@ for round in 1 2; do
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$OUT/serve-$tag-util.csv" 2>/dev/null &
     smi=$!
     timeout 300 "$S" bench serve --url "http://127.0.0.1:$port" --rate "$rates" --num-requests "$N" --duration 60 \
-      --mix 1,0,0 --output-tokens 64,128 --seed 7 > "$OUT/serve-$tag.txt" 2>&1
+      --mix 1,0,0 --output-tokens 64,128 --seed 7 \
+      --extra-body '{"temperature": 0}' > "$OUT/serve-$tag.txt" 2>&1
     echo "$tag rc=$?"
     kill "$smi" 2>/dev/null
     get "http://127.0.0.1:$port/metrics" | grep -E '^selfserve_(engine_|generation_tokens|prompt_tokens)' > "$OUT/serve-$tag-metrics.txt"
