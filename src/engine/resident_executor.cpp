@@ -420,10 +420,9 @@ Status ResidentExecutor::check(const SeqStart& s) const {
   if (s.constraint) return unsupported("structured output");
   if (s.logprobs >= 0 || s.prompt_logprobs >= 0) return unsupported("logprobs");
   if (s.cached_prefix > 0 || !s.reserved_blocks.empty()) return unsupported("restored prefixes");
-  if (runner_->greedy_only()) {
-    if (!p.greedy()) return unsupported("sampling beyond greedy on the device");
-    if (s.min_tokens > 0 && !s.stop_ids.empty()) return unsupported("min_tokens with stop ids on the device");
-  }
+  if (runner_->greedy_only() && !p.greedy()) return unsupported("sampling beyond greedy on the device");
+  if (!runner_->bans_tokens() && s.min_tokens > 0 && !s.stop_ids.empty())
+    return unsupported("min_tokens with stop ids on the device");
   if (blocks_needed(s) > runner_->num_blocks())
     return make_error("the request needs " + std::to_string(blocks_needed(s)) + " KV blocks, the cache has " +
                       std::to_string(runner_->num_blocks()));

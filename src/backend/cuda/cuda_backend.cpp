@@ -911,6 +911,15 @@ Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(co
     if (st.ok()) cuda::argmax_rows(logits_, R, V_, d_ids_, stream_);
     return st;
   };
+  h.record_sample_step = [this](int T, int R, bool pdl, const void* params, void* scratch, size_t bytes) {
+    pdl_ = pdl;
+    Status st = forward(T, R);
+    pdl_ = true;
+    if (st.ok())
+      st = cuda::kern::sample(logits_, R, V_, static_cast<const cuda::kern::RowSampling*>(params), nullptr, 0, scratch,
+                              bytes, d_ids_, stream_);
+    return st;
+  };
   h.on_close = [this] { loop_made_ = false; };
   SS_CUDA(cudaStreamSynchronize(stream_));
   SS_ASSIGN(auto r, cuda::make_device_loop_runner(h, g, share));

@@ -24,6 +24,18 @@ using OutRing = queues::SeqRing<T, queues::kSystem, queues::kDevice, queues::kSy
 inline constexpr int kMaxMsgs = 16;    // messages applied per step boundary
 inline constexpr int kMaxGraphs = 16;  // buckets of 1, 2, 4, ... 32768 tokens
 
+// A sample row's parameters as the device sampler reads them (kern::RowSampling's layout:
+// loop_runner.cu checks it): the slot's sampling and the draw's counter, 2 x its output tokens so
+// far (backend/sampling_rng.h), so a draw depends on (seed, counter) alone, as on the host.
+struct RowParams {
+  float temperature;  // <= 0: greedy
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  uint64_t seed;
+  uint64_t counter;
+};
+
 // Host <-> device words, in mapped memory.
 struct Control {
   uint32_t stop;       // host: end the chain at the next step boundary (after the commit)
@@ -62,6 +74,10 @@ struct Args {
   int be_max_blocks, first_slot, first_block, spare_slot;
   int n_graphs, r_cap;
   void* graphs[kMaxGraphs];  // cudaGraphExec_t; graphs[i]: 1 << i tokens, min(1 << i, r_cap) sample rows
+  // The same steps drawing each sample row with row_params (the device sampler) instead of the
+  // argmax; run for a step with a row whose temperature is > 0. Null: greedy only.
+  void* sgraphs[kMaxGraphs];
+  RowParams* row_params;     // [r_cap], what sgraphs read; null: greedy only
   int64_t idle_ns;           // the longest sleep of one idle iteration
 };
 
@@ -69,6 +85,7 @@ struct Args {
 struct Shared {
   resident::Submit msgs[kMaxMsgs];
   int n_msgs, go, lg, n;
+  int sampled;  // this step has a row drawn with a temperature: its graph is sgraphs[lg]
 };
 
 template <class T>
@@ -103,6 +120,7 @@ SS_RESIDENT_HD inline void phase_take(Args& a, Shared& sh) {
   sh.n_msgs = 0;
   sh.n = 0;
   sh.lg = 0;
+  sh.sampled = 0;
   sh.go = stop_requested(a) ? 0 : 1;
   if (sh.go)
     while (sh.n_msgs < kMaxMsgs && a.submits.try_pop_single(sh.msgs[sh.n_msgs])) ++sh.n_msgs;
@@ -174,10 +192,21 @@ SS_RESIDENT_HD inline void phase_plan(Args& a, Shared& sh, int64_t now_ns) {
   sh.lg = l;
   if (r.n > 0) {
     int j = 0;
-    for (int k = 0; k < r.n; ++k)
-      if (r.sample[k]) a.rows[j++] = k;
+    for (int k = 0; k < r.n; ++k) {
+      if (!r.sample[k]) continue;
+      if (a.row_params) {
+        const resident::Slot& s = st.slots[r.slots[k]];
+        const resident::Sampling& p = s.sampling;
+        a.row_params[j] = RowParams{p.temperature, p.top_k, p.top_p, p.min_p, p.seed, 2 * static_cast<uint64_t>(s.n_output)};
+        if (p.temperature > 0.0f) sh.sampled = 1;
+      }
+      a.rows[j++] = k;
+    }
     const int R = (1 << l) < a.r_cap ? (1 << l) : a.r_cap;
-    for (; j < R; ++j) a.rows[j] = 0;
+    for (; j < R; ++j) {  // padding: row 0 again, greedy
+      a.rows[j] = 0;
+      if (a.row_params) a.row_params[j] = RowParams{0.0f, 0, 1.0f, 0.0f, 0, 0};
+    }
   }
 }
 

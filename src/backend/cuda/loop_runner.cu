@@ -20,20 +20,25 @@
 // The host pushes into rings with plain stores and a release, and drains the completion ring:
 // no launch, no copy and no sync per token. A stop flag ends the chain after a commit (pause());
 // run_on_loop() uses that to run a host executor's step on the same backend between two of the
-// loop's. Sampling is greedy (argmax in the graph): other sequences go to the host executor
-// (greedy_only()).
+// loop's. A step whose rows are all greedy runs the argmax graph of its bucket; one with a
+// temperature runs the same step with the device sampler (kern::sample: temperature, top-k, top-p,
+// min-p, the counter-based RNG), each row's parameters written by the scheduler. Stop ids banned
+// before min_tokens need a mask the loop does not build: such sequences go to the host executor
+// (bans_tokens()).
 #include "backend/cuda/loop_runner.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/kernels/kernels.h"
 #include "backend/cuda/loop_iteration.h"
 #include "backend/cuda/queues/queues.h"
 #include "backend/resident/loop.h"
@@ -51,6 +56,16 @@ using devloop::Args;
 using devloop::Control;
 using devloop::DevState;
 using devloop::kMaxGraphs;
+using devloop::RowParams;
+static_assert(sizeof(RowParams) == sizeof(kern::RowSampling) && offsetof(RowParams, temperature) == offsetof(kern::RowSampling, temperature) &&
+                  offsetof(RowParams, top_k) == offsetof(kern::RowSampling, top_k) &&
+                  offsetof(RowParams, top_p) == offsetof(kern::RowSampling, top_p) &&
+                  offsetof(RowParams, min_p) == offsetof(kern::RowSampling, min_p) &&
+                  offsetof(RowParams, seed) == offsetof(kern::RowSampling, seed) &&
+                  offsetof(RowParams, counter) == offsetof(kern::RowSampling, counter),
+              "the scheduler writes the device sampler's row parameters");
+// The sampling graphs' scratch (the sort of every row for top-k/top-p/min-p) above this: greedy only.
+constexpr size_t kMaxSampleScratch = size_t(1) << 30;
 
 constexpr int kThreads = 256;
 
@@ -77,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(Args a) {
     return;
   }
   if (sh.n > 0) {
-    const auto g = static_cast<cudaGraphExec_t>(a.graphs[sh.lg]);
+    const auto g = static_cast<cudaGraphExec_t>(sh.sampled && a.sgraphs[sh.lg] ? a.sgraphs[sh.lg] : a.graphs[sh.lg]);
     if (const cudaError_t e = cudaGraphLaunch(g, cudaStreamGraphTailLaunch); e != cudaSuccess) {
       devloop::store_mapped(a.ctl->error, static_cast<uint32_t>(e));
       return;
@@ -130,12 +145,15 @@ class DeviceLoopRunner final : public resident::LoopRunner {
     if (running_) pause();
     for (cudaGraphExec_t e : graphs_)
       if (e) cudaGraphExecDestroy(e);
+    for (cudaGraphExec_t e : sgraphs_)
+      if (e) cudaGraphExecDestroy(e);
     if (sched_) cudaGraphExecDestroy(sched_);
     if (h_.on_close) h_.on_close();
   }
 
   std::string name() const override {
-    return "device loop, " + h_.backend_name + (pdl_ ? "" : ", graphs without PDL");
+    return "device loop, " + h_.backend_name + (pdl_ ? "" : ", graphs without PDL") +
+           (sgraphs_.empty() ? ", greedy only (" + no_sampling_ + ")" : "");
   }
   const resident::Geometry& geometry() const override { return geo_; }
   int num_blocks() const override { return share_.blocks; }
@@ -151,7 +169,8 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   bool submit(const resident::Submit& m) override { return submit_host_.try_push(m); }
   bool grant_block(int32_t b) override { return block_host_.try_push(b); }
   int64_t now_ns() const override { return steady_ns() + clock_offset_; }
-  bool greedy_only() const override { return true; }
+  bool greedy_only() const override { return sgraphs_.empty(); }
+  bool bans_tokens() const override { return false; }
   Status error() const override { return err_; }
   int64_t steps() const override {
     return static_cast<int64_t>(__atomic_load_n(&ctl()->steps, __ATOMIC_RELAXED));
@@ -259,13 +278,40 @@ class DeviceLoopRunner final : public resident::LoopRunner {
 
     // The decode graphs, for launch from the device. Programmatic dependent launch edges first;
     // where the driver does not take them in a device graph, the same graphs without.
-    Status st = capture_steps(n_graphs, r_cap, true);
+    Status st = capture_steps(n_graphs, r_cap, true, &graphs_, h_.record_step);
     if (!st.ok()) {
       first_capture_error_ = st.message();
       pdl_ = false;
-      SS_TRY(capture_steps(n_graphs, r_cap, false));
+      SS_TRY(capture_steps(n_graphs, r_cap, false, &graphs_, h_.record_step));
     }
     for (int i = 0; i < n_graphs; ++i) a.graphs[i] = graphs_[static_cast<size_t>(i)];
+    // The sampling graphs: the same steps with the device sampler drawing each row. Without them
+    // (too much scratch, or a capture the driver refuses) the loop runs greedy sequences only.
+    const size_t scratch = kern::sample_scratch_bytes(r_cap, g.vocab);
+    if (!h_.record_sample_step) {
+      no_sampling_ = "the backend records no sampling step";
+    } else if (g.vocab < 1 || scratch > kMaxSampleScratch) {
+      no_sampling_ = "the sampler's scratch would be " + std::to_string(scratch >> 20) + " MiB";
+    } else {
+      Status ss = [&]() -> Status {
+        SS_ASSIGN(row_params_, queues::DeviceBuffer::allocate(sizeof(RowParams) * static_cast<size_t>(r_cap)));
+        SS_ASSIGN(sample_scratch_, queues::DeviceBuffer::allocate(scratch));
+        LOOP_CUDA(cudaMemset(row_params_.get(), 0, sizeof(RowParams) * static_cast<size_t>(r_cap)));
+        return capture_steps(n_graphs, r_cap, pdl_, &sgraphs_, [&](int T, int R, bool pdl) {
+          return h_.record_sample_step(T, R, pdl, row_params_.get(), sample_scratch_.get(), scratch);
+        });
+      }();
+      if (!ss.ok()) {
+        no_sampling_ = ss.message();
+        for (cudaGraphExec_t& e : sgraphs_)
+          if (e) cudaGraphExecDestroy(e), e = nullptr;
+        sgraphs_.clear();
+      }
+    }
+    if (!sgraphs_.empty()) {
+      a.row_params = static_cast<RowParams*>(row_params_.get());
+      for (int i = 0; i < n_graphs; ++i) a.sgraphs[i] = sgraphs_[static_cast<size_t>(i)];
+    }
 
     // The scheduler's graph: one kernel node that relaunches its own graph.
     LOOP_CUDA(cudaStreamBeginCapture(h_.stream, cudaStreamCaptureModeThreadLocal));
@@ -299,26 +345,28 @@ class DeviceLoopRunner final : public resident::LoopRunner {
     return err_;
   }
 
-  Status capture_steps(int n_graphs, int r_cap, bool pdl) {
-    for (cudaGraphExec_t& e : graphs_)
+  Status capture_steps(int n_graphs, int r_cap, bool pdl, std::vector<cudaGraphExec_t>* out,
+                       const std::function<Status(int, int, bool)>& record) {
+    std::vector<cudaGraphExec_t>& gs = *out;
+    for (cudaGraphExec_t& e : gs)
       if (e) cudaGraphExecDestroy(e), e = nullptr;
-    graphs_.assign(static_cast<size_t>(n_graphs), nullptr);
+    gs.assign(static_cast<size_t>(n_graphs), nullptr);
     for (int i = 0; i < n_graphs; ++i) {
       const int T = 1 << i, R = std::min(T, r_cap);
       LOOP_CUDA(cudaStreamBeginCapture(h_.stream, cudaStreamCaptureModeThreadLocal));
-      Status st = h_.record_step(T, R, pdl);
+      Status st = record(T, R, pdl);
       cudaGraph_t graph = nullptr;
       const cudaError_t end = cudaStreamEndCapture(h_.stream, &graph);
       if (st.ok() && end != cudaSuccess) static_cast<void>(st = cuda_err("capture a step", end));
       if (st.ok()) {
         const cudaError_t inst =
-            cudaGraphInstantiateWithFlags(&graphs_[static_cast<size_t>(i)], graph, cudaGraphInstantiateFlagDeviceLaunch);
+            cudaGraphInstantiateWithFlags(&gs[static_cast<size_t>(i)], graph, cudaGraphInstantiateFlagDeviceLaunch);
         if (inst != cudaSuccess)
           static_cast<void>(st = cuda_err(("instantiate the step of " + std::to_string(T) + " tokens for device launch").c_str(), inst));
       }
       if (graph) cudaGraphDestroy(graph);
       if (st.ok()) {
-        const cudaError_t up = cudaGraphUpload(graphs_[static_cast<size_t>(i)], h_.stream);
+        const cudaError_t up = cudaGraphUpload(gs[static_cast<size_t>(i)], h_.stream);
         if (up != cudaSuccess) static_cast<void>(st = cuda_err("upload a step graph", up));
       }
       if (!st.ok()) {
@@ -394,7 +442,9 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   DoneRing::Ring done_host_;
   queues::MappedBuffer ctl_, host_prompts_, host_tables_;
   queues::DeviceBuffer dev_state_, dev_slots_, dev_tables_, dev_prompts_, dev_synced_, dev_rows_;
-  std::vector<cudaGraphExec_t> graphs_;
+  std::vector<cudaGraphExec_t> graphs_, sgraphs_;  // argmax steps; sampling steps (empty: greedy only)
+  queues::DeviceBuffer row_params_, sample_scratch_;
+  std::string no_sampling_;
   cudaGraphExec_t sched_ = nullptr;
   bool pdl_ = true, running_ = false;
   std::string first_capture_error_;

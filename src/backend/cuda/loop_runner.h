@@ -1,6 +1,6 @@
 // The CUDA backend's resident loop (issue 17): the control plane of backend/resident/loop.h in a
 // one-block scheduler kernel that tail-launches the step's decode graph and then itself, so once
-// started the GPU admits, plans, steps, samples (greedy), stops and streams with no host launch and
+// started the GPU admits, plans, steps, samples, stops and streams with no host launch and
 // no host sync per token. The host only pushes into rings in pinned mapped memory and drains the
 // completion ring. loop_runner.cu has the design.
 #pragma once
@@ -30,6 +30,11 @@ struct LoopHooks {
   int spare_slot = 0;            // padding rows' slot (its table points at a spare block)
   int cap_tokens = 0, cap_rows = 0;
   std::function<Status(int tokens, int rows, bool pdl)> record_step;
+  // The same step with the device sampler (kern::sample) drawing row j with params[j] (device
+  // kern::RowSampling, written by the scheduler) into ids, using scratch of scratch_bytes; unset:
+  // the loop runs greedy sequences only.
+  std::function<Status(int tokens, int rows, bool pdl, const void* params, void* scratch, size_t scratch_bytes)>
+      record_sample_step;
   std::function<void()> on_close;  // the runner is gone (the backend may make another)
 };
 

@@ -41,9 +41,11 @@ class LoopRunner {
   // Runs fn where the loop runs, between two of its steps, and returns when it has run: how a host
   // executor sharing the backend (requests the loop cannot run) gets its steps in.
   virtual void run_on_loop(const std::function<void()>& fn) = 0;
-  // Draws only greedy tokens with no banned ids (min_tokens with stop ids): other sequences go to
-  // the host executor.
+  // Draws only greedy tokens: other sequences go to the host executor.
   virtual bool greedy_only() const { return false; }
+  // Whether it bans stop ids before min_tokens (a mask on the draw); false: such sequences go to
+  // the host executor.
+  virtual bool bans_tokens() const { return true; }
 };
 
 // The part of a backend's KV pool and block-table slots a loop uses: blocks

@@ -38,8 +38,11 @@ struct HostRing {
 // A LoopRunner whose loop is loop_iteration.h's phases on a host thread.
 class PhaseRunner final : public LoopRunner {
  public:
-  PhaseRunner(backend::Backend& be, const resident::Geometry& g, LoopShare share, int bucket_cap)
-      : be_(be), geo_(g), share_(share), submits_(256), blocks_(512), done_(1u << 14) {
+  // sampling: the scheduler writes each sample row's parameters (the device sampler's input) and
+  // the graph's stand-in draws with them; else every row is drawn greedy and sampled sequences are
+  // turned away, as a loop without sampling graphs does.
+  PhaseRunner(backend::Backend& be, const resident::Geometry& g, LoopShare share, int bucket_cap, bool sampling = false)
+      : be_(be), geo_(g), share_(share), sampling_(sampling), submits_(256), blocks_(512), done_(1u << 14) {
     const size_t prompts = static_cast<size_t>(g.max_slots) * g.max_len;
     const size_t tables = static_cast<size_t>(g.max_slots) * g.max_blocks;
     host_prompts_.assign(prompts, 0), dev_prompts_.assign(prompts, 0);
@@ -75,6 +78,11 @@ class PhaseRunner final : public LoopRunner {
     a_.r_cap = 1;
     while (a_.r_cap < g.max_slots) a_.r_cap *= 2;
     greedy_.temperature = 0.0f;
+    if (sampling_) {
+      row_params_.assign(static_cast<size_t>(a_.r_cap), devloop::RowParams{-1.0f, -1, -1.0f, -1.0f, 0, 0});
+      a_.row_params = row_params_.data();
+      row_sampling_.resize(static_cast<size_t>(a_.r_cap));
+    }
     thread_ = std::thread([this] { run(); });
   }
   ~PhaseRunner() override {
@@ -112,7 +120,8 @@ class PhaseRunner final : public LoopRunner {
     std::lock_guard<std::mutex> lk(mu_);
     fn();
   }
-  bool greedy_only() const override { return true; }
+  bool greedy_only() const override { return !sampling_; }
+  bool bans_tokens() const override { return false; }
   Status error() const override {
     std::lock_guard<std::mutex> lk(mu_);
     return err_;
@@ -194,8 +203,20 @@ class PhaseRunner final : public LoopRunner {
       backend::SampleRow r;
       r.token = rows_[static_cast<size_t>(j)];
       r.params = &greedy_;
+      if (sampling_) {  // what the device sampler would read for row j
+        const devloop::RowParams& q = row_params_[static_cast<size_t>(j)];
+        if (q.counter % 2 != 0) return make_error("an odd draw counter");
+        backend::SamplingParams& p = row_sampling_[static_cast<size_t>(j)];
+        p = backend::SamplingParams{};
+        p.temperature = q.temperature, p.top_k = q.top_k, p.top_p = q.top_p, p.min_p = q.min_p, p.seed = q.seed;
+        r.params = &p;
+        r.n = q.counter / 2;
+      }
       batch_.sample_rows.push_back(r);
     }
+    if (sampling_)  // padding rows of the bucket's sample rows are greedy
+      for (int j = ds_.n_sample; j < std::min(T, a_.r_cap); ++j)
+        if (row_params_[static_cast<size_t>(j)].temperature != 0.0f) return make_error("a padding row that samples");
     SS_TRY(be_.step(batch_, out_));
     for (int j = 0; j < ds_.n_sample; ++j) ids_[static_cast<size_t>(j)] = out_.tokens[static_cast<size_t>(j)];
     return {};
@@ -216,6 +237,9 @@ class PhaseRunner final : public LoopRunner {
   std::vector<uint8_t> row_sample_;
   int be_max_blocks_ = 0, spare_slot_ = 0;
   backend::SamplingParams greedy_;
+  bool sampling_ = false;
+  std::vector<devloop::RowParams> row_params_;
+  std::vector<backend::SamplingParams> row_sampling_;
   backend::StepBatch batch_;
   backend::StepOutput out_;
   std::atomic<int> padding_errors_{0};
@@ -389,4 +413,51 @@ TEST(DeviceLoopPhases, GreedyOnlyRunnerTurnsOtherSamplingAway) {
   s.min_tokens = 2;
   s.stop_ids = {5};
   EXPECT_FALSE(ex.check(s).ok());
+}
+
+// With sampling: the scheduler writes each sample row's parameters and draw counter where the
+// device sampler reads them; drawn with those, sampled sequences (temperatures, top-k, top-p,
+// min-p, seeds), sharing steps with greedy ones and chunked prefills, get the tokens the host
+// executor gives each of them alone (the same counter-based draws: a token's counter is 2 x the
+// output tokens before it).
+TEST(DeviceLoopPhases, SampledTokensEqualTheHostExecutorsAlone) {
+  std::mt19937 g(77);
+  FakeBackend be(5 + 100 + 4, 16, kVocab, 16);
+  auto runner = std::make_unique<PhaseRunner>(be, geometry(6, 20, 256, 16), LoopShare{5, 100, 2, 6}, 32, true);
+  auto e = Engine::create(std::make_unique<ResidentExecutor>(std::move(runner)));
+  ASSERT_TRUE(e.ok());
+  Collector c;
+  std::vector<Spec> specs;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 12; ++i) {
+    Spec s = spec(random_tokens(g, 1 + static_cast<int>(g() % 50), kVocab), 1 + static_cast<int>(g() % 30),
+                  i % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 3), 1000 + static_cast<uint64_t>(i));
+    specs.push_back(s);
+    Request r = make_request(s, &c);
+    if (i % 4 == 2) r.sampling.top_k = 5;
+    if (i % 4 == 3) r.sampling.top_p = 0.8f, r.sampling.min_p = 0.05f;
+    auto id = (*e)->add_request(std::move(r));
+    ASSERT_TRUE(id.ok()) << id.message();
+    ids.push_back(*id);
+  }
+  run_all(**e);
+  int sampled_differs_from_greedy = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    // The reference: the request alone on a host executor, the same sampling.
+    FakeBackend rb(256, 16, kVocab);
+    SchedulerConfig sc;
+    sc.enable_prefix_caching = false;
+    auto re = make_engine(rb, sc, kVocab);
+    Collector rc;
+    Request r = make_request(specs[i], &rc);
+    if (i % 4 == 2) r.sampling.top_k = 5;
+    if (i % 4 == 3) r.sampling.top_p = 0.8f, r.sampling.min_p = 0.05f;
+    auto rid = re->add_request(std::move(r));
+    ASSERT_TRUE(rid.ok());
+    run_all(*re);
+    EXPECT_EQ(c.out[ids[i]].tokens, rc.out[*rid].tokens) << "request " << i << " T=" << specs[i].temperature;
+    if (specs[i].temperature > 0.0f && c.out[ids[i]].tokens != greedy_alone(specs[i])) ++sampled_differs_from_greedy;
+  }
+  EXPECT_GT(sampled_differs_from_greedy, 3) << "the draws were not random: the test would not see a wrong counter";
+  EXPECT_EQ((*e)->stats().kv_blocks_used, 0);
 }
