@@ -42,7 +42,8 @@ class PhaseRunner final : public LoopRunner {
   // the graph's stand-in draws with them; else every row is drawn greedy and sampled sequences are
   // turned away, as a loop without sampling graphs does.
   PhaseRunner(backend::Backend& be, const resident::Geometry& g, LoopShare share, int bucket_cap, bool sampling = false)
-      : be_(be), geo_(g), share_(share), sampling_(sampling), submits_(256), blocks_(512), done_(1u << 14) {
+      : be_(be), geo_(g), share_(share), submits_(256), blocks_(512), done_(1u << 14) {
+    sampling_ = sampling;
     const size_t prompts = static_cast<size_t>(g.max_slots) * g.max_len;
     const size_t tables = static_cast<size_t>(g.max_slots) * g.max_blocks;
     host_prompts_.assign(prompts, 0), dev_prompts_.assign(prompts, 0);
