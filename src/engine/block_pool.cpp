@@ -97,6 +97,12 @@ int BlockPool::expire_idle(TimePoint cutoff, int max_blocks) {
   return n;
 }
 
+int BlockPool::count_idle(TimePoint cutoff, int max_blocks) const {
+  int n = 0;
+  for (BlockId b = lru_.head; n < max_blocks && b >= 0 && idle_since_[b] < cutoff; b = next_[b]) ++n;
+  return n;
+}
+
 void BlockPool::for_each_cached(
     const std::function<void(BlockId, BlockHash, BlockHash, std::span<const int32_t>)>& fn) const {
   for (BlockId b = lru_.head; b >= 0; b = next_[b])

@@ -60,6 +60,8 @@ class BlockPool {
   // Evicts the cached, unreferenced blocks that became evictable before `cutoff` (they go blank),
   // at most max_blocks of them (the oldest first).
   int expire_idle(TimePoint cutoff, int max_blocks);
+  // How many blocks expire_idle(cutoff, max_blocks) would evict now (a count; nothing changes).
+  int count_idle(TimePoint cutoff, int max_blocks) const;
   // Calls fn(block, hash, parent, tokens) for every cached block, least recently used first among
   // the evictable ones (shutdown: a persistent tier keeps them).
   void for_each_cached(const std::function<void(BlockId, BlockHash, BlockHash, std::span<const int32_t>)>& fn) const;

@@ -172,6 +172,10 @@ void HostExecutor::refresh_stats() {
     s.kv_disk_write_errors = t.disk_write_errors;
     s.kv_disk_rejected = t.disk_rejected;
     s.kv_disk_writes_stopped = t.disk_writes_stopped;
+    s.kv_disk_queue_bytes = t.write_queue_bytes;
+    s.kv_restored_queued = t.restored_queued;
+    s.kv_demote_deferred = t.demote_deferred;
+    s.kv_disk_behind_dropped = t.disk_behind_dropped;
   }
 }
 

@@ -161,7 +161,13 @@ int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int m
   pool_.set_now(now);
   if (!tiers_ || tiers_->config().ttl_ms <= 0) return 0;
   const int64_t ttl = ttl_ms > 0 ? ttl_ms : tiers_->config().ttl_ms;
-  return pool_.expire_idle(now - std::chrono::milliseconds(ttl), max_blocks);
+  const auto cutoff = now - std::chrono::milliseconds(ttl);
+  // With the disk writer behind, idle blocks wait here, valid and findable, rather than be
+  // demoted past the write queue's bound (and lost from the middle of their chains).
+  const int room = tiers_->idle_room();
+  if (room < max_blocks)
+    if (const int held = pool_.count_idle(cutoff, max_blocks) - room; held > 0) tiers_->count_deferred(held);
+  return pool_.expire_idle(cutoff, std::min(max_blocks, room));
 }
 
 void KvCacheManager::demote_all_cached() {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -39,8 +40,8 @@ static_assert(sizeof(FileHeader) == 64);
 constexpr char kMagic[8] = {'S', 'S', 'K', 'V', 'B', 'L', 'K', '1'};
 constexpr const char* kExt = ".kvb";
 constexpr const char* kTmpExt = ".kvb.tmp";
-// Demotions waiting for the writer hold their bytes; past this much, new ones are not written.
-// Without a host tier this is also the size of the arena the queue's bytes live in.
+// Demotions waiting for the writer hold their bytes up to this much (KvTierConfig::disk_queue_bytes
+// by default). Without a host tier this is also the size of the arena the queue's bytes live in.
 constexpr int64_t kMaxQueuedBytes = int64_t(256) << 20;
 // A compressed block takes whole chunks: a 32nd of a block wastes ~1.5% of it on average.
 constexpr int64_t kChunksPerCompressedBlock = 32;
@@ -79,6 +80,7 @@ Status KvTierConfig::validate() const {
     return make_error("--kv-disk-dir needs --kv-disk-bytes > 0 (the disk tier's bound), got " +
                       std::to_string(disk_bytes));
   if (disk_dir.empty() && disk_bytes > 0) return make_error("--kv-disk-bytes needs --kv-disk-dir");
+  if (disk_queue_bytes < 0) return make_error("the disk write queue's bound must be >= 0, got " + std::to_string(disk_queue_bytes));
   return {};
 }
 
@@ -123,8 +125,9 @@ Expected<std::unique_ptr<KvTiers>> KvTiers::create(const KvTierConfig& cfg, back
   if (cfg.host_bytes > 0 && cfg.host_bytes < bb)
     return make_error("--kv-host-bytes " + std::to_string(cfg.host_bytes) + " holds no KV block (a block is " +
                       std::to_string(bb) + " bytes)");
+  t->queue_bound_ = cfg.disk_queue_bytes > 0 ? cfg.disk_queue_bytes : kMaxQueuedBytes;
   if (cfg.host_bytes > 0 || !cfg.disk_dir.empty()) {
-    const int64_t bytes = cfg.host_bytes > 0 ? cfg.host_bytes : std::max(bb, std::min(kMaxQueuedBytes, cfg.disk_bytes));
+    const int64_t bytes = cfg.host_bytes > 0 ? cfg.host_bytes : std::max(bb, std::min(t->queue_bound_, cfg.disk_bytes));
     SS_ASSIGN(t->arena_, HostArena::create(bytes, chunk));
   }
   t->raw_.resize(static_cast<size_t>(bb));  // zero-filled: faulted in now, not at the first demotion
@@ -250,6 +253,7 @@ Status KvTiers::scan_disk() {
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   for (Found& f : found) {
     disk_lru_.push_back(f.hash);
+    kid_add_locked(f.hash, f.parent);
     disk_.emplace(f.hash, DiskEntry{f.parent, std::move(f.tokens), f.bytes, std::prev(disk_lru_.end())});
     disk_used_ += f.bytes;
   }
@@ -265,10 +269,73 @@ void KvTiers::disk_forget_locked(BlockHash h, bool count_rejected) {
   if (it == disk_.end()) return;
   std::error_code ec;
   fs::remove(path_of(h), ec);
+  if (!pending_.count(h)) kid_remove_locked(h, it->second.parent);
   disk_used_ -= it->second.bytes;
   disk_lru_.erase(it->second.lru);
   disk_.erase(it);
   if (count_rejected) ++st_.disk_rejected;
+}
+
+void KvTiers::kid_add_locked(BlockHash h, BlockHash parent) { kids_.emplace(parent, h); }
+
+void KvTiers::kid_remove_locked(BlockHash h, BlockHash parent) {
+  const auto [b, e] = kids_.equal_range(parent);
+  for (auto it = b; it != e; ++it)
+    if (it->second == h) {
+      kids_.erase(it);
+      return;
+    }
+}
+
+bool KvTiers::has_queued_kid_locked(BlockHash h) const {
+  const auto [b, e] = kids_.equal_range(h);
+  for (auto it = b; it != e; ++it)
+    if (const auto p = pending_.find(it->second); p != pending_.end() && !p->second.cancelled) return true;
+  return false;
+}
+
+void KvTiers::drop_chain_locked(BlockHash h) {
+  std::vector<BlockHash> todo{h};
+  while (!todo.empty()) {
+    const BlockHash x = todo.back();
+    todo.pop_back();
+    const auto [b, e] = kids_.equal_range(x);
+    for (auto it = b; it != e; ++it) todo.push_back(it->second);
+    bool dropped = false;
+    if (auto p = pending_.find(x); p != pending_.end() && !p->second.cancelled) {
+      dropped = true;
+      if (writing_ && writing_hash_ == x) {  // the writer holds it: it discards the file when done
+        p->second.cancelled = true;
+      } else {
+        queue_.erase(std::find(queue_.begin(), queue_.end(), x));
+        queued_bytes_ -= p->second.data->held_bytes();
+        if (!disk_.count(x)) kid_remove_locked(x, p->second.parent);
+        pending_.erase(p);
+      }
+    }
+    if (disk_.count(x)) {
+      dropped = true;
+      disk_forget_locked(x, false);
+    }
+    if (dropped) ++st_.disk_behind_dropped;
+  }
+}
+
+bool KvTiers::make_queue_room_locked(int64_t need, BlockHash keep_parent) {
+  while (queued_bytes_ + need > queue_bound_) {
+    // The newest queued block no other queued block descends from: the tail of the newest chain.
+    // The one being written is a candidate too (cancelling it frees its bytes once it is done).
+    BlockHash victim = 0;
+    bool found = false;
+    for (auto it = queue_.rbegin(); it != queue_.rend() && !found; ++it)
+      if (*it != keep_parent && !has_queued_kid_locked(*it)) victim = *it, found = true;
+    if (!found && writing_ && writing_hash_ != keep_parent && !pending_.at(writing_hash_).cancelled &&
+        !has_queued_kid_locked(writing_hash_))
+      victim = writing_hash_, found = true;
+    if (!found) return false;
+    drop_chain_locked(victim);
+  }
+  return true;
 }
 
 Status KvTiers::write_file(BlockHash hash, const DiskJob& j, int64_t* bytes) {
@@ -324,8 +391,9 @@ void KvTiers::writer_loop() {
     queue_.pop_front();
     // Only this thread erases from pending_, and nodes do not move: j stays valid unlocked.
     const auto pit = pending_.find(hash);
-    const DiskJob& j = pit->second;
+    DiskJob& j = pit->second;
     writing_ = true;
+    writing_hash_ = hash;
     const int64_t need = static_cast<int64_t>(sizeof(FileHeader) + sizeof(int32_t) * j.tokens.size()) + j.data->size() + 8;
     const bool skip = st_.disk_writes_stopped || disk_.count(hash) || need > cfg_.disk_bytes;
     if (!skip)
@@ -339,7 +407,10 @@ void KvTiers::writer_loop() {
     int64_t bytes = 0;
     Status s = skip ? Status{} : write_file(hash, j, &bytes);
     lk.lock();
-    if (!skip) {
+    if (!skip && s.ok() && j.cancelled) {  // its chain was dropped above it meanwhile: not kept
+      std::error_code ec;
+      fs::remove(path_of(hash), ec);
+    } else if (!skip) {
       if (s.ok()) {
         disk_lru_.push_back(hash);
         disk_.emplace(hash, DiskEntry{j.parent, j.tokens, bytes, std::prev(disk_lru_.end())});
@@ -354,6 +425,7 @@ void KvTiers::writer_loop() {
     // Out of the queue only now that the file is indexed: a restore finds the block in one or the
     // other all along. The bytes go back to the arena unless the host tier keeps them.
     queued_bytes_ -= j.data->held_bytes();
+    if (!disk_.count(hash)) kid_remove_locked(hash, j.parent);
     pending_.erase(pit);
     ++writes_done_;
     writing_ = false;
@@ -467,10 +539,11 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
   };
   const bool disk_on = !cfg_.disk_dir.empty();
   const auto hit = host_.find(hash);
-  bool need_disk = false;
+  bool need_disk = false, parent_kept = false;
   if (disk_on) {
     std::lock_guard<std::mutex> lk(mu_);
     need_disk = !st_.disk_writes_stopped && !disk_.count(hash) && !pending_.count(hash);
+    parent_kept = pending_.count(parent) || disk_.count(parent);
   }
   if (hit != host_.end() && !need_disk) {  // already kept: only fresher now
     host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
@@ -485,22 +558,57 @@ void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<cons
     data = hit->second.data;
   } else {
     // A shutdown copy may wait for the writer to free room; a demotion between steps never waits.
+    if (need_disk && why != Why::Shutdown) {  // room in the queue first: without a host tier its bytes are the arena's
+      std::lock_guard<std::mutex> lk(mu_);
+      make_queue_room_locked(block_bytes_, parent);
+    }
     data = read_block(b, why == Why::Shutdown);
-    if (!data) return;
-    host_adopt(hash, parent, tokens, data);
-  }
-  std::lock_guard<std::mutex> lk(mu_);
-  count();
-  if (need_disk) {
-    if (queued_bytes_ + data->held_bytes() > kMaxQueuedBytes) {
-      ++st_.disk_write_errors;  // the writer is that far behind: this block is not written
+    if (!data) {
+      if (need_disk) {  // not read (no arena room): not written, nor anything below it in its chain
+        std::lock_guard<std::mutex> lk(mu_);
+        drop_chain_locked(hash);
+        ++st_.disk_behind_dropped;
+      }
       return;
     }
-    queued_bytes_ += data->held_bytes();
-    pending_.emplace(hash, DiskJob{parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data)});
-    queue_.push_back(hash);
-    cv_.notify_one();
+    host_adopt(hash, parent, tokens, data);
   }
+  std::unique_lock<std::mutex> lk(mu_);
+  count();
+  if (need_disk) queue_locked(hash, parent, parent_kept, tokens, std::move(data), why, lk);
+}
+
+void KvTiers::queue_locked(BlockHash hash, BlockHash parent, bool parent_kept, std::span<const int32_t> tokens,
+                           std::shared_ptr<const ArenaBytes> data, Why why, std::unique_lock<std::mutex>& lk) {
+  const int64_t need = data->held_bytes();
+  if (why == Why::Shutdown)  // nothing waits on the engine then: wait for the writer instead
+    progress_cv_.wait(lk, [&] { return queued_bytes_ + need <= queue_bound_ || (queue_.empty() && !writing_); });
+  // parent_kept: the parent was queued or on disk when the demotion began; if room-making took it
+  // since, this block would be an orphan.
+  if (!make_queue_room_locked(need, parent) || (parent_kept && !pending_.count(parent) && !disk_.count(parent))) {
+    // The writer is that far behind and nothing deeper is queued to make room: this block is not
+    // written, and what descends from it (queued or written earlier) goes too.
+    drop_chain_locked(hash);
+    ++st_.disk_behind_dropped;
+    return;
+  }
+  queued_bytes_ += need;
+  kid_add_locked(hash, parent);
+  pending_.emplace(hash, DiskJob{parent, std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(data)});
+  queue_.push_back(hash);
+  cv_.notify_one();
+}
+
+int KvTiers::idle_room() const {
+  if (cfg_.disk_dir.empty()) return INT_MAX;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (st_.disk_writes_stopped) return INT_MAX;
+  return static_cast<int>(std::clamp<int64_t>((queue_bound_ - queued_bytes_) / block_bytes_, 0, INT_MAX));
+}
+
+void KvTiers::count_deferred(int64_t blocks) {
+  std::lock_guard<std::mutex> lk(mu_);
+  st_.demote_deferred += blocks;
 }
 
 KvTiers::Where KvTiers::find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const {
@@ -511,7 +619,9 @@ KvTiers::Where KvTiers::find(BlockHash hash, BlockHash parent, std::span<const i
   if (cfg_.disk_dir.empty()) return Where::None;
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = disk_.find(hash); it != disk_.end() && same(it->second.parent, it->second.tokens)) return Where::Disk;
-  if (auto it = pending_.find(hash); it != pending_.end() && same(it->second.parent, it->second.tokens)) return Where::Disk;
+  if (auto it = pending_.find(hash);
+      it != pending_.end() && !it->second.cancelled && same(it->second.parent, it->second.tokens))
+    return Where::Disk;
   return Where::None;
 }
 

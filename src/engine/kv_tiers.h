@@ -12,7 +12,11 @@
 //         fails its checksum or belongs to another model / KV dtype / block size is deleted and
 //         counted, never served. A failed write (disk full) stops disk writes; serving goes on.
 // Every demotion is written through to disk (when there is a disk tier) so a crash loses at most
-// the writes in flight. A queued write holds the block's bytes in the arena (the host entry's own,
+// the writes in flight. When the writer falls behind (the write queue at its bound) no block is
+// dropped from the middle of a hash chain: idle demotions wait in the pool (idle_room), and an
+// eviction makes room by dropping queued chains from their tail, the deepest blocks first; a block
+// that is not written takes its queued and written descendants with it (they could never be
+// found past it). A queued write holds the block's bytes in the arena (the host entry's own,
 // or, without a host tier, an arena as big as the write queue's bound) and is found and restored
 // from there until its file is in. Bytes are the backend's own (Backend::read_kv_block): restored
 // K/V are bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader
@@ -53,6 +57,7 @@ struct KvTierConfig {
   int64_t ttl_ms = 30000;      // cached blocks idle this long leave the pool for the tiers (0: never)
   std::string disk_dir;        // empty: no disk tier
   int64_t disk_bytes = 0;      // the disk tier's bound (> 0 with a dir)
+  int64_t disk_queue_bytes = 0;  // bytes queued for the disk writer at most (0: 256 MiB; tests set less)
   // Binds disk entries to the model: a hash of the model file (model_file_hash). Files written for
   // another model, KV dtype or block size are rejected.
   uint64_t model_hash = 0;
@@ -80,7 +85,12 @@ struct KvTierStats {
   int64_t demote_no_room = 0;   // blocks dropped: every arena chunk held by queued writes or loads
   int64_t host_dropped = 0;     // host entries pushed out by its byte bound
   int64_t disk_writes = 0;      // files written
-  int64_t disk_write_errors = 0;
+  int64_t disk_write_errors = 0;  // real I/O failures (they stop the writes), nothing else
+  // The writer behind (the queue at its bound): idle demotions put off, the blocks left in the pool
+  // (counted once per pass that held them back), and blocks not written or taken back off the
+  // queue or the disk as the tails of chains whose earlier block could not be queued.
+  int64_t demote_deferred = 0;
+  int64_t disk_behind_dropped = 0;
   int64_t disk_dropped = 0;     // files removed by the byte bound
   int64_t disk_rejected = 0;    // files deleted as corrupt, truncated, partial or of another model
   bool disk_writes_stopped = false;
@@ -107,6 +117,10 @@ class KvTiers {
   // Copies pool block b (full, holding this content) into the tiers.
   void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
   Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
+  // How many idle blocks may be demoted now without the disk write queue going past its bound
+  // (INT_MAX without a disk tier or once writes stopped). The rest stay in the pool, findable.
+  int idle_room() const;
+  void count_deferred(int64_t blocks);
   // Writes the entry's K/V into pool block b, synchronously (tests; the engine uses load_async).
   // False if no tier has it, or the disk file turned out corrupt (then it is deleted and counted).
   bool restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b);
@@ -169,6 +183,7 @@ class KvTiers {
     BlockHash parent;
     std::vector<int32_t> tokens;
     std::shared_ptr<const ArenaBytes> data;
+    bool cancelled = false;  // dropped while being written: the writer discards the file
   };
 
   KvTiers(const KvTierConfig& cfg, backend::Backend& be);
@@ -182,6 +197,18 @@ class KvTiers {
   bool unpack_kept(const ArenaBytes& a, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const;
   std::string path_of(BlockHash h) const;
   void disk_forget_locked(BlockHash h, bool count_rejected);
+  // The parent -> child links of the blocks queued or on disk (to find chains' tails).
+  void kid_add_locked(BlockHash h, BlockHash parent);
+  void kid_remove_locked(BlockHash h, BlockHash parent);
+  bool has_queued_kid_locked(BlockHash h) const;
+  // Drops h and every block queued or on disk that descends from it; counted as behind-drops.
+  void drop_chain_locked(BlockHash h);
+  // Drops queued chains' tails (the newest deepest block first) until need more bytes fit the
+  // queue's bound; never keep_parent's chain above it. False if nothing is left to drop.
+  bool make_queue_room_locked(int64_t need, BlockHash keep_parent);
+  // Queues a demoted block for the writer, making room as above (a shutdown copy waits instead).
+  void queue_locked(BlockHash hash, BlockHash parent, bool parent_kept, std::span<const int32_t> tokens,
+                    std::shared_ptr<const ArenaBytes> data, Why why, std::unique_lock<std::mutex>& lk);
   // size bytes of arena chunks; makes room by dropping least recently used host entries no one
   // else holds. may_wait (shutdown copies): waits for the writer to let go of chunks. Null if none.
   std::shared_ptr<ArenaBytes> arena_alloc(int64_t size, bool compressed, bool may_wait);
@@ -223,7 +250,10 @@ class KvTiers {
   std::unordered_map<BlockHash, DiskEntry> disk_;
   std::list<BlockHash> disk_lru_;
   std::unordered_map<BlockHash, DiskJob> pending_;  // queued or being written; only the writer erases
-  std::deque<BlockHash> queue_;                     // pending_'s write order
+  std::deque<BlockHash> queue_;                     // pending_'s write order, less the one being written
+  std::unordered_multimap<BlockHash, BlockHash> kids_;  // parent -> child, over pending_ and disk_
+  BlockHash writing_hash_ = 0;                          // pending_'s entry being written (writing_)
+  int64_t queue_bound_ = 0;
   int64_t queued_bytes_ = 0;
   int64_t disk_used_ = 0;
   uint64_t writes_done_ = 0;

@@ -513,10 +513,11 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
         {"selfserve_kv_disk_capacity_bytes", "Disk KV tier bound (--kv-disk-bytes)"},
         {"selfserve_kv_disk_used_bytes", "Bytes of the disk KV tier's files"},
         {"selfserve_kv_disk_blocks", "KV blocks held by the disk tier"},
-        {"selfserve_kv_disk_writes_stopped", "1 after a failed disk-tier write (disk full): no more writes"}};
+        {"selfserve_kv_disk_writes_stopped", "1 after a failed disk-tier write (disk full): no more writes"},
+        {"selfserve_kv_disk_queue_bytes", "Bytes of demoted KV blocks queued for the disk writer"}};
     const double tier_gauge_values[] = {n(s.kv_host_capacity_bytes), n(s.kv_host_used_bytes), n(s.kv_host_blocks),
                                         n(s.kv_disk_capacity_bytes), n(s.kv_disk_used_bytes), n(s.kv_disk_blocks),
-                                        s.kv_disk_writes_stopped ? 1.0 : 0.0};
+                                        s.kv_disk_writes_stopped ? 1.0 : 0.0, n(s.kv_disk_queue_bytes)};
     for (size_t i = 0; i < std::size(tier_gauges); ++i)
       f.push_back(gauge_family(tier_gauges[i].first, tier_gauges[i].second, tier_gauge_values[i]));
     const std::pair<const char*, const char*> tier_counters[] = {
@@ -527,12 +528,19 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
         {"selfserve_kv_host_dropped_blocks_total", "Host-tier blocks pushed out by its byte bound"},
         {"selfserve_kv_disk_dropped_blocks_total", "Disk-tier files removed by its byte bound"},
         {"selfserve_kv_disk_writes_total", "Disk-tier files written"},
-        {"selfserve_kv_disk_write_errors_total", "Disk-tier writes that failed or were skipped (writer behind)"},
+        {"selfserve_kv_disk_write_errors_total", "Disk-tier writes that failed with an I/O error (they stop the writes)"},
+        {"selfserve_kv_restored_queued_blocks_total",
+         "Of the disk tier's restores, blocks served from the write queue (the file not yet in)"},
+        {"selfserve_kv_demote_deferred_blocks_total",
+         "Idle KV blocks left in the pool because the disk write queue was full (once per step that held them)"},
+        {"selfserve_kv_disk_behind_dropped_blocks_total",
+         "KV blocks not written to disk, or taken back, because the writer was behind: chains' tails"},
         {"selfserve_kv_disk_rejected_files_total",
          "Disk-tier files deleted unread: corrupt, truncated, partial, or of another model / dtype / block size"}};
     const double tier_counter_values[] = {n(s.kv_demoted_evicted), n(s.kv_demoted_idle), n(s.kv_restored_host),
                                           n(s.kv_restored_disk),   n(s.kv_host_dropped),  n(s.kv_disk_dropped),
-                                          n(s.kv_disk_writes),     n(s.kv_disk_write_errors), n(s.kv_disk_rejected)};
+                                          n(s.kv_disk_writes),     n(s.kv_disk_write_errors), n(s.kv_restored_queued),
+                                          n(s.kv_demote_deferred), n(s.kv_disk_behind_dropped), n(s.kv_disk_rejected)};
     for (size_t i = 0; i < std::size(tier_counters); ++i)
       f.push_back(counter_family(tier_counters[i].first, tier_counters[i].second, tier_counter_values[i]));
   }

@@ -538,3 +538,92 @@ TEST(KvRestoreAsync, ReturningTurnIsRestoredFromQueuedDiskWrites) {
   EXPECT_EQ(st.disk_rejected, 0);
   EXPECT_TRUE(ex->check_invariants().ok());
 }
+
+// The disk writer far behind (held on a latch) with a write queue of three blocks, and one long
+// chain leaving the pool: first idle past the TTL, then evicted for another request's room. No
+// block is dropped from the middle of the chain: the idle ones the queue cannot take wait in the
+// pool, and the evictions drop the chain from its tail. Whatever is queued or on disk is a prefix
+// of the chain (each block's ancestors are there too), and the returning turn restores exactly
+// that prefix and gives the tokens it gives alone.
+TEST(KvRestoreAsync, WriterBehindDropsChainsFromTheirTailOnly) {
+  std::mt19937 g(53);
+  const ScopedDir dir("behind");
+  Latch latch;
+  TestClock clock;
+  FakeBackend be(16, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.disk_dir = dir.path;
+  tc.disk_bytes = 1 << 20;
+  tc.disk_queue_bytes = 3 * be.kv_block_bytes();
+  tc.model_hash = 17;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  OpenOnExit guard{latch};
+  ex->tiers()->set_write_hook([&](BlockHash) { latch.wait(); });
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 190, kVocab), 8);
+  d.start(1, t1);
+  d.run_all();
+  const int chain = (190 + 8 - 1) / kBlock;  // full blocks of turn 1's history: 12
+  ASSERT_EQ(ex->stats().kv_blocks_cached, chain);
+
+  // Idle past the TTL: the queue takes three, the rest stay in the pool (deferred, not dropped).
+  clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
+  d.poll();
+  ASSERT_TRUE(latch.wait_arrived(1));
+  KvTierStats st = ex->tiers()->stats();
+  EXPECT_EQ(st.demoted_idle, 3);
+  EXPECT_EQ(ex->stats().kv_blocks_cached, chain - 3);
+  EXPECT_GT(st.demote_deferred, 0);
+  EXPECT_EQ(st.disk_behind_dropped, 0);
+  EXPECT_EQ(st.disk_write_errors, 0);
+
+  // Another request takes the whole pool: the rest of the chain is evicted with the queue full.
+  const Spec other = spec(random_tokens(g, 250, kVocab), 6);
+  d.start(2, other);
+  d.run_all();
+  EXPECT_EQ(d.lives[2].tokens, run_alone(other, kVocab).tokens);
+  st = ex->tiers()->stats();
+  EXPECT_EQ(st.demoted_evicted, chain - 3);
+  EXPECT_GT(st.disk_behind_dropped, 0);
+  EXPECT_EQ(st.disk_write_errors, 0);  // the writer being behind is no I/O error
+
+  // The chain's blocks in the tiers (queued now, on disk later) form a prefix: none is kept
+  // without its parent (the pool holds none of them any more: the other request took every block).
+  std::vector<int32_t> history = t1.prompt;
+  history.insert(history.end(), d.lives[1].tokens.begin(), d.lives[1].tokens.end());
+  std::vector<BlockHash> hashes;
+  BlockHash parent = kRootBlockHash;
+  for (int b = 0; b < chain; ++b) {
+    hashes.push_back(hash_block(parent, std::span<const int32_t>(history).subspan(b * kBlock, kBlock)));
+    parent = hashes.back();
+  }
+  auto kept_prefix = [&] {  // the number of leading blocks kept; fails if any block after is kept
+    int k = 0;
+    for (int b = 0; b < chain; ++b) {
+      const auto toks = std::span<const int32_t>(history).subspan(b * kBlock, kBlock);
+      const bool kept = ex->tiers()->find(hashes[b], b ? hashes[b - 1] : kRootBlockHash, toks) != KvTiers::Where::None;
+      if (kept && k == b) ++k;
+      EXPECT_TRUE(!kept || k > b) << "block " << b << " is kept without block " << k << " of its chain";
+    }
+    return k;
+  };
+  const int queued = kept_prefix();
+  EXPECT_GE(queued, 1);
+  latch.release();
+  ex->tiers()->wait_for_writes();
+  const int on_disk = kept_prefix();
+  EXPECT_EQ(on_disk, queued);
+  st = ex->tiers()->stats();
+  EXPECT_EQ(st.disk_blocks, on_disk);
+  EXPECT_EQ(static_cast<int>(kv_files(dir.path).size()), on_disk);
+
+  // The returning turn: restored from disk as far as the chain was kept, recomputed after.
+  const Spec t2 = next_turn(t1, d.lives[1].tokens, g, 6);
+  d.start(3, t2);
+  d.run_all();
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+  EXPECT_EQ(ex->tiers()->stats().restored_disk, on_disk);
+  EXPECT_TRUE(ex->check_invariants().ok());
+}

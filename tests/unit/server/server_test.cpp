@@ -522,7 +522,11 @@ TEST(Server, ModelsTokenizeMetrics) {
         "selfserve_prefix_cache_hit_rate", "selfserve_prompt_tokens_total", "selfserve_generation_tokens_total 3",
         "selfserve_time_to_first_token_seconds_bucket", "selfserve_time_per_output_token_seconds_count 1",
         "selfserve_e2e_request_latency_seconds_count 1", "selfserve_preemptions_total",
-        "selfserve_requests_rejected_total", "selfserve_degrade_level 0", "vllm:num_requests_running{model_name=\"test-model\"}",
+        "selfserve_requests_rejected_total", "selfserve_degrade_level 0",
+        // the disk writer's queue (0 here: no tiers)
+        "selfserve_kv_disk_queue_bytes 0", "selfserve_kv_restored_queued_blocks_total 0",
+        "selfserve_kv_demote_deferred_blocks_total 0", "selfserve_kv_disk_behind_dropped_blocks_total 0",
+        "vllm:num_requests_running{model_name=\"test-model\"}",
         "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
         // vLLM's latency series: one request of 3 tokens = 1 TTFT, 2 gaps between tokens, 1 finish.
         "vllm:time_to_first_token_seconds_count{model_name=\"test-model\"} 1",
