@@ -430,13 +430,16 @@ TEST(DeviceLoopPhases, SampledTokensEqualTheHostExecutorsAlone) {
   Collector c;
   std::vector<Spec> specs;
   std::vector<RequestId> ids;
-  for (int i = 0; i < 12; ++i) {
-    Spec s = spec(random_tokens(g, 1 + static_cast<int>(g() % 50), kVocab), 1 + static_cast<int>(g() % 30),
-                  i % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 3), 1000 + static_cast<uint64_t>(i));
-    specs.push_back(s);
-    Request r = make_request(s, &c);
+  const auto request = [&](size_t i, Collector* to) {  // request i: greedy, temperature, top-k, top-p + min-p
+    Request r = make_request(specs[i], to);
     if (i % 4 == 2) r.sampling.top_k = 5;
     if (i % 4 == 3) r.sampling.top_p = 0.8f, r.sampling.min_p = 0.05f;
+    return r;
+  };
+  for (int i = 0; i < 12; ++i) {
+    specs.push_back(spec(random_tokens(g, 1 + static_cast<int>(g() % 50), kVocab), 1 + static_cast<int>(g() % 30),
+                         i % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 3), 1000 + static_cast<uint64_t>(i)));
+    Request r = request(static_cast<size_t>(i), &c);
     auto id = (*e)->add_request(std::move(r));
     ASSERT_TRUE(id.ok()) << id.message();
     ids.push_back(*id);
@@ -450,10 +453,7 @@ TEST(DeviceLoopPhases, SampledTokensEqualTheHostExecutorsAlone) {
     sc.enable_prefix_caching = false;
     auto re = make_engine(rb, sc, kVocab);
     Collector rc;
-    Request r = make_request(specs[i], &rc);
-    if (i % 4 == 2) r.sampling.top_k = 5;
-    if (i % 4 == 3) r.sampling.top_p = 0.8f, r.sampling.min_p = 0.05f;
-    auto rid = re->add_request(std::move(r));
+    auto rid = re->add_request(request(i, &rc));
     ASSERT_TRUE(rid.ok());
     run_all(*re);
     EXPECT_EQ(c.out[ids[i]].tokens, rc.out[*rid].tokens) << "request " << i << " T=" << specs[i].temperature;
