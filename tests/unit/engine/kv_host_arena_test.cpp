@@ -34,6 +34,16 @@ void* operator new(size_t n) {
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+// The nothrow forms too (std::stable_sort's buffer uses them): left to a sanitizer's own operator
+// new, their memory would come back through the free() above, a mismatch AddressSanitizer aborts on.
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
 
 using namespace ss;
