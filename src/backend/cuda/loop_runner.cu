@@ -293,7 +293,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
     } else if (g.vocab < 1 || scratch > kMaxSampleScratch) {
       no_sampling_ = "the sampler's scratch would be " + std::to_string(scratch >> 20) + " MiB";
     } else {
-      Status ss = [&]() -> Status {
+      Status made = [&]() -> Status {
         SS_ASSIGN(row_params_, queues::DeviceBuffer::allocate(sizeof(RowParams) * static_cast<size_t>(r_cap)));
         SS_ASSIGN(sample_scratch_, queues::DeviceBuffer::allocate(scratch));
         LOOP_CUDA(cudaMemset(row_params_.get(), 0, sizeof(RowParams) * static_cast<size_t>(r_cap)));
@@ -301,11 +301,13 @@ class DeviceLoopRunner final : public resident::LoopRunner {
           return h_.record_sample_step(T, R, pdl, row_params_.get(), sample_scratch_.get(), scratch);
         });
       }();
-      if (!ss.ok()) {
-        no_sampling_ = ss.message();
+      if (!made.ok()) {
+        no_sampling_ = made.message();
         for (cudaGraphExec_t& e : sgraphs_)
           if (e) cudaGraphExecDestroy(e), e = nullptr;
         sgraphs_.clear();
+        row_params_ = queues::DeviceBuffer{};  // the scratch goes back with the graphs
+        sample_scratch_ = queues::DeviceBuffer{};
       }
     }
     if (!sgraphs_.empty()) {
