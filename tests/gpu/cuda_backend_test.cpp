@@ -410,7 +410,6 @@ TEST(CudaKvBlocks, CopiesThroughTheHostAreExact) {
   ASSERT_GE(ids.size(), 33u);
   const int n = 40 <= static_cast<int>(ids.size()) ? 40 : static_cast<int>(ids.size()) - 1;  // 3 blocks
   const size_t bytes = static_cast<size_t>(be->kv_block_bytes());
-  ss::backend::SamplingParams greedy;
   {  // prefill n tokens into slot 0, blocks 0..2
     StepBatch b;
     b.seq_slot = {0};

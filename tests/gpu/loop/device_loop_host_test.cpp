@@ -430,16 +430,13 @@ TEST(DeviceLoopPhases, SampledTokensEqualTheHostExecutorsAlone) {
   Collector c;
   std::vector<Spec> specs;
   std::vector<RequestId> ids;
-  const auto request = [&](size_t i, Collector* to) {  // request i: greedy, temperature, top-k, top-p + min-p
-    Request r = make_request(specs[i], to);
-    if (i % 4 == 2) r.sampling.top_k = 5;
-    if (i % 4 == 3) r.sampling.top_p = 0.8f, r.sampling.min_p = 0.05f;
-    return r;
-  };
-  for (int i = 0; i < 12; ++i) {
-    specs.push_back(spec(random_tokens(g, 1 + static_cast<int>(g() % 50), kVocab), 1 + static_cast<int>(g() % 30),
-                         i % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 3), 1000 + static_cast<uint64_t>(i)));
-    Request r = request(static_cast<size_t>(i), &c);
+  for (int i = 0; i < 12; ++i) {  // greedy, temperature, top-k, top-p + min-p
+    Spec s = spec(random_tokens(g, 1 + static_cast<int>(g() % 50), kVocab), 1 + static_cast<int>(g() % 30),
+                  i % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(i % 3), 1000 + static_cast<uint64_t>(i));
+    if (i % 4 == 2) s.top_k = 5;
+    if (i % 4 == 3) s.top_p = 0.8f, s.min_p = 0.05f;
+    specs.push_back(s);
+    Request r = make_request(s, &c);
     auto id = (*e)->add_request(std::move(r));
     ASSERT_TRUE(id.ok()) << id.message();
     ids.push_back(*id);
@@ -448,15 +445,8 @@ TEST(DeviceLoopPhases, SampledTokensEqualTheHostExecutorsAlone) {
   int sampled_differs_from_greedy = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     // The reference: the request alone on a host executor, the same sampling.
-    FakeBackend rb(256, 16, kVocab);
-    SchedulerConfig sc;
-    sc.enable_prefix_caching = false;
-    auto re = make_engine(rb, sc, kVocab);
-    Collector rc;
-    auto rid = re->add_request(request(i, &rc));
-    ASSERT_TRUE(rid.ok());
-    run_all(*re);
-    EXPECT_EQ(c.out[ids[i]].tokens, rc.out[*rid].tokens) << "request " << i << " T=" << specs[i].temperature;
+    const Outcome alone = run_alone(specs[i], kVocab);
+    EXPECT_EQ(c.out[ids[i]].tokens, alone.tokens) << "request " << i << " T=" << specs[i].temperature;
     if (specs[i].temperature > 0.0f && c.out[ids[i]].tokens != greedy_alone(specs[i])) ++sampled_differs_from_greedy;
   }
   EXPECT_GT(sampled_differs_from_greedy, 3) << "the draws were not random: the test would not see a wrong counter";

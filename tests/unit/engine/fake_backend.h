@@ -215,6 +215,9 @@ struct Spec {
   float temperature = 0.0f;
   uint64_t seed = 0;
   std::vector<int32_t> stop_ids;
+  int top_k = 0;  // the truncations, off by default
+  float top_p = 1.0f;
+  float min_p = 0.0f;
 };
 
 inline Spec spec(std::vector<int32_t> prompt, int max_tokens, float temperature = 0.0f, uint64_t seed = 0) {
@@ -259,6 +262,9 @@ inline Request make_request(const Spec& s, Collector* c, RequestId id = 0) {
   r.max_tokens = s.max_tokens;
   r.sampling.temperature = s.temperature;
   r.sampling.seed = s.seed;
+  r.sampling.top_k = s.top_k;
+  r.sampling.top_p = s.top_p;
+  r.sampling.min_p = s.min_p;
   r.stop_ids = s.stop_ids;
   if (c) r.on_event = c->callback();
   return r;

@@ -106,6 +106,16 @@ struct Driver {
   }
 };
 
+// A disk tier alone (no host tier) in dir, 1 MiB, a 1 s TTL; bound to model_hash.
+KvTierConfig disk_tier(const std::string& dir, uint64_t model_hash) {
+  KvTierConfig tc;
+  tc.disk_dir = dir;
+  tc.disk_bytes = 1 << 20;
+  tc.model_hash = model_hash;
+  tc.ttl_ms = 1000;
+  return tc;
+}
+
 std::unique_ptr<HostExecutor> make_executor(backend::Backend& be, const KvTierConfig& tc,
                                             std::function<Clock::time_point()> clock) {
   SchedulerConfig sc;
@@ -283,11 +293,7 @@ TEST(KvRestoreAsync, CancelWhileRestoringFreesEverything) {
   Latch latch;
   TestClock clock;
   FakeBackend be(64, kBlock, kVocab);
-  KvTierConfig tc;
-  tc.disk_dir = dir.path;
-  tc.disk_bytes = 1 << 20;
-  tc.model_hash = 7;
-  tc.ttl_ms = 1000;
+  KvTierConfig tc = disk_tier(dir.path, 7);
   auto ex = make_executor(be, tc, clock.fn());
   ASSERT_TRUE(ex);
   OpenOnExit guard{latch};
@@ -337,11 +343,7 @@ TEST(KvRestoreAsync, CorruptReadFallsBackToRecompute) {
   const ScopedDir dir("corrupt");
   TestClock clock;
   FakeBackend be(64, kBlock, kVocab);
-  KvTierConfig tc;
-  tc.disk_dir = dir.path;
-  tc.disk_bytes = 1 << 20;
-  tc.model_hash = 9;
-  tc.ttl_ms = 1000;
+  KvTierConfig tc = disk_tier(dir.path, 9);
   auto ex = make_executor(be, tc, clock.fn());
   ASSERT_TRUE(ex);
   Driver d(*ex);
@@ -507,11 +509,7 @@ TEST(KvRestoreAsync, ReturningTurnIsRestoredFromQueuedDiskWrites) {
   Latch latch;
   TestClock clock;
   FakeBackend be(64, kBlock, kVocab);
-  KvTierConfig tc;
-  tc.disk_dir = dir.path;
-  tc.disk_bytes = 1 << 20;
-  tc.model_hash = 13;
-  tc.ttl_ms = 1000;
+  KvTierConfig tc = disk_tier(dir.path, 13);
   auto ex = make_executor(be, tc, clock.fn());
   ASSERT_TRUE(ex);
   OpenOnExit guard{latch};
@@ -551,12 +549,8 @@ TEST(KvRestoreAsync, WriterBehindDropsChainsFromTheirTailOnly) {
   Latch latch;
   TestClock clock;
   FakeBackend be(16, kBlock, kVocab);
-  KvTierConfig tc;
-  tc.disk_dir = dir.path;
-  tc.disk_bytes = 1 << 20;
+  KvTierConfig tc = disk_tier(dir.path, 17);
   tc.disk_queue_bytes = 3 * be.kv_block_bytes();
-  tc.model_hash = 17;
-  tc.ttl_ms = 1000;
   auto ex = make_executor(be, tc, clock.fn());
   ASSERT_TRUE(ex);
   OpenOnExit guard{latch};
