@@ -660,6 +660,17 @@ bool KvTiers::unpack_kept(const ArenaBytes& a, ::ZSTD_DCtx_s* dctx, std::vector<
   return r == 0 && ob.pos == ob.size;
 }
 
+Status KvTiers::read_entry(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, ::ZSTD_DCtx_s* dctx,
+                           std::vector<uint8_t>* data, bool* compressed, std::vector<uint8_t>* raw) const {
+  BlockHash fh = 0, fp = 0;
+  std::vector<int32_t> ft;
+  SS_TRY(read_file(path_of(hash), &fh, &fp, &ft, data, compressed));
+  if (fh != hash || fp != parent || !std::equal(ft.begin(), ft.end(), tokens.begin(), tokens.end()))
+    return make_error("entry does not hold this block");
+  if (!unpack(*data, *compressed, dctx, *raw)) return make_error("payload does not decompress");
+  return {};
+}
+
 bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, BlockId b) {
   const Where w = find(hash, parent, tokens);
   if (w == Where::Host) {
@@ -692,13 +703,8 @@ bool KvTiers::restore(BlockHash hash, BlockHash parent, std::span<const int32_t>
     std::lock_guard<std::mutex> lk(mu_);  // the writer never removes the file under a read
     auto it = disk_.find(hash);
     if (it == disk_.end()) return false;
-    BlockHash fh = 0, fp = 0;
-    std::vector<int32_t> ft;
-    Status s = read_file(path_of(hash), &fh, &fp, &ft, &data, &compressed);
-    if (s.ok() && (fh != hash || fp != parent || !std::equal(ft.begin(), ft.end(), tokens.begin(), tokens.end())))
-      s = make_error("entry does not hold this block");
-    if (!s.ok() || !unpack(data, compressed, dctx_, raw_)) {
-      std::fprintf(stderr, "kv disk tier: %s; deleted\n", s.ok() ? "payload does not decompress" : s.message().c_str());
+    if (Status st = read_entry(hash, parent, tokens, dctx_, &data, &compressed, &raw_); !st.ok()) {
+      std::fprintf(stderr, "kv disk tier: %s; deleted\n", st.message().c_str());
       disk_forget_locked(hash, true);
       return false;
     }
@@ -831,12 +837,7 @@ KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
   auto data = std::make_shared<std::vector<uint8_t>>();
   auto raw = std::make_shared<std::vector<uint8_t>>();
   bool compressed = false;
-  BlockHash fh = 0, fp = 0;
-  std::vector<int32_t> ft;
-  Status s = read_file(path_of(j.item.hash), &fh, &fp, &ft, data.get(), &compressed);
-  if (s.ok() && (fh != j.item.hash || fp != j.item.parent || ft != j.item.tokens))
-    s = make_error("entry does not hold this block");
-  if (s.ok() && !unpack(*data, compressed, loader_dctx_, *raw)) s = make_error("payload does not decompress");
+  const Status s = read_entry(j.item.hash, j.item.parent, j.item.tokens, loader_dctx_, data.get(), &compressed, raw.get());
   std::lock_guard<std::mutex> lk(mu_);
   if (!s.ok()) {
     std::fprintf(stderr, "kv disk tier: %s; deleted\n", s.message().c_str());

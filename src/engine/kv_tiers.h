@@ -194,6 +194,10 @@ class KvTiers {
   Status read_file(const std::string& path, BlockHash* hash, BlockHash* parent, std::vector<int32_t>* tokens,
                    std::vector<uint8_t>* data, bool* compressed) const;
   bool unpack(std::span<const uint8_t> data, bool compressed, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const;
+  // The disk entry of (hash, parent, tokens), read, checked to hold that block and unpacked into
+  // raw (the stored bytes in data); an error names what was wrong (the caller deletes the file).
+  Status read_entry(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, ::ZSTD_DCtx_s* dctx,
+                    std::vector<uint8_t>* data, bool* compressed, std::vector<uint8_t>* raw) const;
   bool unpack_kept(const ArenaBytes& a, ::ZSTD_DCtx_s* dctx, std::vector<uint8_t>& out) const;
   std::string path_of(BlockHash h) const;
   void disk_forget_locked(BlockHash h, bool count_rejected);
