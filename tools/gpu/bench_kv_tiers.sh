@@ -21,19 +21,18 @@ MODELS=${MODELS:-/tmp/ssm}
 mkdir -p "$OUT" "$MODELS"
 S=$B/selfserve
 shape=${1:-llama3-8b}
-f=$MODELS/$shape-bf16.gguf
-[ -s "$f" ] || "$S" synth --shape "$shape" --format gguf --dtype bf16 --seed 1 --out "$f" --quiet
+source tools/gpu/common.sh
+f=$(ss_model "$S" "$MODELS" "$shape")
 run_tier() {  # name port idle_s server flags...
   local name=$1 port=$2 idle=$3
   shift 3
   "$S" serve --model "$f" --device "$DEVICE" --port "$port" --kv-cache-ttl-ms 1000 "$@" > "$OUT/tiers-$name-server.log" 2>&1 &
   local pid=$!
-  get() { python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1" 2>/dev/null; }
-  for _ in $(seq 600); do get "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.2; done
+  ss_wait_healthy "$port"
   timeout 240 "$S" bench serve --url "http://127.0.0.1:$port" --multi-turn --conversations "$CONV" --history-tokens "$HIST" --idle "$idle" \
     > "$OUT/tiers-$name.txt" 2>&1
   echo "tier $name rc=$?"
-  get "http://127.0.0.1:$port/metrics" | grep -E '^selfserve_kv_(host|disk|restored|demoted)' > "$OUT/tiers-$name-metrics.txt"
+  ss_get "http://127.0.0.1:$port/metrics" | grep -E '^selfserve_kv_(host|disk|restored|demoted)' > "$OUT/tiers-$name-metrics.txt"
   kill -TERM "$pid"
   wait "$pid"
 }

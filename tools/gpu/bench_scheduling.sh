@@ -21,6 +21,7 @@ tools/gpu/build_on_device.sh selfserve selfserve_cuda test_gpu test_gpu_backend 
 say "build rc=$?"
 source build-gpu/env.sh
 S=build-gpu/selfserve
+source tools/gpu/common.sh
 git log -1 --format='commit %H %cd' > "$OUT/env.txt" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv >> "$OUT/env.txt" 2>&1
 if [ "$PARTS" != bench ]; then
@@ -35,8 +36,7 @@ fi
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(smollm2-135m llama32-1b llama3-8b)
 for shape in "${shapes[@]}"; do
-  f=$MODELS/$shape-bf16.gguf
-  [ -s "$f" ] || "$S" synth --shape "$shape" --format gguf --dtype bf16 --seed 1 --out "$f" --quiet
+  f=$(ss_model "$S" "$MODELS" "$shape")
   for round in 1 2; do
     for sch in host persistent; do
       timeout 120 "$S" bench offline --model "$f" --device cuda --threads 16 --prompt-tokens 512 --gen-tokens 256 \

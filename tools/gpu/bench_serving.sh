@@ -19,16 +19,15 @@ S=$B/selfserve
 shape=${1:-llama32-1b}
 rates=${2:-4,16,64}
 N=${N:-96}
-f=$MODELS/$shape-bf16.gguf
-[ -s "$f" ] || "$S" synth --shape "$shape" --format gguf --dtype bf16 --seed 1 --out "$f" --quiet
-get() { python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1" 2>/dev/null; }
+source tools/gpu/common.sh
+f=$(ss_model "$S" "$MODELS" "$shape")
 port=18441
 for round in 1 2; do
   for sch in host persistent; do
     tag=$shape-$sch-$round
     "$S" serve --model "$f" --device "${DEVICE:-cuda}" --port "$port" --scheduling "$sch" > "$OUT/serve-$tag-server.log" 2>&1 &
     pid=$!
-    for _ in $(seq 600); do get "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.2; done
+    ss_wait_healthy "$port"
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$OUT/serve-$tag-util.csv" 2>/dev/null &
     smi=$!
     timeout 300 "$S" bench serve --url "http://127.0.0.1:$port" --rate "$rates" --num-requests "$N" --duration 60 \
@@ -36,7 +35,7 @@ for round in 1 2; do
       --extra-body '{"temperature": 0}' > "$OUT/serve-$tag.txt" 2>&1
     echo "$tag rc=$?"
     kill "$smi" 2>/dev/null
-    get "http://127.0.0.1:$port/metrics" | grep -E '^selfserve_(engine_|generation_tokens|prompt_tokens)' > "$OUT/serve-$tag-metrics.txt"
+    ss_get "http://127.0.0.1:$port/metrics" | grep -E '^selfserve_(engine_|generation_tokens|prompt_tokens)' > "$OUT/serve-$tag-metrics.txt"
     kill -TERM "$pid"
     wait "$pid"
     port=$((port + 1))

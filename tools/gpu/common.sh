@@ -1,0 +1,17 @@
+# Sourced by the GPU scripts (bench_scheduling.sh, bench_kv_tiers.sh, bench_serving.sh).
+# ss_model BIN DIR SHAPE: the path of DIR/SHAPE-bf16.gguf, written first by `selfserve synth` (random
+# weights of that real shape, seed 1) when absent.
+ss_model() {
+  local f=$2/$3-bf16.gguf
+  [ -s "$f" ] || "$1" synth --shape "$3" --format gguf --dtype bf16 --seed 1 --out "$f" --quiet >&2
+  echo "$f"
+}
+# ss_get URL: the body of a GET (nothing, and a failure, when it does not answer 2xx).
+ss_get() {
+  python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1" 2>/dev/null
+}
+# ss_wait_healthy PORT: until the server on PORT answers /health (at most 120 s).
+ss_wait_healthy() {
+  for _ in $(seq 600); do ss_get "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 0.2; done
+  return 1
+}
