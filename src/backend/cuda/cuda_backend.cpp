@@ -194,6 +194,13 @@ class CudaBackend final : public Backend {
   bool fused_ = false;
   unsigned* attn_counters_ = nullptr;  // [kFusedMaxBatch][n_kv], zero between launches
   static constexpr int kFusedMaxBatch = 8;
+  // Prefill attention on tensor cores (kernels/prefill_attention.cu) for eager steps whose rows come in
+  // prompt runs: the step's query tiles (pinned host mirror, device copy) and their count, 0 when the
+  // row kernel runs. Chosen per step in step(), never inside a captured graph (the tiles depend on the
+  // batch). Written without a GPU at hand: off unless SS_CUDA_PREFILL_ATTN=flash until it has run on one.
+  bool flash_prefill_ = false;
+  cuda::kern::PrefillTile *h_tiles_ = nullptr, *d_tiles_ = nullptr;
+  int n_tiles_ = 0;
   // Profiling (SS_CUDA_PROFILE=1): events in stream order and the stage each interval ends.
   bool profile_env_ = false, profiling_ = false;
   std::vector<cudaEvent_t> events_;
@@ -365,7 +372,8 @@ Status CudaBackend::init() {
                                                     std::min(cap_tokens_, kFusedMaxBatch), nh_, hd_, max_splits_));
   }
   const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T) +
-                            padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_);
+                            padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_) +
+                            padded(sizeof(cuda::kern::PrefillTile) * T);
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
                           static_cast<double>(scratch_bytes + attn_bytes + padded(2 * wtmp_elems_));
@@ -411,6 +419,14 @@ Status CudaBackend::init() {
     SS_CUDA(cudaMemsetAsync(attn_counters_, 0, sizeof(unsigned) * kFusedMaxBatch * nkv_, stream_));
   }
   if (!d_ctx_ || (attn_ws_floats > 0 && !attn_ws_)) return make_error("cuda backend: scratch estimate too small (a bug)");
+  {
+    const char* e = std::getenv("SS_CUDA_PREFILL_ATTN");
+    flash_prefill_ = split_attention_ && (hd_ == 64 || hd_ == 128) && e && std::string(e) == "flash";
+  }
+  if (flash_prefill_) {
+    d_tiles_ = scratch_.take<cuda::kern::PrefillTile>(T);
+    if (!d_tiles_) return make_error("cuda backend: scratch estimate too small (a bug)");
+  }
   if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
     std::vector<float> cs(static_cast<size_t>(max_position_) * rope_dim_);
@@ -429,6 +445,10 @@ Status CudaBackend::init() {
   h_in_ = static_cast<int32_t*>(p);
   SS_TRY(pinned(4 * R, &p));
   h_ids_ = static_cast<int32_t*>(p);
+  if (flash_prefill_) {
+    SS_TRY(pinned(sizeof(cuda::kern::PrefillTile) * T, &p));
+    h_tiles_ = static_cast<cuda::kern::PrefillTile*>(p);
+  }
   SS_TRY(pinned(4 * static_cast<size_t>(tables_.size() + 1) * max_blocks_, &p));
   h_tables_ = static_cast<int32_t*>(p);
   h_tables_[static_cast<size_t>(spare_slot_) * max_blocks_] = spare_block_;
@@ -730,7 +750,11 @@ Status CudaBackend::forward(int T, int R) {
                         c_.rope_style == model::RopeStyle::Interleaved, 1.0f / std::sqrt(static_cast<float>(hd_)),
                         nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
     cuda::qkv_epilogue(e, T, stream_);
-    if (split_attention_) {
+    if (n_tiles_ > 0) {
+      const cuda::kern::PrefillAttention a{q_,     layer_cache, nh_,       nkv_,     hd_, 1.0f /* q is pre-scaled */,
+                                           d_ctx_, d_tables_,   max_blocks_, d_tiles_, n_tiles_, att_};
+      SS_TRY(cuda::kern::prefill_attention(a, stream_));
+    } else if (split_attention_) {
       const int splits = cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_);
       const cuda::kern::Attention a{q_,  layer_cache, nh_,  nkv_,     hd_,     1.0f /* q is pre-scaled */,
                                     d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, splits, nullptr};
@@ -971,7 +995,19 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   SS_CUDA(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
   SS_CUDA(cudaMemcpyAsync(d_ctx_, in + 3 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
   if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 4 * C, 4 * R, cudaMemcpyHostToDevice, stream_));
-  SS_TRY(forward(T, R));
+  n_tiles_ = 0;
+  if (flash_prefill_ && !(fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch)) {
+    // Tensor-core tiles pay off when rows come in runs (prompt chunks); a step of mostly decode rows
+    // (one row a tile) keeps the row kernel and its splits along long contexts.
+    const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_);
+    if (n * 8 <= T) {
+      SS_CUDA(cudaMemcpyAsync(d_tiles_, h_tiles_, sizeof(cuda::kern::PrefillTile) * n, cudaMemcpyHostToDevice, stream_));
+      n_tiles_ = n;
+    }
+  }
+  const Status fw = forward(T, R);
+  n_tiles_ = 0;
+  SS_TRY(fw);
 
   const int ns = static_cast<int>(b.sample_rows.size());
   const bool device_greedy =

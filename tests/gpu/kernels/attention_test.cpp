@@ -198,6 +198,91 @@ TEST(GpuAttention, RowResultDoesNotDependOnTheBatch) {
   for (unsigned v : counters.download()) ASSERT_EQ(v, 0u);
 }
 
+// The tensor-core prefill kernel over a step that mixes prompt runs of three sequences (one from
+// position 0, one after a cached prefix of 37, one a lone decode row) for several head shapes, against
+// the host softmax in double. The kernel rounds q to bf16 (the reference does the same) and each
+// softmax weight p to bf16 with the sum taken over the rounded weights, so an output moves by at most
+// 2^-9 of max |v - out| <= 2^-8 (v in [-1, 1]) from that, plus its own bf16 rounding (|out| / 512).
+TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(27);
+  for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}, Case{14, 2, 64}, Case{8, 8, 128}}) {
+    // Rows: sequence 0 positions 0..149 (tiles of 64, 64, 22), sequence 2 the decode row at 300,
+    // sequence 1 positions 37..106 after its cached prefix.
+    const std::vector<int> seq_len = {150, 107, 301};
+    std::vector<int32_t> slot, pos;
+    for (int i = 0; i < 150; ++i) slot.push_back(0), pos.push_back(i);
+    slot.push_back(2), pos.push_back(300);
+    for (int i = 37; i < 107; ++i) slot.push_back(1), pos.push_back(i);
+    const int n_q = static_cast<int>(slot.size());
+    std::vector<int32_t> ctx(n_q);
+    for (int i = 0; i < n_q; ++i) ctx[i] = pos[i] + 1;
+    std::vector<PrefillTile> tiles(n_q);
+    tiles.resize(prefill_tiles(slot.data(), pos.data(), n_q, tiles.data()));
+    ASSERT_EQ(tiles.size(), 6u);  // 64 + 64 + 22, 1, 64 + 6
+    const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
+    const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
+    auto q = random_f32(rng, row * n_q, -2, 2);
+    for (float& v : q) v = from_bf16(to_bf16(v));  // what the kernel multiplies
+    DeviceBuf<float> dq(q);
+    DeviceBuf<uint16_t> dcache(p.cache), dout(row * n_q);
+    DeviceBuf<int32_t> dctx(ctx), dtab(p.tables);
+    DeviceBuf<PrefillTile> dtiles(tiles);
+    ASSERT_TRUE(dq.ok() && dcache.ok() && dout.ok() && dtiles.ok());
+    dout.poison();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    const PrefillAttention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dtab.get(),
+                             p.max_blocks, dtiles.get(), static_cast<int>(tiles.size()), dout.get()};
+    LAUNCH_OK(prefill_attention(a, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    for (int i = 0; i < n_q; ++i) {
+      const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale);
+      for (size_t j = 0; j < ref.size(); ++j)
+        ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 512 + 1.0 / 256)
+            << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " row " << i << " (slot " << slot[i]
+            << ", position " << pos[i] << ") elem " << j;
+    }
+  }
+}
+
+// The tiling rule, on the host: a tile is one table row at consecutive positions, at most 64 rows.
+TEST(GpuAttention, PrefillTilesFollowRunsOfOneSequence) {
+  const std::vector<int32_t> slot = {4, 4, 4, 4, 7, 7, 4, 4};
+  const std::vector<int32_t> pos = {10, 11, 12, 20, 0, 1, 21, 22};
+  std::vector<PrefillTile> t(slot.size());
+  t.resize(prefill_tiles(slot.data(), pos.data(), static_cast<int>(slot.size()), t.data()));
+  ASSERT_EQ(t.size(), 4u);
+  const int want[4][3] = {{0, 3, 4}, {3, 1, 4}, {4, 2, 7}, {6, 2, 4}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(t[i].row0, want[i][0]) << "tile " << i;
+    EXPECT_EQ(t[i].n_rows, want[i][1]) << "tile " << i;
+    EXPECT_EQ(t[i].slot, want[i][2]) << "tile " << i;
+  }
+  std::vector<int32_t> s200(200, 1), p200(200);
+  std::iota(p200.begin(), p200.end(), 5);
+  std::vector<PrefillTile> t200(200);
+  t200.resize(prefill_tiles(s200.data(), p200.data(), 200, t200.data()));
+  ASSERT_EQ(t200.size(), 4u);
+  int covered = 0;
+  for (const PrefillTile& x : t200) {
+    EXPECT_EQ(x.row0, covered);
+    EXPECT_LE(x.n_rows, kPrefillTileRows);
+    covered += x.n_rows;
+  }
+  EXPECT_EQ(covered, 200);
+}
+
+TEST(GpuAttention, PrefillRejectsUnsupportedShapes) {
+  PrefillAttention a{};
+  a.n_heads = 32, a.n_kv = 8, a.hd = 256, a.n_tiles = 1;
+  EXPECT_FALSE(prefill_attention(a, nullptr).ok());  // head dim
+  a.hd = 128, a.n_kv = 3;
+  EXPECT_FALSE(prefill_attention(a, nullptr).ok());  // heads not a multiple of kv heads
+  a.n_kv = 8, a.n_tiles = 70000;
+  EXPECT_FALSE(prefill_attention(a, nullptr).ok());  // grid
+}
+
 TEST(GpuAttention, RejectsUnsupportedShapes) {
   Attention a{};
   a.n_heads = 32, a.n_kv = 8, a.hd = 96, a.max_splits = 1;

@@ -39,15 +39,6 @@ constexpr int kThreads = kWarps * 32;
 // Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas> overrides both for tuning.
 
 
-// d += A (16 x 16, bf16, row) * B (16 x 8, bf16, col), fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 enum class Op { Qkv, Add, GateUp, Logits };
 
 struct DecArgs {

@@ -195,6 +195,47 @@ int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits)
 int attention_splits(int n_q, int n_kv, int sm_count, int max_splits);
 Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
 
+// --- prefill attention on tensor cores ------------------------------------------------------------
+// Causal attention for query rows that come in runs of one sequence at consecutive positions (a
+// prompt chunk), flash-attention style: a CTA takes a tile of up to kPrefillTileRows such rows and
+// one query head, streams the sequence's keys and values through shared memory 64 at a time
+// (cp.async, double-buffered) and runs Q K^T and P V as bf16 mma.sync with fp32 accumulation and an
+// online softmax in registers. q (fp32) and P are rounded to bf16 for the tensor cores; the row
+// kernel above keeps q in fp32, so the two differ by that rounding (about 2^-9 of a score's terms).
+// Head dims 64 and 128.
+constexpr int kPrefillTileRows = 64;
+struct PrefillTile {
+  int32_t row0, n_rows;  // rows row0 .. row0 + n_rows - 1 of the step, positions consecutive
+  int32_t slot;          // their table row
+  int32_t pad;
+};
+// Splits the T rows of a step into tiles: a tile ends where the table row changes, the position is not
+// the previous one's + 1, or kPrefillTileRows rows are reached. out has room for T; returns the count.
+inline int prefill_tiles(const int32_t* slot_of_row, const int32_t* pos_of_row, int T, PrefillTile* out) {
+  int n = 0;
+  for (int i = 0; i < T;) {
+    int j = i + 1;
+    while (j < T && j - i < kPrefillTileRows && slot_of_row[j] == slot_of_row[i] && pos_of_row[j] == pos_of_row[j - 1] + 1)
+      ++j;
+    out[n++] = PrefillTile{i, j - i, slot_of_row[i], 0};
+    i = j;
+  }
+  return n;
+}
+struct PrefillAttention {
+  const float* q;  // [T][n_heads][hd]
+  const bf16_bits* cache;
+  int n_heads, n_kv, hd;
+  float scale;              // usually 1/sqrt(hd); 1 when q comes pre-scaled
+  const int32_t* ctx_len;   // [T]: the keys row i sees, positions [0, ctx_len[i]) (its position + 1)
+  const int32_t* tables;
+  int max_blocks;
+  const PrefillTile* tiles;  // [n_tiles], device
+  int n_tiles;
+  bf16_bits* out;            // [T][n_heads][hd]
+};
+Status prefill_attention(const PrefillAttention& a, cudaStream_t s);
+
 // --- sampling -------------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (V floats); ties: the lowest id; NaNs never win (an all-NaN row: 0).
 Status argmax(const float* logits, int n_rows, int V, int32_t* ids, cudaStream_t s);
