@@ -500,3 +500,63 @@ TEST(PersistentScheduling, RoutesWhatTheLoopCannotRunToTheHostExecutor) {
     EXPECT_EQ(c.out[ids[i]].events_after_finish, 0);
   }
 }
+
+// The GPU test DeviceLoopControl.CancelDeadlineAndHostFallback on the host loop: under --scheduling
+// persistent a request cancelled after five tokens, one whose deadline passes mid-stream and a
+// sampled one with a repetition penalty (the host executor's, stepped between the loop's steps) run
+// together; each ends as it should, every block comes back, and the loop still serves afterwards.
+TEST(PersistentScheduling, CancelDeadlineAndHostFallbackTogether) {
+  std::mt19937 g(31);
+  struct SlowBackend : FakeBackend {  // a step takes 100 us or more, so the deadline passes mid-stream
+    using FakeBackend::FakeBackend;
+    Status step(const backend::StepBatch& b, backend::StepOutput& out) override {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      return FakeBackend::step(b, out);
+    }
+  };
+  SlowBackend be(512, 8, kVocab, 32);
+  EngineConfig cfg;
+  cfg.scheduling = EngineConfig::Scheduling::Persistent;
+  cfg.scheduler.max_num_seqs = 8;
+  cfg.scheduler.max_num_batched_tokens = 32;
+  auto made = Engine::create(be, cfg);
+  ASSERT_TRUE(made.ok()) << made.message();
+  Engine& e = **made;
+  Collector c;
+  Request a = make_request(spec(random_tokens(g, 9, kVocab), 600, 0.0f, 1), &c);
+  Request b = make_request(spec(random_tokens(g, 20, kVocab), 600, 0.0f, 2), &c);
+  b.deadline = backend::Clock::now() + std::chrono::milliseconds(30);
+  Request h = make_request(spec(random_tokens(g, 14, kVocab), 12, 0.8f, 3), &c);
+  h.sampling.repetition_penalty = 1.1f;
+  auto ida = e.add_request(std::move(a));
+  auto idb = e.add_request(std::move(b));
+  auto idh = e.add_request(std::move(h));
+  ASSERT_TRUE(ida.ok() && idb.ok() && idh.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  bool cancelled = false;
+  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    const Status st = e.step();
+    ASSERT_TRUE(st.ok()) << st.message();
+    if (!cancelled && c.out[*ida].tokens.size() >= 5) {
+      e.abort(*ida);
+      cancelled = true;
+    }
+  }
+  ASSERT_FALSE(e.has_work());
+  EXPECT_EQ(c.out[*ida].finish, FinishReason::Abort);
+  EXPECT_GE(c.out[*ida].tokens.size(), 5u);
+  EXPECT_EQ(c.out[*idb].finish, FinishReason::Timeout);
+  EXPECT_LT(c.out[*idb].tokens.size(), 600u);
+  EXPECT_EQ(c.out[*idh].finish, FinishReason::Length);
+  EXPECT_EQ(c.out[*idh].tokens.size(), 12u);
+  const auto s = e.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.num_running, 0);
+  ASSERT_TRUE(e.check_invariants().ok());
+  Request d = make_request(spec(random_tokens(g, 9, kVocab), 10, 0.0f, 4), &c);
+  auto idd = e.add_request(std::move(d));
+  ASSERT_TRUE(idd.ok());
+  run_all(e);
+  EXPECT_EQ(c.out[*idd].finish, FinishReason::Length);
+  EXPECT_EQ(c.out[*idd].tokens.size(), 10u);
+}
