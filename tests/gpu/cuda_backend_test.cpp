@@ -227,6 +227,132 @@ TEST(CudaSampling, DeviceGreedyAndHostSampledRows) {
   }
 }
 
+// A grammar stand-in: ids that are multiples of `mod` may come next.
+class EveryNth final : public ss::backend::TokenMask {
+ public:
+  explicit EveryNth(int mod) : mod_(mod) {}
+  bool allows(int32_t t) override { return t % mod_ == 0; }
+  void mask(float* logits, int n) override {
+    for (int t = 0; t < n; ++t)
+      if (t % mod_ != 0) logits[t] = -INFINITY;
+  }
+  void accept(int32_t) override {}
+  bool must_end() const override { return false; }
+
+ private:
+  int mod_;
+};
+
+// BackendOptions::gpu_device_sampling: every kind of row drawn on the device equals the host
+// reference sampler's draw on the very logits the device computed (the same row's raw logits come
+// back beside it): temperature with and without top-k / top-p / min-p, greedy and sampled rows with
+// repetition / presence / frequency penalties, logit bias, banned ids, logprobs, and a grammar mask
+// both consulted after the draw (a refused draw redrawn at counter 2n + 1) and applied first.
+TEST(CudaSampling, DeviceSamplingEqualsTheHostSampler) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/qwen2-tiny");
+  ASSERT_NE(model, nullptr);
+  BackendOptions o;
+  o.kv.num_blocks = 64;
+  o.kv.block_size = 16;
+  o.max_batch_tokens = 512;
+  o.max_slots = 64;
+  o.gpu_device_sampling = true;
+  auto made = ss::backend::make_cuda_backend(*model, o);
+  ASSERT_TRUE(made.ok()) << made.message();
+  Backend& be = **made;
+  const int V = be.vocab_size();
+  const Ref ref = load_ref("qwen2-tiny");
+  const auto& ids = ref.ids[0];
+  const int last = static_cast<int>(ids.size()) - 1;
+  const std::vector<int32_t> prompt(ids.begin(), ids.end());
+  std::vector<int32_t> output;
+  for (int i = 0; i < 40; ++i) output.push_back(static_cast<int32_t>((i * 7919) % V));
+  using ss::backend::SamplingParams;
+  struct Case {
+    SamplingParams p;
+    std::vector<int32_t> banned;
+    int logprobs = -1;
+    int mask_mod = 0;  // 0: no mask
+  };
+  auto params = [](float t, uint64_t seed) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = seed;
+    return p;
+  };
+  std::vector<Case> cases;
+  cases.push_back({params(0.8f, 1), {}, -1, 0});
+  cases.push_back({params(1.3f, 2), {}, -1, 0});
+  { Case c{params(0.9f, 3), {}, -1, 0}; c.p.top_k = 5; cases.push_back(c); }
+  { Case c{params(1.0f, 4), {}, -1, 0}; c.p.top_p = 0.9f; cases.push_back(c); }
+  { Case c{params(1.0f, 5), {}, -1, 0}; c.p.min_p = 0.05f; cases.push_back(c); }
+  { Case c{params(0.0f, 0), {}, -1, 0}; c.p.repetition_penalty = 1.3f; cases.push_back(c); }
+  { Case c{params(0.7f, 6), {}, -1, 0}; c.p.presence_penalty = 0.5f; c.p.frequency_penalty = 0.3f; cases.push_back(c); }
+  { Case c{params(0.0f, 0), {}, -1, 0}; c.p.logit_bias = {{5, 100.0f}, {7, -3.5f}}; cases.push_back(c); }
+  { Case c{params(0.6f, 7), {}, -1, 0}; c.p.logit_bias = {{11, 4.0f}}; c.p.repetition_penalty = 1.1f; cases.push_back(c); }
+  cases.push_back({params(0.0f, 0), {0, 1, 2, 3}, -1, 0});
+  cases.push_back({params(0.9f, 8), {}, 5, 0});
+  cases.push_back({params(0.0f, 0), {}, 3, 0});
+  cases.push_back({params(1.0f, 9), {}, -1, 3});   // consulted after the draw
+  cases.push_back({params(0.0f, 0), {}, -1, 5});   // greedy, consulted after the draw
+  { Case c{params(1.0f, 10), {}, -1, 4}; c.p.top_k = 8; cases.push_back(c); }  // applied first
+  cases.push_back({params(0.8f, 11), {}, 4, 3});   // logprobs: applied first
+  for (uint64_t n : {0ull, 3ull, 17ull}) {
+    StepBatch b;
+    b.seq_slot = {0};
+    b.edit_table(0, 0, blocks(0, static_cast<int>(ids.size())));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      b.tokens.push_back(ids[i]);
+      b.positions.push_back(static_cast<int32_t>(i));
+      b.seq_index.push_back(0);
+    }
+    std::vector<std::unique_ptr<EveryNth>> masks;
+    for (const Case& c : cases) {
+      ss::backend::SampleRow row;
+      row.token = last;
+      row.params = &c.p;
+      row.n = n;
+      row.prompt = prompt;
+      row.output = std::span<const int32_t>(output.data(), static_cast<size_t>(n) + 5);
+      row.banned = c.banned;
+      row.logprobs = c.logprobs;
+      if (c.mask_mod) {
+        masks.push_back(std::make_unique<EveryNth>(c.mask_mod));
+        row.mask = masks.back().get();
+      }
+      b.sample_rows.push_back(row);
+    }
+    b.logits_rows = {last};
+    StepOutput out;
+    const auto st = be.step(b, out);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(out.tokens.size(), cases.size());
+    ASSERT_EQ(out.logits.size(), static_cast<size_t>(V));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const ss::backend::SampleRow& row = b.sample_rows[i];
+      std::vector<float> l = out.logits;
+      for (int32_t id : c.banned) l[static_cast<size_t>(id)] = -INFINITY;
+      EveryNth m(std::max(1, c.mask_mod));
+      ss::backend::RowSampler rs(V);
+      const bool lp = c.logprobs >= 0;
+      const int32_t want = rs.sample(l.data(), c.p, n, row.prompt, row.output, c.mask_mod ? &m : nullptr, lp);
+      EXPECT_EQ(out.tokens[i], want) << "case " << i << " n " << n << " T " << c.p.temperature;
+      if (!lp) continue;
+      ss::backend::RowLogprobs h;
+      ss::backend::row_logprobs(l.data(), V, want, c.logprobs, h);
+      const auto& d = out.logprobs[i];
+      EXPECT_NEAR(d.chosen, h.chosen, 1e-4) << "case " << i;
+      ASSERT_EQ(d.top.size(), h.top.size()) << "case " << i;
+      for (size_t j = 0; j < h.top.size(); ++j) {
+        EXPECT_EQ(d.top[j].first, h.top[j].first) << "case " << i << " rank " << j;
+        EXPECT_NEAR(d.top[j].second, h.top[j].second, 1e-4) << "case " << i << " rank " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // Greedy text through the engine on the GPU is the same with CUDA graphs (decode steps replayed

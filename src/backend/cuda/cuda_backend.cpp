@@ -139,6 +139,8 @@ class CudaBackend final : public Backend {
   // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
   Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
   Status upload_table_edits(const StepBatch& b);
+  Status sample_on_device(const StepBatch& b, StepOutput& out);
+  bool device_samples(const StepBatch& b) const;
   Status copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bool to_host);
   enum Stage { kEmbed, kQkv, kAttn, kOProj, kGateUp, kDown, kNormQkvEtc, kLmHead, kSample, kStages };
   void mark(Stage st);   // the kernels since the previous mark belong to stage st
@@ -199,6 +201,20 @@ class CudaBackend final : public Backend {
   // row kernel runs. Chosen per step in step(), never inside a captured graph (the tiles depend on the
   // batch). Written without a GPU at hand: off unless SS_CUDA_PREFILL_ATTN=flash until it has run on one.
   bool flash_prefill_ = false;
+  // Sampling on the device (BackendOptions::gpu_device_sampling, or SS_CUDA_DEVICE_SAMPLING=1): rows
+  // other than plain greedy are drawn by kern::sample after their bias, penalties and bans are applied
+  // in place (kern::edit_logits), kSampleChunk rows a call; only ids (and asked-for logprobs) come back.
+  static constexpr int kSampleChunk = 32, kEditCap = 1 << 16, kMaxTopLogprobs = 64;
+  bool device_sampling_ = false;
+  void* d_sample_scratch_ = nullptr;
+  size_t sample_scratch_bytes_ = 0;
+  cuda::kern::RowSampling *h_rowp_ = nullptr, *d_rowp_ = nullptr;
+  cuda::kern::LogitEdit *h_edits_ = nullptr, *d_edits_ = nullptr;
+  uint32_t *h_mask_ = nullptr, *d_mask_ = nullptr;  // [kSampleChunk][words_]
+  int words_ = 0;
+  float *d_lp_ = nullptr, *h_lp_ = nullptr;        // chosen [R], then top logprobs [R][kMaxTopLogprobs]
+  int32_t *d_lp_ids_ = nullptr, *h_lp_ids_ = nullptr;  // [R][kMaxTopLogprobs]
+  std::vector<int32_t> edit_of_;  // per token: its edit's index in this row, -1 (reset after each row)
   cuda::kern::PrefillTile *h_tiles_ = nullptr, *d_tiles_ = nullptr;
   int n_tiles_ = 0;
   // Profiling (SS_CUDA_PROFILE=1): events in stream order and the stage each interval ends.
@@ -374,9 +390,21 @@ Status CudaBackend::init() {
   const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T) +
                             padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_) +
                             padded(sizeof(cuda::kern::PrefillTile) * T);
+  {
+    const char* e = std::getenv("SS_CUDA_DEVICE_SAMPLING");
+    device_sampling_ = opts_.gpu_device_sampling || (e && std::string(e) == "1");
+  }
+  words_ = (V_ + 31) / 32;
+  const int srows = std::min<int>(kSampleChunk, static_cast<int>(R));
+  sample_scratch_bytes_ = device_sampling_ ? cuda::kern::sample_scratch_bytes(srows, V_) : 0;
+  const size_t samp_bytes =
+      device_sampling_ ? padded(sample_scratch_bytes_) + padded(sizeof(cuda::kern::RowSampling) * srows) +
+                             padded(sizeof(cuda::kern::LogitEdit) * kEditCap) + padded(4 * static_cast<size_t>(srows) * words_) +
+                             padded(4 * R * (1 + kMaxTopLogprobs)) + padded(4 * R * kMaxTopLogprobs)
+                       : 0;
   if (kv_.num_blocks <= 0) {
     const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
-                          static_cast<double>(scratch_bytes + attn_bytes + padded(2 * wtmp_elems_));
+                          static_cast<double>(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_));
     if (budget < static_cast<double>(block_bytes))
       return make_error("cuda backend: no room for the KV cache (" + std::to_string(free_b >> 20) + " MiB free of " +
                         std::to_string(total_b >> 20) + " MiB; --gpu-memory-utilization " + std::to_string(util) + ")");
@@ -391,7 +419,7 @@ Status CudaBackend::init() {
   max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
   max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
 
-  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes + padded(2 * wtmp_elems_), "scratch"));
+  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_), "scratch"));
   if (wtmp_elems_ > 0) wtmp_ = scratch_.take<bf16_bits>(wtmp_elems_);
   x_ = scratch_.take<float>(T * H_);
   tmp_ = scratch_.take<float>(T * H_);
@@ -422,6 +450,17 @@ Status CudaBackend::init() {
   {
     const char* e = std::getenv("SS_CUDA_PREFILL_ATTN");
     flash_prefill_ = split_attention_ && (hd_ == 64 || hd_ == 128) && e && std::string(e) == "flash";
+  }
+  if (device_sampling_) {
+    d_sample_scratch_ = scratch_.take<uint8_t>(sample_scratch_bytes_);
+    d_rowp_ = scratch_.take<cuda::kern::RowSampling>(std::min<size_t>(kSampleChunk, R));
+    d_edits_ = scratch_.take<cuda::kern::LogitEdit>(kEditCap);
+    d_mask_ = scratch_.take<uint32_t>(std::min<size_t>(kSampleChunk, R) * words_);
+    d_lp_ = scratch_.take<float>(R * (1 + kMaxTopLogprobs));
+    d_lp_ids_ = scratch_.take<int32_t>(R * kMaxTopLogprobs);
+    if (!d_sample_scratch_ || !d_rowp_ || !d_edits_ || !d_mask_ || !d_lp_ || !d_lp_ids_)
+      return make_error("cuda backend: scratch estimate too small (a bug)");
+    edit_of_.assign(static_cast<size_t>(V_), -1);
   }
   if (flash_prefill_) {
     d_tiles_ = scratch_.take<cuda::kern::PrefillTile>(T);
@@ -458,6 +497,19 @@ Status CudaBackend::init() {
   graphs_.assign(32, nullptr);
   SS_TRY(pinned(4 * R * V_, &p));
   h_logits_ = static_cast<float*>(p);
+  if (device_sampling_) {
+    const size_t chunk_rows = std::min<size_t>(kSampleChunk, R);
+    SS_TRY(pinned(sizeof(cuda::kern::RowSampling) * chunk_rows, &p));
+    h_rowp_ = static_cast<cuda::kern::RowSampling*>(p);
+    SS_TRY(pinned(sizeof(cuda::kern::LogitEdit) * kEditCap, &p));
+    h_edits_ = static_cast<cuda::kern::LogitEdit*>(p);
+    SS_TRY(pinned(4 * chunk_rows * words_, &p));
+    h_mask_ = static_cast<uint32_t*>(p);
+    SS_TRY(pinned(4 * R * (1 + kMaxTopLogprobs), &p));
+    h_lp_ = static_cast<float*>(p);
+    SS_TRY(pinned(4 * R * kMaxTopLogprobs, &p));
+    h_lp_ids_ = static_cast<int32_t*>(p);
+  }
   samplers_.emplace_back(V_);
   return {};
 }
@@ -1012,6 +1064,7 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   const int ns = static_cast<int>(b.sample_rows.size());
   const bool device_greedy =
       b.score_rows.empty() && std::all_of(b.sample_rows.begin(), b.sample_rows.end(), simple_greedy);
+  if (!device_greedy && device_sampling_ && device_samples(b)) return sample_on_device(b, out);
   const int host_rows = device_greedy ? R - ns : R;  // rows whose logits come back
   if (device_greedy && ns > 0) {
     cuda::argmax_rows(logits_, ns, V_, d_ids_, stream_);
@@ -1037,6 +1090,167 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   return {};
 }
 
+namespace {
+// At most this many logit edits for a row (its bans, bias entries and penalised tokens).
+size_t edits_bound(const SampleRow& r) {
+  const SamplingParams& p = *r.params;
+  size_t n = r.banned.size() + p.logit_bias.size();
+  if (p.repetition_penalty != 1.0f) n += r.prompt.size() + r.output.size();
+  else if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) n += r.output.size();
+  return n;
+}
+}  // namespace
+
+// Whether every row of the step can be sampled on the device exactly as the host samples it: no
+// score rows (their raw log-softmax is the host's), at most kMaxTopLogprobs top logprobs, a row's
+// edits within one batch, and no bias id twice in a row (the host adds the two one after the other).
+bool CudaBackend::device_samples(const StepBatch& b) const {
+  if (!b.score_rows.empty()) return false;
+  for (const SampleRow& r : b.sample_rows) {
+    if (r.logprobs > kMaxTopLogprobs || edits_bound(r) > static_cast<size_t>(kEditCap)) return false;
+    const auto& bias = r.params->logit_bias;
+    if (bias.size() > 1) {
+      std::vector<int32_t> ids;
+      ids.reserve(bias.size());
+      for (const auto& e : bias) ids.push_back(e.first);
+      std::sort(ids.begin(), ids.end());
+      if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) return false;
+    }
+  }
+  return true;
+}
+
+// Every sample row drawn on the device, the host reference sampler's rules (backend/cpu/sampler.cpp)
+// step for step: bans, bias and penalties edited into the row in place; a grammar mask applied first
+// where the host applies it first (top-k / top-p / min-p, logprobs), else consulted after the draw
+// (counter 2n) and a refused draw redrawn from the masked row (counter 2n + 1); logprobs of the
+// edited, masked row. Raw logits rows (after the sample rows) come back as they are.
+Status CudaBackend::sample_on_device(const StepBatch& b, StepOutput& out) {
+  namespace k = cuda::kern;
+  const int ns = static_cast<int>(b.sample_rows.size());
+  const int R = static_cast<int>(rows_.size());
+  if (R > ns)
+    SS_CUDA(cudaMemcpyAsync(h_logits_, logits_ + static_cast<size_t>(ns) * V_,
+                            sizeof(float) * static_cast<size_t>(R - ns) * V_, cudaMemcpyDeviceToHost, stream_));
+  int top_k = 0;
+  for (const SampleRow& r : b.sample_rows) top_k = std::max(top_k, std::min(r.logprobs, kMaxTopLogprobs));
+  const bool any_lp = std::any_of(b.sample_rows.begin(), b.sample_rows.end(), [](const SampleRow& r) { return r.logprobs >= 0; });
+  auto mask_first = [](const SampleRow& r) {
+    const SamplingParams& p = *r.params;
+    const bool truncate = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
+    return r.mask && (r.logprobs >= 0 || (truncate && !p.greedy()));
+  };
+  // Edits of rows [c0, c1), uploaded and applied in batches of kEditCap.
+  int n_edits = 0;
+  auto flush_edits = [&]() -> Status {
+    if (n_edits == 0) return {};
+    SS_CUDA(cudaMemcpyAsync(d_edits_, h_edits_, sizeof(k::LogitEdit) * n_edits, cudaMemcpyHostToDevice, stream_));
+    SS_TRY(k::edit_logits(logits_, V_, d_edits_, n_edits, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));  // h_edits_ is refilled next
+    n_edits = 0;
+    return {};
+  };
+  std::vector<int32_t> touched;
+  for (int c0 = 0; c0 < ns; c0 += kSampleChunk) {
+    const int c1 = std::min(ns, c0 + kSampleChunk), n = c1 - c0;
+    bool any_mask = false;
+    for (int i = c0; i < c1; ++i) {
+      const SampleRow& r = b.sample_rows[static_cast<size_t>(i)];
+      const SamplingParams& p = *r.params;
+      touched.clear();
+      auto edit = [&](int32_t id) -> k::LogitEdit* {
+        if (id < 0 || id >= V_) return nullptr;
+        int32_t& at = edit_of_[static_cast<size_t>(id)];
+        if (at < 0) {
+          at = n_edits++;
+          h_edits_[at] = k::LogitEdit{i, id, 0u, 0.0f, 1.0f, 0.0f};
+          touched.push_back(id);
+        }
+        return &h_edits_[at];
+      };
+      // A row's edits land in one batch (one edit per token; device_samples() bounded them).
+      if (static_cast<size_t>(n_edits) + edits_bound(r) > static_cast<size_t>(kEditCap)) SS_TRY(flush_edits());
+      for (int32_t id : r.banned)
+        if (auto* e = edit(id)) e->flags |= k::kEditBan;
+      for (const auto& [id, v] : p.logit_bias)  // distinct ids (device_samples())
+        if (auto* e = edit(id)) e->flags |= k::kEditAdd, e->add = v;
+      if (p.repetition_penalty != 1.0f) {
+        auto mark = [&](int32_t id) {
+          if (auto* e = edit(id)) e->flags |= k::kEditRep, e->rep = p.repetition_penalty;
+        };
+        for (int32_t id : r.prompt) mark(id);
+        for (int32_t id : r.output) mark(id);
+      }
+      if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+        for (int32_t id : r.output)
+          if (auto* e = edit(id)) e->flags |= k::kEditSub, e->sub += 1.0f;  // counts, turned into the penalty below
+        for (int32_t id : touched) {
+          k::LogitEdit& e = h_edits_[edit_of_[static_cast<size_t>(id)]];
+          if (e.flags & k::kEditSub) e.sub = p.presence_penalty + p.frequency_penalty * e.sub;
+        }
+      }
+      for (int32_t id : touched) edit_of_[static_cast<size_t>(id)] = -1;
+      h_rowp_[i - c0] = k::RowSampling{p.greedy() ? 0.0f : p.temperature, p.top_k, p.top_p, p.min_p, p.seed, 2 * r.n};
+      if (mask_first(r)) any_mask = true;
+    }
+    SS_TRY(flush_edits());
+    const uint32_t* bitmask = nullptr;
+    if (any_mask) {
+      for (int i = c0; i < c1; ++i) {
+        const SampleRow& r = b.sample_rows[static_cast<size_t>(i)];
+        uint32_t* w = h_mask_ + static_cast<size_t>(i - c0) * words_;
+        if (mask_first(r)) r.mask->fill_bitmask(w, V_);
+        else std::fill_n(w, words_, 0xffffffffu);
+      }
+      SS_CUDA(cudaMemcpyAsync(d_mask_, h_mask_, 4 * static_cast<size_t>(n) * words_, cudaMemcpyHostToDevice, stream_));
+      bitmask = d_mask_;
+    }
+    SS_CUDA(cudaMemcpyAsync(d_rowp_, h_rowp_, sizeof(k::RowSampling) * n, cudaMemcpyHostToDevice, stream_));
+    SS_TRY(k::sample(logits_ + static_cast<size_t>(c0) * V_, n, V_, d_rowp_, bitmask, words_, d_sample_scratch_,
+                     sample_scratch_bytes_, d_ids_ + c0, stream_));
+    if (any_lp)
+      SS_TRY(k::logprobs(logits_ + static_cast<size_t>(c0) * V_, n, V_, bitmask, words_, d_ids_ + c0, top_k, d_lp_ + c0,
+                         d_lp_ids_ + static_cast<size_t>(c0) * top_k, d_lp_ + R + static_cast<size_t>(c0) * top_k, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));  // h_rowp_ and h_mask_ are refilled by the next chunk
+  }
+  SS_CUDA(cudaMemcpyAsync(h_ids_, d_ids_, 4 * static_cast<size_t>(ns), cudaMemcpyDeviceToHost, stream_));
+  if (any_lp) {
+    SS_CUDA(cudaMemcpyAsync(h_lp_, d_lp_, 4 * static_cast<size_t>(ns), cudaMemcpyDeviceToHost, stream_));
+    SS_CUDA(cudaMemcpyAsync(h_lp_ + R, d_lp_ + R, 4 * static_cast<size_t>(ns) * top_k, cudaMemcpyDeviceToHost, stream_));
+    SS_CUDA(cudaMemcpyAsync(h_lp_ids_, d_lp_ids_, 4 * static_cast<size_t>(ns) * top_k, cudaMemcpyDeviceToHost, stream_));
+  }
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  SS_CUDA(cudaGetLastError());
+  collect_marks();
+  // A grammar consulted after the draw: a refused token is redrawn from the masked row.
+  for (int i = 0; i < ns; ++i) {
+    const SampleRow& r = b.sample_rows[static_cast<size_t>(i)];
+    if (!r.mask || mask_first(r) || r.mask->allows(h_ids_[i])) continue;
+    const SamplingParams& p = *r.params;
+    r.mask->fill_bitmask(h_mask_, V_);
+    h_rowp_[0] = k::RowSampling{p.greedy() ? 0.0f : p.temperature, p.top_k, p.top_p, p.min_p, p.seed, 2 * r.n + 1};
+    SS_CUDA(cudaMemcpyAsync(d_mask_, h_mask_, 4 * static_cast<size_t>(words_), cudaMemcpyHostToDevice, stream_));
+    SS_CUDA(cudaMemcpyAsync(d_rowp_, h_rowp_, sizeof(k::RowSampling), cudaMemcpyHostToDevice, stream_));
+    SS_TRY(k::sample(logits_ + static_cast<size_t>(i) * V_, 1, V_, d_rowp_, d_mask_, words_, d_sample_scratch_,
+                     sample_scratch_bytes_, d_ids_ + i, stream_));
+    SS_CUDA(cudaMemcpyAsync(h_ids_ + i, d_ids_ + i, 4, cudaMemcpyDeviceToHost, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));
+  }
+  out.tokens.assign(h_ids_, h_ids_ + ns);
+  out.logprobs.resize(static_cast<size_t>(ns));
+  for (int i = 0; i < ns; ++i) {
+    RowLogprobs& lp = out.logprobs[static_cast<size_t>(i)];
+    lp.top.clear();
+    const int want = b.sample_rows[static_cast<size_t>(i)].logprobs;
+    if (want < 0) continue;
+    lp.chosen = h_lp_[i];
+    for (int j = 0; j < std::min(want, top_k); ++j)
+      lp.top.emplace_back(h_lp_ids_[static_cast<size_t>(i) * top_k + j], h_lp_[R + static_cast<size_t>(i) * top_k + j]);
+  }
+  out.scores.clear();
+  out.logits.assign(h_logits_, h_logits_ + static_cast<size_t>(R - ns) * V_);
+  return {};
+}
 
 }  // namespace ss::backend
 

@@ -265,6 +265,17 @@ Status sample(const float* logits, int n_rows, int V, const RowSampling* params,
 Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
                 const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s);
 
+// In-place edits of logits before sampling, one (row, token) each (no two alike), in the host
+// sampler's order and float operations: banned (-inf), then + logit bias, then the repetition penalty
+// (l > 0 ? l / rep : l * rep), then - (presence + frequency x count) (computed on the host).
+struct LogitEdit {
+  int32_t row, id;
+  uint32_t flags;  // kEditBan | kEditAdd | kEditRep | kEditSub
+  float add, rep, sub;
+};
+constexpr uint32_t kEditBan = 1, kEditAdd = 2, kEditRep = 4, kEditSub = 8;
+Status edit_logits(float* logits, int V, const LogitEdit* edits, int n, cudaStream_t s);
+
 // SplitMix64 uniform of draw `counter` of stream `seed`: the host sampler's own function.
 using backend::sampling_uniform;
 

@@ -389,6 +389,29 @@ Status sample(const float* logits, int n_rows, int V, const RowSampling* params,
   return {};
 }
 
+namespace {
+__global__ void edit_logits_k(float* logits, int V, const LogitEdit* edits, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const LogitEdit e = edits[i];
+  float& slot = logits[static_cast<int64_t>(e.row) * V + e.id];
+  float l = slot;
+  if (e.flags & kEditBan) l = -INFINITY;
+  if (e.flags & kEditAdd) l = __fadd_rn(l, e.add);
+  if (e.flags & kEditRep) l = l > 0.0f ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
+  if (e.flags & kEditSub) l = __fsub_rn(l, e.sub);
+  slot = l;
+}
+}  // namespace
+
+Status edit_logits(float* logits, int V, const LogitEdit* edits, int n, cudaStream_t s) {
+  if (V <= 0 || n < 0) return make_error("edit_logits: bad shape");
+  if (n == 0) return {};
+  edit_logits_k<<<(n + 255) / 256, 256, 0, s>>>(logits, V, edits, n);
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
 Status logprobs(const float* logits, int n_rows, int V, const uint32_t* bitmask, int words_per_row,
                 const int32_t* chosen, int k, float* chosen_lp, int32_t* top_ids, float* top_lp, cudaStream_t s) {
   if (V <= 0 || n_rows < 0 || k < 0 || k > 64) return make_error("logprobs: bad shape or k outside 0..64");
