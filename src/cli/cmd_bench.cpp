@@ -107,6 +107,8 @@ struct DecodeArgs {
   int context = 130;
   int steps = 64;
   int reps = 3;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
   std::string json_path;
   backend::KvCacheConfig::DType kv_dtype = backend::KvCacheConfig::DType::F16;
   DeviceArgs device;
@@ -139,9 +141,18 @@ void run_decode(const DecodeArgs& a) {
   // On the CPU, raw logits rows, as the forward pass alone produces them: no sampling in the
   // measurement. On a GPU, greedy rows: the step a server runs, sampled on the device (graph-replayed),
   // instead of copying every row's logits back.
-  const bool device_rows = cpu.name().rfind("cuda", 0) == 0;
+  // With --temperature, every row is sampled (seeded per sequence), on any device: the step a server
+  // runs for the API's default requests.
+  const bool sampled = a.temperature > 0.0f;
+  const bool device_rows = sampled || cpu.name().rfind("cuda", 0) == 0;
   backend::SamplingParams greedy;
   greedy.temperature = 0.0f;
+  std::vector<backend::SamplingParams> warm(static_cast<size_t>(max_batch));
+  for (int s = 0; s < max_batch; ++s) {
+    warm[static_cast<size_t>(s)].temperature = a.temperature;
+    warm[static_cast<size_t>(s)].top_p = a.top_p;
+    warm[static_cast<size_t>(s)].seed = static_cast<uint64_t>(s) + 1;
+  }
   backend::StepOutput out;
   for (int s = 0; s < max_batch; ++s) {
     backend::StepBatch pb;
@@ -155,8 +166,12 @@ void run_decode(const DecodeArgs& a) {
     pb.logits_rows = {a.context - 1};
     if (auto st = cpu.step(pb, out); !st.ok()) return fail(st.message());
   }
-  std::printf("model: %s, %s, context %d, %s KV cache, %d decode steps per rep (median of %d)\n",
-              model.path.c_str(), cpu.name().c_str(), a.context, backend::kv_dtype_name(a.kv_dtype), a.steps, a.reps);
+  char sampled_buf[96] = "";
+  if (sampled) std::snprintf(sampled_buf, sizeof sampled_buf, ", rows sampled at temperature %g, top-p %g", a.temperature, a.top_p);
+  const std::string sampled_note = sampled_buf;
+  std::printf("model: %s, %s, context %d, %s KV cache, %d decode steps per rep (median of %d)%s\n",
+              model.path.c_str(), cpu.name().c_str(), a.context, backend::kv_dtype_name(a.kv_dtype), a.steps, a.reps,
+              sampled_note.c_str());
   std::printf("%6s %10s %12s %9s | %8s %8s %8s %8s %8s  (ms per step)\n", "batch", "step ms", "tok/s", "x first",
               "matmul", "lm_head", "attn", "rope_kv", "other");
   nlohmann::json results = nlohmann::json::array();
@@ -179,7 +194,8 @@ void run_decode(const DecodeArgs& a) {
           if (device_rows) {
             backend::SampleRow row;
             row.token = s;
-            row.params = &greedy;
+            row.params = sampled ? &warm[static_cast<size_t>(s)] : &greedy;
+            row.n = static_cast<uint64_t>(k);
             b.sample_rows.push_back(row);
           } else {
             b.logits_rows.push_back(s);
@@ -248,6 +264,10 @@ void register_bench(CLI::App& app) {
   dc->add_option("--steps", d->steps, "Decode steps per repetition")->check(CLI::Range(1, 1 << 16));
   dc->add_option("--reps", d->reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   dc->add_option("--json", d->json_path, "Also write results as JSON to this file");
+  dc->add_option("--temperature", d->temperature,
+                 "Sample every row at this temperature (0: greedy rows on a GPU, raw logits rows on the CPU)")
+      ->check(CLI::Range(0.0f, 100.0f));
+  dc->add_option("--top-p", d->top_p, "With --temperature: nucleus sampling")->check(CLI::Range(0.0f, 1.0f));
   add_kv_dtype_option(dc, &d->kv_dtype);
   add_device_options(dc, &d->device);
   dc->callback([d] { run_decode(*d); });
