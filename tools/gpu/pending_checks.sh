@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the GPU machine, through tools/gpu/detached.sh (it outlasts one call):
+#   tools/gpu/detached.sh 570 tools/gpu/pending_checks.sh   (then again within 30 s to keep waiting)
+# The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
+#   1. build; test_gpu and test_gpu_backend in full (the defaults);
+#   2. the opt-in paths not yet run on a GPU: SS_CUDA_PREFILL_ATTN=flash (tensor-core prefill
+#      attention) through the forward tests against transformers, the device-loop tests and the
+#      graph tests; the device sampler (CudaSampling.DeviceSamplingEqualsTheHostSampler sets it);
+#   3. A/B timings, interleaved: prefill attention rows vs flash (`bench offline` pp512 and pp4096 on
+#      Llama-3.2-1B and Llama-3-8B bf16), host vs device sampling (`bench decode --temperature 1`);
+#   4. a kernel profile of the 1B prefill (nsys, where present), experiment C (bench_serving.sh) and
+#      the KV tiers at 8B (bench_kv_tiers.sh, CONV=3).
+# Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RES=${RES:-$PWD/out-gpu/pending}
+mkdir -p "$RES"
+T0=$(date +%s)
+stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$RES/progress"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --oneline; command -v nsys ncu; } > "$RES/env.txt" 2>&1
+tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$RES/build.log" 2>&1
+stage "build rc=$?"
+grep -E "error" "$RES/build.log" | head -20 >> "$RES/progress"
+source build-gpu/env.sh
+B=build-gpu
+summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | tr '\n' ' '; }
+timeout 300 $B/test_gpu > "$RES/t-gpu.txt" 2>&1; stage "test_gpu rc=$? $(summary "$RES/t-gpu.txt")"
+timeout 420 $B/test_gpu_backend > "$RES/t-backend.txt" 2>&1; stage "test_gpu_backend rc=$? $(summary "$RES/t-backend.txt")"
+SS_CUDA_PREFILL_ATTN=flash timeout 300 $B/test_gpu_backend \
+  --gtest_filter='*CudaForward*:*CudaGraphs*:*CudaNativeQuant*:*DeviceLoop*' > "$RES/t-backend-flash.txt" 2>&1
+stage "test_gpu_backend with flash prefill rc=$? $(summary "$RES/t-backend-flash.txt")"
+
+M=/tmp/ssm
+mkdir -p $M
+for shape in llama32-1b llama3-8b; do
+  [ -s $M/$shape-bf16.gguf ] || $B/selfserve synth --shape $shape --format gguf --dtype bf16 --seed 1 \
+    --out $M/$shape-bf16.gguf --quiet
+  stage "synth $shape rc=$?"
+done
+for shape in llama32-1b llama3-8b; do
+  for round in 1 2; do
+    for mode in rows flash; do
+      for pp in 512 4096; do
+        SS_CUDA_PREFILL_ATTN=$mode timeout 240 $B/selfserve bench offline --model $M/$shape-bf16.gguf --device cuda \
+          --threads 16 --prompt-tokens $pp --gen-tokens 16 --reps 3 > "$RES/pp-$shape-$mode-$pp-$round.txt" 2>&1
+        stage "prefill $shape $mode pp$pp round $round rc=$? $(grep -E '^ +[0-9]+ ' "$RES/pp-$shape-$mode-$pp-$round.txt" | tr -s ' ')"
+      done
+    done
+  done
+done
+for round in 1 2; do
+  for ds in 0 1; do
+    SS_CUDA_DEVICE_SAMPLING=$ds timeout 240 $B/selfserve bench decode --model $M/llama32-1b-bf16.gguf --device cuda \
+      --batch 1,16,64 --context 512 --steps 64 --reps 3 --temperature 1 > "$RES/sampled-$ds-$round.txt" 2>&1
+    stage "sampled decode device_sampling=$ds round $round rc=$?"
+  done
+done
+if command -v nsys > /dev/null; then
+  SS_CUDA_PREFILL_ATTN=flash timeout 200 nsys profile -o "$RES/prof1b" --force-overwrite true $B/selfserve bench offline \
+    --model $M/llama32-1b-bf16.gguf --device cuda --prompt-tokens 512 --gen-tokens 4 --reps 2 > "$RES/nsys-1b.txt" 2>&1
+  stage "nsys rc=$?"
+  nsys stats -r cuda_gpu_kern_sum -f csv -o "$RES/k1b" "$RES/prof1b.nsys-rep" > /dev/null 2>&1
+  stage "nsys stats rc=$?"
+  rm -f "$RES/prof1b.nsys-rep" "$RES/prof1b.sqlite"
+fi
+OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
+stage "experiment C rc=$?"
+OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
+stage "KV tiers rc=$?"
+stage done
