@@ -255,7 +255,8 @@ struct RowSampling {
 // counter); without truncation the inverse CDF of u in id order; with top-k / top-p / min-p the
 // candidates in (logit/T descending, id ascending) order: the first top_k, then the shortest prefix
 // whose mass reaches top_p of theirs, then those with w >= min_p (at least one), and the inverse CDF
-// in that order. Every row is sorted on the device (segmented radix sort) into `scratch`, of
+// in that order. The rows that truncate are sorted on the device (segmented radix sort; the others
+// get empty segments, so greedy and plain-temperature rows cost the sort nothing) into `scratch`, of
 // sample_scratch_bytes(n_rows, V) bytes, taken once outside the hot path.
 size_t sample_scratch_bytes(int n_rows, int V);
 Status sample(const float* logits, int n_rows, int V, const RowSampling* params, const uint32_t* bitmask,

@@ -132,18 +132,22 @@ __device__ float block_max_f(float v, Smem& sm) {
 }
 
 // The sort's input: key = logit / T (masked: -inf; -0 made +0 so equal keys stay in id order), id.
+// Only rows that truncate (top-k / top-p / min-p at a temperature) are sorted: the others get an
+// empty segment (begin == end), so a greedy or plain-temperature row costs the sort nothing.
 __global__ void sample_prep_k(const float* logits, int V, const RowSampling* params, const uint32_t* mask, int words,
-                              float* keys, int32_t* vals, int* offsets, int n_rows) {
+                              float* keys, int32_t* vals, int* begins, int* ends) {
   const int row = blockIdx.x;
-  const float T = params[row].temperature;
-  const float inv_t = T > 0.0f ? 1.0f / T : 1.0f;
+  const RowSampling p = params[row];
+  const bool sorted = p.temperature > 0.0f && (p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f);
+  if (threadIdx.x == 0) {
+    begins[row] = row * V;
+    ends[row] = sorted ? (row + 1) * V : row * V;
+  }
+  if (!sorted) return;
+  const float inv_t = 1.0f / p.temperature;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     keys[static_cast<int64_t>(row) * V + i] = __fmul_rn(masked(logits, mask, words, row, V, i), inv_t) + 0.0f;
     vals[static_cast<int64_t>(row) * V + i] = i;
-  }
-  if (threadIdx.x == 0) {
-    offsets[row] = row * V;
-    if (row == n_rows - 1) offsets[n_rows] = n_rows * V;
   }
 }
 
@@ -325,7 +329,7 @@ __global__ void __launch_bounds__(kSampleThreads) logprobs_k(const float* logits
 struct SampleScratch {
   float *keys_in, *keys_out;
   int32_t *vals_in, *vals_out;
-  int* offsets;
+  int *begins, *ends;
   void* temp;
   size_t temp_bytes;
 };
@@ -340,7 +344,8 @@ SampleScratch carve(void* base, int n_rows, int V, size_t temp_bytes) {
   s.keys_out = reinterpret_cast<float*>(p), p += align256(n * 4);
   s.vals_in = reinterpret_cast<int32_t*>(p), p += align256(n * 4);
   s.vals_out = reinterpret_cast<int32_t*>(p), p += align256(n * 4);
-  s.offsets = reinterpret_cast<int*>(p), p += align256((static_cast<size_t>(n_rows) + 1) * 4);
+  s.begins = reinterpret_cast<int*>(p), p += align256(static_cast<size_t>(n_rows) * 4);
+  s.ends = reinterpret_cast<int*>(p), p += align256(static_cast<size_t>(n_rows) * 4);
   s.temp = p;
   s.temp_bytes = temp_bytes;
   return s;
@@ -361,7 +366,7 @@ size_t sort_temp_bytes(int n_rows, int V) {
 size_t sample_scratch_bytes(int n_rows, int V) {
   if (n_rows <= 0 || V <= 0) return 0;
   const size_t n = static_cast<size_t>(n_rows) * V;
-  return 4 * align256(n * 4) + align256((static_cast<size_t>(n_rows) + 1) * 4) + sort_temp_bytes(n_rows, V);
+  return 4 * align256(n * 4) + 2 * align256(static_cast<size_t>(n_rows) * 4) + sort_temp_bytes(n_rows, V);
 }
 
 Status sample(const float* logits, int n_rows, int V, const RowSampling* params, const uint32_t* bitmask,
@@ -376,13 +381,13 @@ Status sample(const float* logits, int n_rows, int V, const RowSampling* params,
     return make_error("sample: scratch of " + std::to_string(need) + " bytes needed, got " + std::to_string(scratch_bytes));
   const size_t temp = sort_temp_bytes(n_rows, V);
   SampleScratch sc = carve(scratch, n_rows, V, temp);
-  sample_prep_k<<<n_rows, 256, 0, s>>>(logits, V, params, bitmask, words_per_row, sc.keys_in, sc.vals_in, sc.offsets,
-                                       n_rows);
+  sample_prep_k<<<n_rows, 256, 0, s>>>(logits, V, params, bitmask, words_per_row, sc.keys_in, sc.vals_in, sc.begins,
+                                       sc.ends);
   SS_CUDA_LAUNCHED();
   size_t tb = sc.temp_bytes;
   SS_CUDA_TRY(cub::DeviceSegmentedRadixSort::SortPairsDescending(sc.temp, tb, sc.keys_in, sc.keys_out, sc.vals_in,
                                                                  sc.vals_out, static_cast<int64_t>(n_rows) * V, n_rows,
-                                                                 sc.offsets, sc.offsets + 1, 0, 32, s));
+                                                                 sc.begins, sc.ends, 0, 32, s));
   sample_draw_k<<<n_rows, kSampleThreads, 0, s>>>(logits, V, params, bitmask, words_per_row, sc.keys_out, sc.vals_out,
                                                   ids);
   SS_CUDA_LAUNCHED();
