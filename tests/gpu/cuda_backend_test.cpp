@@ -464,7 +464,8 @@ TEST(CudaForwardRealHeads, MatchesTheCpuBackend) {
 // kernels reading the packed blocks) against the CPU backend, which multiplies the same blocks.
 TEST(CudaNativeQuant, PrefillAndDecodeMatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
-  for (auto dt : {ss::model::DType::Q4_0, ss::model::DType::Q4_1, ss::model::DType::Q8_0}) {
+  for (auto dt : {ss::model::DType::Q4_0, ss::model::DType::Q4_1, ss::model::DType::Q8_0, ss::model::DType::Q4_K,
+                  ss::model::DType::Q6_K}) {
     const std::string name(ss::model::dtype_name(dt));
     const std::string file = std::string(::testing::TempDir()) + "/synth-q-" + name + ".gguf";
     ss::model::SynthOptions so;

@@ -574,10 +574,13 @@ cuda::kern::WFormat packed_format(std::initializer_list<const model::Tensor*> pa
   const model::DType t0 = (*parts.begin())->type;
   for (const model::Tensor* t : parts)
     if (t->type != t0 || t->cols() % 32 != 0) return WFormat::BF16;
+  const bool whole_super_blocks = (*parts.begin())->cols() % 256 == 0;
   switch (t0) {
     case model::DType::Q4_0: return WFormat::Q4_0;
     case model::DType::Q4_1: return WFormat::Q4_1;
     case model::DType::Q8_0: return WFormat::Q8_0;
+    case model::DType::Q4_K: return whole_super_blocks ? WFormat::Q4_K : WFormat::BF16;
+    case model::DType::Q6_K: return whole_super_blocks ? WFormat::Q6_K : WFormat::BF16;
     default: return WFormat::BF16;
   }
 }

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "gpu_test_util.h"
+#include "model/quant.h"
 
 namespace ss::cuda::test {
 namespace {
@@ -234,7 +235,20 @@ TEST(GpuDecode, QkvRotatesAndStoresFromTheNormalisedResidual) {
 TableType table_type(WFormat f) {
   return f == WFormat::Q4_0 ? TableType::Q4_0 : f == WFormat::Q4_1 ? TableType::Q4_1 : TableType::Q8_0;
 }
-const char* fname(WFormat f) { return f == WFormat::Q4_0 ? "Q4_0" : f == WFormat::Q4_1 ? "Q4_1" : "Q8_0"; }
+const char* fname(WFormat f) {
+  switch (f) {
+    case WFormat::Q4_0: return "Q4_0";
+    case WFormat::Q4_1: return "Q4_1";
+    case WFormat::Q8_0: return "Q8_0";
+    case WFormat::Q4_K: return "Q4_K";
+    case WFormat::Q6_K: return "Q6_K";
+    default: return "BF16";
+  }
+}
+// Every packed format, and the K (row length) a test of each uses: K-quant rows are whole 256-weight
+// super-blocks.
+constexpr WFormat kPackedFormats[] = {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0, WFormat::Q4_K, WFormat::Q6_K};
+int k_for(WFormat f, int K) { return is_k_format(f) ? (K + 255) / 256 * 256 : K; }
 
 // GGUF rows packed the device's way, on the host and uploaded; wf: the weights as host_rows reads them.
 struct Packed {
@@ -242,7 +256,41 @@ struct Packed {
   std::vector<uint16_t> d, m;
   std::vector<float> wf;
 };
+// K-quant rows: random super-blocks (random quants and sub-block scales, small positive fp16 d and
+// dmin); the reference values are the model loader's dequantization (checked against the gguf
+// package's in tests/unit/model).
+Packed pack_k(std::mt19937& rng, WFormat f, int N, int K) {
+  const int sb = K / 256, bytes = f == WFormat::Q4_K ? 144 : 210;
+  std::vector<uint8_t> raw(static_cast<size_t>(N) * sb * bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.01f);
+  for (auto& b : raw) b = static_cast<uint8_t>(byte(rng));
+  for (size_t i = 0; i < raw.size() / bytes; ++i) {
+    uint8_t* p = raw.data() + i * bytes;
+    const uint16_t d = to_f16(scale(rng)), dm = to_f16(scale(rng));
+    if (f == WFormat::Q4_K) {
+      std::memcpy(p, &d, 2);
+      std::memcpy(p + 2, &dm, 2);
+    } else {
+      std::memcpy(p + 208, &d, 2);
+    }
+  }
+  Packed p;
+  p.wf.resize(static_cast<size_t>(N) * K);
+  const size_t rq = packed_q_bytes(f, 1, K), rs = packed_scale_count(f, 1, K);
+  p.q.resize(rq * N), p.d.resize(rs * N), p.m.resize(rs * N);
+  for (int r = 0; r < N; ++r) {
+    const uint8_t* row = raw.data() + static_cast<size_t>(r) * sb * bytes;
+    ss::model::dequantize_row(f == WFormat::Q4_K ? ss::model::DType::Q4_K : ss::model::DType::Q6_K, row,
+                              p.wf.data() + static_cast<size_t>(r) * K, K);
+    const Status st = pack_row(f, row, K, p.q.data() + r * rq, p.d.data() + r * rs, nullptr);
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  return p;
+}
+
 Packed pack(std::mt19937& rng, WFormat f, int N, int K) {
+  if (is_k_format(f)) return pack_k(rng, f, N, K);
   const auto raw = random_blocks(rng, table_type(f), static_cast<size_t>(N) * K / 32);
   Packed p;
   p.wf = host_rows(raw, table_type(f), N, K);
@@ -260,8 +308,9 @@ Packed pack(std::mt19937& rng, WFormat f, int N, int K) {
 // Host only (runs without a GPU): the packed layout holds exactly the GGUF values.
 TEST(GpuDecodePacked, PackThenUnpackGivesTheGgufValues) {
   std::mt19937 rng(40);
-  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0})
-    for (int K : {32, 96, 576, 4096, 14336 + 32}) {
+  for (WFormat f : kPackedFormats)
+    for (int K0 : {32, 96, 576, 4096, 14336 + 32}) {
+      const int K = k_for(f, K0);
       const int N = 3;
       const Packed p = pack(rng, f, N, K);
       std::vector<float> out(K);
@@ -274,21 +323,25 @@ TEST(GpuDecodePacked, PackThenUnpackGivesTheGgufValues) {
     }
   uint8_t q[16];
   uint16_t d[8];
-  EXPECT_FALSE(pack_row(WFormat::Q4_0, q, 48, q, d, nullptr).ok());  // K % 32
+  EXPECT_FALSE(pack_row(WFormat::Q4_0, q, 48, q, d, nullptr).ok());   // K % 32
+  EXPECT_FALSE(pack_row(WFormat::Q4_K, q, 288, q, d, nullptr).ok());  // K % 256
 }
 
 struct DevPacked {
   DeviceBuf<uint8_t> q;
   DeviceBuf<uint16_t> d, m;
   DevWeights w;
-  DevPacked(const Packed& p, WFormat f) : q(p.q), d(p.d), m(p.m) { w = DevWeights{f, q.get(), d.get(), f == WFormat::Q4_1 ? m.get() : nullptr}; }
+  DevPacked(const Packed& p, WFormat f) : q(p.q), d(p.d), m(p.m) {
+    w = DevWeights{f, q.get(), d.get(), f == WFormat::Q4_1 ? m.get() : nullptr};
+  }
 };
 
 TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);
-  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0})
-    for (auto [N, K] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}}) {
+  for (WFormat f : kPackedFormats)
+    for (auto [N, K0] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}}) {
+      const int K = k_for(f, K0);
       const Packed p = pack(rng, f, N, K);
       DevPacked dp(p, f);
       for (int batch : {1, 3, 8}) {
@@ -336,7 +389,7 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
 TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(42);
-  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0}) {
+  for (WFormat f : kPackedFormats) {
     // gate/up: F = 1001, K = 2048, batch 3
     const int F = 1001, K = 2048, batch = 3;
     const Packed p = pack(rng, f, 2 * F, K);
@@ -361,7 +414,7 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
     }
     // QKV: q of one head shape against the host, K and V stored (the rotation itself is the bf16
     // test's; here only that packed rows land where bf16 rows do).
-    const int nh = 4, nkv = 2, hd = 64, Kq = 576, rows = (nh + 2 * nkv) * hd, max_blocks = 4;
+    const int nh = 4, nkv = 2, hd = 64, Kq = k_for(f, 576), rows = (nh + 2 * nkv) * hd, max_blocks = 4;
     const Packed pq = pack(rng, f, rows, Kq);
     DevPacked dq_w(pq, f);
     // Position 0 with rope_dim 2 (cos 1, sin 0): no rotation, so q and K, V are W . xn.
@@ -399,8 +452,8 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
 TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);
-  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0}) {
-    const int N = 37, K = 576;
+  for (WFormat f : kPackedFormats) {
+    const int N = 37, K = k_for(f, 576);
     const Packed p = pack(rng, f, N, K);
     DevPacked dp(p, f);
     DeviceBuf<uint16_t> out(static_cast<size_t>(N) * K);

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/kquant.h"
 
 namespace ss::cuda::kern {
 namespace {
@@ -140,9 +141,20 @@ __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
 // The weight registers of one round of kU chunks, for rows g and g + 8 (bf16: kU 16-byte vectors
 // a row; Q4: two words-of-four-chunks a row; Q8: four 16-byte pair-of-chunks a row; quantized: the
 // round's 8 scales (and mins) a row).
+// 8-bit quants (Q8_0's layout), and formats with a min term (m * sum(x)).
+template <WFormat F>
+constexpr bool kBits8 = F == WFormat::Q8_0 || F == WFormat::Q6_K;
+template <WFormat F>
+constexpr bool kHasMin = F == WFormat::Q4_1 || F == WFormat::Q4_K;
+
+// Byte i (0..15) of a 16-byte vector.
+__device__ __forceinline__ int byte_at(const uint4& v, int i) {
+  return static_cast<int>((word_at(v, i / 4) >> (8 * (i % 4))) & 0xffu);
+}
+
 template <WFormat F, int kU>
 struct Round {
-  static constexpr int kVecs = F == WFormat::BF16 ? kU : F == WFormat::Q8_0 ? kU / 2 : kU / 4;
+  static constexpr int kVecs = F == WFormat::BF16 ? kU : kBits8<F> ? kU / 2 : kU / 4;
   uint4 a[kVecs], b[kVecs];
   uint4 da, db, ma, mb;
 };
@@ -168,8 +180,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   const int cpw = kQuant ? ((chunks + S - 1) / S + 7) / 8 * 8 : (chunks + S - 1) / S;
   const int c_begin = min(chunks, sub * cpw), c_end = min(chunks, c_begin + cpw);
   const size_t xs_bytes = kNorm ? sizeof(uint16_t) * static_cast<size_t>(a.B) * K : 0;
-  const size_t sx_bytes = F == WFormat::Q4_1 ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
-  float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // Q4_1: [8][chunks] sums of x
+  const size_t sx_bytes = kHasMin<F> ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
+  float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // mins: [8][chunks] sums of x
   float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
 
   const uint4 *pa = nullptr, *pb = nullptr;
@@ -182,12 +194,14 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
       pa = reinterpret_cast<const uint4*>(a.W + r0 * K) + t;
       pb = reinterpret_cast<const uint4*>(a.W + r1 * K) + t;
     } else {
-      const int64_t rb = F == WFormat::Q8_0 ? a.Kp : a.Kp / 2;  // packed bytes a row
+      const int64_t rb = kBits8<F> ? a.Kp : a.Kp / 2;  // packed bytes a row
       const uint8_t* q = reinterpret_cast<const uint8_t*>(a.W);
       pa = reinterpret_cast<const uint4*>(q + r0 * rb) + t;
       pb = reinterpret_cast<const uint4*>(q + r1 * rb) + t;
-      da = reinterpret_cast<const uint4*>(a.qd + r0 * (a.Kp / 32));
-      db = reinterpret_cast<const uint4*>(a.qd + r1 * (a.Kp / 32));
+      // Scales a row: fp16 per chunk, or the K formats' super-block headers (16 / 32 bytes each).
+      const int64_t rs = F == WFormat::Q4_K ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
+      da = reinterpret_cast<const uint4*>(a.qd + r0 * rs);
+      db = reinterpret_cast<const uint4*>(a.qd + r1 * rs);
       if constexpr (F == WFormat::Q4_1) {
         ma = reinterpret_cast<const uint4*>(a.qm + r0 * (a.Kp / 32));
         mb = reinterpret_cast<const uint4*>(a.qm + r1 * (a.Kp / 32));
@@ -201,11 +215,16 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
         if (c0 + u < c_end) w.a[u] = ld_stream(pa + 4 * (c0 + u)), w.b[u] = ld_stream(pb + 4 * (c0 + u));
     } else {
       // c0 % 8 == 0; a 64-byte group (4 lanes x 16 bytes) holds 4 chunks (Q4) or 2 (Q8).
-      constexpr int per = F == WFormat::Q8_0 ? 2 : 4;
+      constexpr int per = kBits8<F> ? 2 : 4;
 #pragma unroll
       for (int v = 0; v < Round<F, kU>::kVecs; ++v)
         if (c0 + v * per < c_end) w.a[v] = ld_stream(pa + 4 * (c0 / per + v)), w.b[v] = ld_stream(pb + 4 * (c0 / per + v));
-      w.da = ld_stream(da + c0 / 8), w.db = ld_stream(db + c0 / 8);
+      if constexpr (F == WFormat::Q6_K) {  // a round is one super-block: its scales, then d
+        w.da = ld_stream(da + c0 / 4), w.ma = ld_stream(da + c0 / 4 + 1);
+        w.db = ld_stream(db + c0 / 4), w.mb = ld_stream(db + c0 / 4 + 1);
+      } else {
+        w.da = ld_stream(da + c0 / 8), w.db = ld_stream(db + c0 / 8);
+      }
       if constexpr (F == WFormat::Q4_1) w.ma = ld_stream(ma + c0 / 8), w.mb = ld_stream(mb + c0 / 8);
     }
   };
@@ -256,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
     x = a.x;
   }
   const uint4* xp = g < a.B ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g) * K) + t : nullptr;
-  if constexpr (F == WFormat::Q4_1) {  // each chunk's sum of x, for the mins' term m * sum(x)
+  if constexpr (kHasMin<F>) {  // each chunk's sum of x, for the mins' term m * sum(x)
     for (int i = threadIdx.x; i < 8 * chunks; i += kThreads) {
       const int b = i / chunks, c = i % chunks;
       float sum = 0.0f;
@@ -289,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
             mma_bf16(c, w.a[u].z, w.b[u].z, w.a[u].w, w.b[u].w, xv.z, xv.w);
           } else {
             uint32_t pa4[4], pb4[4];  // the lane's 8 weights of rows g and g + 8 as bf16 pairs
-            if constexpr (F == WFormat::Q8_0) {
+            if constexpr (kBits8<F>) {
               const uint4& va = w.a[u / 2];
               const uint4& vb = w.b[u / 2];
               const uint32_t a0 = (u & 1) ? va.z : va.x, a1 = (u & 1) ? va.w : va.y;
@@ -306,17 +325,66 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
                 pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
               }
             }
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
-            mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
-            const float dg = h_at(w.da, u), dg8 = h_at(w.db, u);
-            c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
-            c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
-            if constexpr (F == WFormat::Q4_1) {
-              const float mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
-              const float s0 = sx[(2 * t) * chunks + c0 + u], s1 = sx[(2 * t + 1) * chunks + c0 + u];
-              c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
-              c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
+            if constexpr (F == WFormat::Q6_K) {
+              // Two 16-weight sub-blocks a chunk, each its own scale: lanes 0-1 hold the first
+              // (weights 0..15), lanes 2-3 the second, so each sub-block's products come from the
+              // same mmas with the other lanes' weights zeroed; d * sc in fp32, as GGUF's value.
+              const bool lo = t < 2;
+              uint32_t z0[4], z1[4], y0[4], y1[4];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) z0[i] = lo ? pa4[i] : 0u, y0[i] = lo ? pb4[i] : 0u, z1[i] = lo ? 0u : pa4[i], y1[i] = lo ? 0u : pb4[i];
+              float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, p1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_bf16(p0, z0[0], y0[0], z0[1], y0[1], xv.x, xv.y);
+              mma_bf16(p0, z0[2], y0[2], z0[3], y0[3], xv.z, xv.w);
+              mma_bf16(p1, z1[0], y1[0], z1[1], y1[1], xv.x, xv.y);
+              mma_bf16(p1, z1[2], y1[2], z1[3], y1[3], xv.z, xv.w);
+              const float d = h2f(static_cast<uint16_t>(w.ma.x & 0xffffu)), d8 = h2f(static_cast<uint16_t>(w.mb.x & 0xffffu));
+              const float s0 = d * static_cast<float>(static_cast<int8_t>(byte_at(w.da, 2 * u)));
+              const float s1 = d * static_cast<float>(static_cast<int8_t>(byte_at(w.da, 2 * u + 1)));
+              const float s08 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(w.db, 2 * u)));
+              const float s18 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(w.db, 2 * u + 1)));
+              c[0] = fmaf(s0, p0[0], fmaf(s1, p1[0], c[0])), c[1] = fmaf(s0, p0[1], fmaf(s1, p1[1], c[1]));
+              c[2] = fmaf(s08, p0[2], fmaf(s18, p1[2], c[2])), c[3] = fmaf(s08, p0[3], fmaf(s18, p1[3], c[3]));
+            } else {
+              float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
+              mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
+              float dg, dg8, mg = 0.0f, mg8 = 0.0f;
+              if constexpr (F == WFormat::Q4_K) {
+                // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
+                // chunk is sub-block u: value = (d * sc) q - dmin * m.
+                int sc, mn, sc8, mn8;
+                const uint8_t ha[12] = {
+                    static_cast<uint8_t>(byte_at(w.da, 4)),  static_cast<uint8_t>(byte_at(w.da, 5)),
+                    static_cast<uint8_t>(byte_at(w.da, 6)),  static_cast<uint8_t>(byte_at(w.da, 7)),
+                    static_cast<uint8_t>(byte_at(w.da, 8)),  static_cast<uint8_t>(byte_at(w.da, 9)),
+                    static_cast<uint8_t>(byte_at(w.da, 10)), static_cast<uint8_t>(byte_at(w.da, 11)),
+                    static_cast<uint8_t>(byte_at(w.da, 12)), static_cast<uint8_t>(byte_at(w.da, 13)),
+                    static_cast<uint8_t>(byte_at(w.da, 14)), static_cast<uint8_t>(byte_at(w.da, 15))};
+                const uint8_t hb[12] = {
+                    static_cast<uint8_t>(byte_at(w.db, 4)),  static_cast<uint8_t>(byte_at(w.db, 5)),
+                    static_cast<uint8_t>(byte_at(w.db, 6)),  static_cast<uint8_t>(byte_at(w.db, 7)),
+                    static_cast<uint8_t>(byte_at(w.db, 8)),  static_cast<uint8_t>(byte_at(w.db, 9)),
+                    static_cast<uint8_t>(byte_at(w.db, 10)), static_cast<uint8_t>(byte_at(w.db, 11)),
+                    static_cast<uint8_t>(byte_at(w.db, 12)), static_cast<uint8_t>(byte_at(w.db, 13)),
+                    static_cast<uint8_t>(byte_at(w.db, 14)), static_cast<uint8_t>(byte_at(w.db, 15))};
+                k4_scale_min(u, ha, &sc, &mn);
+                k4_scale_min(u, hb, &sc8, &mn8);
+                dg = h2f(static_cast<uint16_t>(w.da.x & 0xffffu)) * static_cast<float>(sc);
+                dg8 = h2f(static_cast<uint16_t>(w.db.x & 0xffffu)) * static_cast<float>(sc8);
+                mg = -(h2f(static_cast<uint16_t>(w.da.x >> 16)) * static_cast<float>(mn));
+                mg8 = -(h2f(static_cast<uint16_t>(w.db.x >> 16)) * static_cast<float>(mn8));
+              } else {
+                dg = h_at(w.da, u), dg8 = h_at(w.db, u);
+                if constexpr (F == WFormat::Q4_1) mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
+              }
+              c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
+              c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
+              if constexpr (kHasMin<F>) {
+                const float s0 = sx[(2 * t) * chunks + c0 + u], s1 = sx[(2 * t + 1) * chunks + c0 + u];
+                c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
+                c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
+              }
             }
           }
         }
@@ -377,6 +445,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   if (quant && (!W.d || (W.format == WFormat::Q4_1 && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
                 (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
     return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1)");
+  if (is_k_format(W.format) && a.K % 256 != 0)
+    return make_error(std::string(what) + ": K-quant weights need K a multiple of 256 (K=" + std::to_string(a.K) + ")");
   if (a.K <= 0 || a.K % 32 != 0 || a.B < 1 || a.B > 8 || a.tiles <= 0)
     return make_error(std::string(what) + ": needs K a positive multiple of 32, batch 1..8 and rows (K=" +
                       std::to_string(a.K) + ", batch=" + std::to_string(a.B) + ")");
@@ -386,7 +456,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
   const size_t xs = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
-  const size_t sx = W.format == WFormat::Q4_1 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
+  const size_t sx =
+      W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
   const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
@@ -408,6 +479,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   auto* k = W.format == WFormat::Q4_0   ? dec_k<OP, 8, WFormat::Q4_0>
             : W.format == WFormat::Q4_1 ? dec_k<OP, 8, WFormat::Q4_1>
             : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
+            : W.format == WFormat::Q4_K ? dec_k<OP, 8, WFormat::Q4_K>
+            : W.format == WFormat::Q6_K ? dec_k<OP, 8, WFormat::Q6_K>
             : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
                                         : dec_k<OP, 8, WFormat::BF16>;
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -479,13 +552,29 @@ __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const 
   const int t = static_cast<int>(i & 3);
   const int64_t rc = i >> 2, row = rc / chunks;
   const int c = static_cast<int>(rc % chunks);
-  const float dc = h2f(d[row * (kp / 32) + c]);
-  const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
   uint16_t o[8];
-  if (f == WFormat::Q8_0) {
+  if (f == WFormat::Q4_K) {  // (d * sc) q - dmin * m, in that order (GGUF's value, rounded once to bf16)
+    const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 8) + (c / 8) * 16;
+    int sc, mn;
+    k4_scale_min(c % 8, h + 4, &sc, &mn);
+    const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[0] | (h[1] << 8))), static_cast<float>(sc));
+    const float m1 = __fmul_rn(h2f(static_cast<uint16_t>(h[2] | (h[3] << 8))), static_cast<float>(mn));
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+    for (int e = 0; e < 8; ++e)
+      o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF)), m1));
+  } else if (f == WFormat::Q6_K) {  // (d * sc) (q - 32); lane t's 8 weights lie in sub-block 2 (c % 8) + t / 2
+    const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 16) + (c / 8) * 32;
+    const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[16] | (h[17] << 8))),
+                               static_cast<float>(static_cast<int8_t>(h[2 * (c % 8) + t / 2])));
+    const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
+    for (int e = 0; e < 8; ++e) o[e] = f2bf(__fmul_rn(d1, static_cast<float>(p[e])));
+  } else if (f == WFormat::Q8_0) {
+    const float dc = h2f(d[row * (kp / 32) + c]);
     const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
     for (int e = 0; e < 8; ++e) o[e] = f2bf(dc * static_cast<float>(p[e]));
   } else {
+    const float dc = h2f(d[row * (kp / 32) + c]);
+    const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
     const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
     for (int e = 0; e < 8; ++e) {
       const float v = static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF);
@@ -501,7 +590,8 @@ __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const 
 
 Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s) {
   if (W.format == WFormat::BF16) return make_error("dequantize_weights: the weights are bf16 already");
-  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (W.format == WFormat::Q4_1 && !W.m))
+  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (W.format == WFormat::Q4_1 && !W.m) ||
+      (is_k_format(W.format) && K % 256 != 0))
     return make_error("dequantize_weights: bad shape or missing arrays");
   if ((reinterpret_cast<uintptr_t>(out) & 15u) != 0) return make_error("dequantize_weights: out must be 16-byte aligned");
   const int64_t n = static_cast<int64_t>(N) * (K / 32) * 4;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/kernels/kquant.h"
 #include "model/quant.h"
 
 namespace ss::cuda::kern {
@@ -15,15 +16,22 @@ size_t packed_q_bytes(WFormat f, int64_t N, int K) {
   const int64_t kp = packed_k(K);
   switch (f) {
     case WFormat::Q4_0:
-    case WFormat::Q4_1: return static_cast<size_t>(N * kp / 2);
-    case WFormat::Q8_0: return static_cast<size_t>(N * kp);
+    case WFormat::Q4_1:
+    case WFormat::Q4_K: return static_cast<size_t>(N * kp / 2);
+    case WFormat::Q8_0:
+    case WFormat::Q6_K: return static_cast<size_t>(N * kp);
     case WFormat::BF16: return static_cast<size_t>(N * K * 2);
   }
   return 0;
 }
 
 size_t packed_scale_count(WFormat f, int64_t N, int K) {
-  return f == WFormat::BF16 ? 0 : static_cast<size_t>(N * (packed_k(K) / 32));
+  switch (f) {
+    case WFormat::BF16: return 0;
+    case WFormat::Q4_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 8);   // 16 bytes a super-block
+    case WFormat::Q6_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 16);  // 32 bytes a super-block
+    default: return static_cast<size_t>(N * (packed_k(K) / 32));
+  }
 }
 
 namespace {
@@ -37,6 +45,32 @@ uint32_t interleave(const uint8_t (&e)[8]) {
     w |= static_cast<uint32_t>(e[2 * i + 1] & 0xF) << (16 + 4 * i);
   }
   return w;
+}
+
+// Chunk c's 32 4-bit quants (0..15, in weight order) into the 4-bit layout: lane t's word at
+// (c / 4) * 64 + t * 16 + (c % 4) * 4.
+void put_q4_chunk(uint8_t* q, int c, const uint8_t (&e)[32]) {
+  for (int t = 0; t < 4; ++t) {
+    uint8_t lane[8];
+    for (int i = 0; i < 8; ++i) lane[i] = e[8 * t + i];
+    const uint32_t w = interleave(lane);
+    std::memcpy(q + (c / 4) * 64 + t * 16 + (c % 4) * 4, &w, 4);
+  }
+}
+// Chunk c's 32 int8 quants into the 8-bit layout: lane t's 8 at (c / 2) * 64 + t * 16 + (c % 2) * 8.
+void put_q8_chunk(uint8_t* q, int c, const int8_t (&e)[32]) {
+  for (int t = 0; t < 4; ++t) std::memcpy(q + (c / 2) * 64 + t * 16 + (c % 2) * 8, e + 8 * t, 8);
+}
+
+// Q6_K's quant (0..63) of weight i (0..255) of a super-block, as ggml's dequantize_row_q6_K reads it:
+// halves of 128; in a half, weight 32 qq + l (qq 0..3) takes the low (qq 0, 1) or high (qq 2, 3)
+// nibble of ql[l + 32 (qq % 2)] and bits 2 qq, 2 qq + 1 of qh[l]. Its scale: scales[i / 16].
+int q6k_quant(const model::block_q6_K& b, int i) {
+  const int h = i / 128, w = i % 128, qq = w / 32, l = w % 32;
+  const uint8_t ql = b.ql[64 * h + l + 32 * (qq % 2)];
+  const int lo = qq < 2 ? (ql & 0xF) : (ql >> 4);
+  const int hi = (b.qh[32 * h + l] >> (2 * qq)) & 3;
+  return lo | (hi << 4);
 }
 
 }  // namespace
@@ -74,6 +108,37 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
       }
       return {};
     }
+    case WFormat::Q4_K:
+    case WFormat::Q6_K: {
+      if (K % 256 != 0) return make_error("pack_row: K-quant rows need K a multiple of 256");
+      const int sb = K / 256;
+      std::memset(q, 0, packed_q_bytes(f, 1, K));
+      std::memset(d, 0, 2 * packed_scale_count(f, 1, K));
+      for (int s = 0; s < sb; ++s) {
+        if (f == WFormat::Q4_K) {
+          const auto& b = static_cast<const model::block_q4_K*>(gguf_row)[s];
+          std::memcpy(d + 8 * s, &b, 16);  // d, dmin, scales[12]
+          for (int j = 0; j < 8; ++j) {  // sub-block j: weights 32 j .. 32 j + 31
+            uint8_t e[32];
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t byte = b.qs[32 * (j / 2) + l];
+              e[l] = j % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+            }
+            put_q4_chunk(q, 8 * s + j, e);
+          }
+        } else {
+          const auto& b = static_cast<const model::block_q6_K*>(gguf_row)[s];
+          std::memcpy(d + 16 * s, b.scales, 16);
+          d[16 * s + 8] = b.d;
+          for (int j = 0; j < 8; ++j) {
+            int8_t e[32];
+            for (int l = 0; l < 32; ++l) e[l] = static_cast<int8_t>(q6k_quant(b, 32 * j + l) - 32);
+            put_q8_chunk(q, 8 * s + j, e);
+          }
+        }
+      }
+      return {};
+    }
     case WFormat::Q8_0: {
       // Chunk pair p's 64 bytes: lane t's 16 at p * 64 + t * 16 (chunk 2p's 8 quants, then 2p + 1's).
       std::memset(q, 0, static_cast<size_t>(kp));
@@ -91,6 +156,37 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
 
 void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),
                 float* out) {
+  if (is_k_format(f)) {
+    for (int c = 0; c < K / 32; ++c) {
+      const int s = c / 8, j = c % 8;
+      for (int t = 0; t < 4; ++t)
+        for (int i = 0; i < 8; ++i) {
+          const int l = 8 * t + i;  // weight l of the chunk
+          float v;
+          if (f == WFormat::Q4_K) {
+            uint8_t hdr[16];
+            std::memcpy(hdr, d + 8 * s, 16);
+            uint16_t dd, dm;
+            std::memcpy(&dd, hdr, 2);
+            std::memcpy(&dm, hdr + 2, 2);
+            int sc, mn;
+            k4_scale_min(j, hdr + 4, &sc, &mn);
+            uint32_t w;
+            std::memcpy(&w, q + (c / 4) * 64 + t * 16 + (c % 4) * 4, 4);
+            const uint32_t e = (w >> ((i % 2) * 16 + 4 * (i / 2))) & 0xF;
+            const float d1 = h2f(dd) * static_cast<float>(sc), m1 = h2f(dm) * static_cast<float>(mn);
+            v = d1 * static_cast<float>(e) - m1;
+          } else {
+            int8_t sc;
+            std::memcpy(&sc, reinterpret_cast<const uint8_t*>(d + 16 * s) + 2 * j + l / 16, 1);
+            const float d1 = h2f(d[16 * s + 8]) * static_cast<float>(sc);
+            v = d1 * static_cast<float>(static_cast<int8_t>(q[(c / 2) * 64 + t * 16 + (c % 2) * 8 + i]));
+          }
+          out[32 * c + l] = v;
+        }
+    }
+    return;
+  }
   for (int c = 0; c < K / 32; ++c) {
     const float dc = h2f(d[c]), mc = f == WFormat::Q4_1 ? h2f(m[c]) : 0.0f;
     for (int t = 0; t < 4; ++t)
