@@ -7,7 +7,8 @@
 #      attention) through the forward tests against transformers, the device-loop tests and the
 #      graph tests; the device sampler (CudaSampling.DeviceSamplingEqualsTheHostSampler sets it);
 #   3. A/B timings, interleaved: prefill attention rows vs flash (`bench offline` pp512 and pp4096 on
-#      Llama-3.2-1B and Llama-3-8B bf16), host vs device sampling (`bench decode --temperature 1`);
+#      Llama-3.2-1B and Llama-3-8B bf16), host vs device sampling (`bench decode --temperature 1`),
+#      native K-quant GEMVs vs the bf16 conversion (Llama-3.2-1B Q4_K and Q6_K, --gpu-native-quant);
 #   4. a kernel profile of the 1B prefill (nsys, where present), experiment C (bench_serving.sh) and
 #      the KV tiers at 8B (bench_kv_tiers.sh, CONV=3).
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
@@ -53,6 +54,18 @@ for round in 1 2; do
     SS_CUDA_DEVICE_SAMPLING=$ds timeout 240 $B/selfserve bench decode --model $M/llama32-1b-bf16.gguf --device cuda \
       --batch 1,16,64 --context 512 --steps 64 --reps 3 --temperature 1 > "$RES/sampled-$ds-$round.txt" 2>&1
     stage "sampled decode device_sampling=$ds round $round rc=$?"
+  done
+done
+for dt in q4_k q6_k; do  # native K-quants (--gpu-native-quant) against the same file converted to bf16 at load
+  f=$M/llama32-1b-$dt.gguf
+  [ -s $f ] || $B/selfserve synth --shape llama32-1b --format gguf --dtype $dt --seed 1 --out $f --quiet
+  for native in "" --gpu-native-quant; do
+    timeout 240 $B/selfserve bench decode --model $f --device cuda $native --batch 1,8 --context 512 --steps 64 --reps 3 \
+      > "$RES/kq-decode-$dt${native:+-native}.txt" 2>&1
+    stage "K-quant $dt decode ${native:-bf16} rc=$?"
+    timeout 240 $B/selfserve bench offline --model $f --device cuda $native --threads 16 --prompt-tokens 512 \
+      --gen-tokens 128 --reps 3 > "$RES/kq-offline-$dt${native:+-native}.txt" 2>&1
+    stage "K-quant $dt offline ${native:-bf16} rc=$?"
   done
 done
 if command -v nsys > /dev/null; then
