@@ -145,7 +145,7 @@ struct BackendOptions {
   double gpu_memory_utilization = 0.9;
   int weight_chunk_mb = 64;
   bool enforce_eager = false;  // CUDA: no graphs (every step kernel by kernel)
-  // CUDA: keep Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K projection weights quantized on the device (repacked; steps of
+  // CUDA: keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K projection weights quantized on the device (repacked; steps of
   // <= 8 tokens read them directly, larger steps dequantize a matrix at a time for cuBLAS) instead of
   // converting every weight to bf16 at load.
   bool gpu_native_quant = false;

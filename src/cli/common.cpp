@@ -114,7 +114,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", d->enforce_eager, "CUDA: no CUDA graphs (every step launched kernel by kernel)");
   cmd->add_flag("--gpu-native-quant", d->gpu_native_quant,
-                "CUDA: keep Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights quantized on the GPU (default: convert to bf16 at load)");
+                "CUDA: keep GGUF weights quantized on the GPU (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; default: bf16 at load)");
 }
 
 bool wants_cuda(const DeviceArgs& d) {

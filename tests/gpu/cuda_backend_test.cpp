@@ -465,7 +465,7 @@ TEST(CudaForwardRealHeads, MatchesTheCpuBackend) {
 TEST(CudaNativeQuant, PrefillAndDecodeMatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (auto dt : {ss::model::DType::Q4_0, ss::model::DType::Q4_1, ss::model::DType::Q8_0, ss::model::DType::Q4_K,
-                  ss::model::DType::Q6_K}) {
+                  ss::model::DType::Q6_K, ss::model::DType::Q5_0, ss::model::DType::Q5_1}) {
     const std::string name(ss::model::dtype_name(dt));
     const std::string file = std::string(::testing::TempDir()) + "/synth-q-" + name + ".gguf";
     ss::model::SynthOptions so;

@@ -581,6 +581,9 @@ cuda::kern::WFormat packed_format(std::initializer_list<const model::Tensor*> pa
     case model::DType::Q8_0: return WFormat::Q8_0;
     case model::DType::Q4_K: return whole_super_blocks ? WFormat::Q4_K : WFormat::BF16;
     case model::DType::Q6_K: return whole_super_blocks ? WFormat::Q6_K : WFormat::BF16;
+    case model::DType::Q5_K: return whole_super_blocks ? WFormat::Q5_K : WFormat::BF16;
+    case model::DType::Q5_0: return WFormat::Q5_0;
+    case model::DType::Q5_1: return WFormat::Q5_1;
     default: return WFormat::BF16;
   }
 }
@@ -593,7 +596,7 @@ size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> par
   if (f == cuda::kern::WFormat::BF16) return padded(sizeof(bf16_bits) * static_cast<size_t>(rows * cols));
   const int K = static_cast<int>(cols);
   const size_t scales = padded(2 * cuda::kern::packed_scale_count(f, rows, K));
-  return padded(cuda::kern::packed_q_bytes(f, rows, K)) + scales * (f == cuda::kern::WFormat::Q4_1 ? 2 : 1);
+  return padded(cuda::kern::packed_q_bytes(f, rows, K)) + scales * (cuda::kern::has_min_array(f) ? 2 : 1);
 }
 
 Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> parts, cuda::kern::DevWeights* out,
@@ -613,7 +616,7 @@ Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> p
   const int K = static_cast<int>(cols);
   const size_t rq = k::packed_q_bytes(f, 1, K), rs = k::packed_scale_count(f, 1, K);
   std::vector<uint8_t> q(rq * rows);
-  std::vector<uint16_t> d(rs * rows), m(f == k::WFormat::Q4_1 ? rs * rows : 0);
+  std::vector<uint16_t> d(rs * rows), m(k::has_min_array(f) ? rs * rows : 0);
   int64_t r = 0;
   for (const model::Tensor* t : parts)
     for (int64_t i = 0; i < t->rows(); ++i, ++r)

@@ -242,12 +242,16 @@ const char* fname(WFormat f) {
     case WFormat::Q8_0: return "Q8_0";
     case WFormat::Q4_K: return "Q4_K";
     case WFormat::Q6_K: return "Q6_K";
+    case WFormat::Q5_0: return "Q5_0";
+    case WFormat::Q5_1: return "Q5_1";
+    case WFormat::Q5_K: return "Q5_K";
     default: return "BF16";
   }
 }
 // Every packed format, and the K (row length) a test of each uses: K-quant rows are whole 256-weight
 // super-blocks.
-constexpr WFormat kPackedFormats[] = {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0, WFormat::Q4_K, WFormat::Q6_K};
+constexpr WFormat kPackedFormats[] = {WFormat::Q4_0, WFormat::Q4_1, WFormat::Q8_0, WFormat::Q4_K,
+                                      WFormat::Q6_K, WFormat::Q5_0, WFormat::Q5_1, WFormat::Q5_K};
 int k_for(WFormat f, int K) { return is_k_format(f) ? (K + 255) / 256 * 256 : K; }
 
 // GGUF rows packed the device's way, on the host and uploaded; wf: the weights as host_rows reads them.
@@ -256,24 +260,29 @@ struct Packed {
   std::vector<uint16_t> d, m;
   std::vector<float> wf;
 };
-// K-quant rows: random super-blocks (random quants and sub-block scales, small positive fp16 d and
-// dmin); the reference values are the model loader's dequantization (checked against the gguf
-// package's in tests/unit/model).
+// Rows of the 5-bit and K-quant types: random blocks (random quants and sub-block scales, small
+// fp16 scales and mins where the block has them); the reference values are the model loader's
+// dequantization (checked against the gguf package's in tests/unit/model).
 Packed pack_k(std::mt19937& rng, WFormat f, int N, int K) {
-  const int sb = K / 256, bytes = f == WFormat::Q4_K ? 144 : 210;
+  struct Layout {
+    ss::model::DType t;
+    int weights, bytes, d_at, m_at;  // block size; where d and the min (or dmin) sit (-1: none)
+  };
+  const Layout L = f == WFormat::Q4_K   ? Layout{ss::model::DType::Q4_K, 256, 144, 0, 2}
+                   : f == WFormat::Q5_K ? Layout{ss::model::DType::Q5_K, 256, 176, 0, 2}
+                   : f == WFormat::Q6_K ? Layout{ss::model::DType::Q6_K, 256, 210, 208, -1}
+                   : f == WFormat::Q5_0 ? Layout{ss::model::DType::Q5_0, 32, 22, 0, -1}
+                                        : Layout{ss::model::DType::Q5_1, 32, 24, 0, 2};
+  const int sb = K / L.weights, bytes = L.bytes;
   std::vector<uint8_t> raw(static_cast<size_t>(N) * sb * bytes);
   std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.0005f, 0.01f);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.01f), mn(-0.1f, 0.1f);
   for (auto& b : raw) b = static_cast<uint8_t>(byte(rng));
   for (size_t i = 0; i < raw.size() / bytes; ++i) {
     uint8_t* p = raw.data() + i * bytes;
-    const uint16_t d = to_f16(scale(rng)), dm = to_f16(scale(rng));
-    if (f == WFormat::Q4_K) {
-      std::memcpy(p, &d, 2);
-      std::memcpy(p + 2, &dm, 2);
-    } else {
-      std::memcpy(p + 208, &d, 2);
-    }
+    const uint16_t d = to_f16(scale(rng)), m = to_f16(f == WFormat::Q5_1 ? mn(rng) : scale(rng));
+    std::memcpy(p + L.d_at, &d, 2);
+    if (L.m_at >= 0) std::memcpy(p + L.m_at, &m, 2);
   }
   Packed p;
   p.wf.resize(static_cast<size_t>(N) * K);
@@ -281,16 +290,15 @@ Packed pack_k(std::mt19937& rng, WFormat f, int N, int K) {
   p.q.resize(rq * N), p.d.resize(rs * N), p.m.resize(rs * N);
   for (int r = 0; r < N; ++r) {
     const uint8_t* row = raw.data() + static_cast<size_t>(r) * sb * bytes;
-    ss::model::dequantize_row(f == WFormat::Q4_K ? ss::model::DType::Q4_K : ss::model::DType::Q6_K, row,
-                              p.wf.data() + static_cast<size_t>(r) * K, K);
-    const Status st = pack_row(f, row, K, p.q.data() + r * rq, p.d.data() + r * rs, nullptr);
+    ss::model::dequantize_row(L.t, row, p.wf.data() + static_cast<size_t>(r) * K, K);
+    const Status st = pack_row(f, row, K, p.q.data() + r * rq, p.d.data() + r * rs, has_min_array(f) ? p.m.data() + r * rs : nullptr);
     EXPECT_TRUE(st.ok()) << st.message();
   }
   return p;
 }
 
 Packed pack(std::mt19937& rng, WFormat f, int N, int K) {
-  if (is_k_format(f)) return pack_k(rng, f, N, K);
+  if (f != WFormat::Q4_0 && f != WFormat::Q4_1 && f != WFormat::Q8_0) return pack_k(rng, f, N, K);
   const auto raw = random_blocks(rng, table_type(f), static_cast<size_t>(N) * K / 32);
   Packed p;
   p.wf = host_rows(raw, table_type(f), N, K);
@@ -332,7 +340,7 @@ struct DevPacked {
   DeviceBuf<uint16_t> d, m;
   DevWeights w;
   DevPacked(const Packed& p, WFormat f) : q(p.q), d(p.d), m(p.m) {
-    w = DevWeights{f, q.get(), d.get(), f == WFormat::Q4_1 ? m.get() : nullptr};
+    w = DevWeights{f, q.get(), d.get(), has_min_array(f) ? m.get() : nullptr};
   }
 };
 

@@ -143,9 +143,16 @@ __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
 // round's 8 scales (and mins) a row).
 // 8-bit quants (Q8_0's layout), and formats with a min term (m * sum(x)).
 template <WFormat F>
-constexpr bool kBits8 = F == WFormat::Q8_0 || F == WFormat::Q6_K;
+constexpr bool kBits8 =
+    F == WFormat::Q8_0 || F == WFormat::Q6_K || F == WFormat::Q5_0 || F == WFormat::Q5_1 || F == WFormat::Q5_K;
 template <WFormat F>
-constexpr bool kHasMin = F == WFormat::Q4_1 || F == WFormat::Q4_K;
+constexpr bool kHasMin = F == WFormat::Q4_1 || F == WFormat::Q4_K || F == WFormat::Q5_1 || F == WFormat::Q5_K;
+// Scales from Q4_K-style super-block headers (d, dmin, 6-bit scales and mins).
+template <WFormat F>
+constexpr bool kKHeader = F == WFormat::Q4_K || F == WFormat::Q5_K;
+// fp16 mins a chunk, an array of their own.
+template <WFormat F>
+constexpr bool kMinArray = F == WFormat::Q4_1 || F == WFormat::Q5_1;
 
 // Byte i (0..15) of a 16-byte vector.
 __device__ __forceinline__ int byte_at(const uint4& v, int i) {
@@ -199,10 +206,10 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
       pa = reinterpret_cast<const uint4*>(q + r0 * rb) + t;
       pb = reinterpret_cast<const uint4*>(q + r1 * rb) + t;
       // Scales a row: fp16 per chunk, or the K formats' super-block headers (16 / 32 bytes each).
-      const int64_t rs = F == WFormat::Q4_K ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
+      const int64_t rs = kKHeader<F> ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
       da = reinterpret_cast<const uint4*>(a.qd + r0 * rs);
       db = reinterpret_cast<const uint4*>(a.qd + r1 * rs);
-      if constexpr (F == WFormat::Q4_1) {
+      if constexpr (kMinArray<F>) {
         ma = reinterpret_cast<const uint4*>(a.qm + r0 * (a.Kp / 32));
         mb = reinterpret_cast<const uint4*>(a.qm + r1 * (a.Kp / 32));
       }
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
       } else {
         w.da = ld_stream(da + c0 / 8), w.db = ld_stream(db + c0 / 8);
       }
-      if constexpr (F == WFormat::Q4_1) w.ma = ld_stream(ma + c0 / 8), w.mb = ld_stream(mb + c0 / 8);
+      if constexpr (kMinArray<F>) w.ma = ld_stream(ma + c0 / 8), w.mb = ld_stream(mb + c0 / 8);
     }
   };
 
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
               mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
               mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
               float dg, dg8, mg = 0.0f, mg8 = 0.0f;
-              if constexpr (F == WFormat::Q4_K) {
+              if constexpr (kKHeader<F>) {
                 // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
                 // chunk is sub-block u: value = (d * sc) q - dmin * m.
                 int sc, mn, sc8, mn8;
@@ -376,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
                 mg8 = -(h2f(static_cast<uint16_t>(w.db.x >> 16)) * static_cast<float>(mn8));
               } else {
                 dg = h_at(w.da, u), dg8 = h_at(w.db, u);
-                if constexpr (F == WFormat::Q4_1) mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
+                if constexpr (kMinArray<F>) mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
               }
               c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
               c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
@@ -442,9 +449,9 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
   const bool quant = W.format != WFormat::BF16;
   const int kU = quant ? 8 : tuning().u, kCtasPerSm = tuning().ctas;
-  if (quant && (!W.d || (W.format == WFormat::Q4_1 && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
+  if (quant && (!W.d || (has_min_array(W.format) && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
                 (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
-    return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1)");
+    return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1, Q5_1)");
   if (is_k_format(W.format) && a.K % 256 != 0)
     return make_error(std::string(what) + ": K-quant weights need K a multiple of 256 (K=" + std::to_string(a.K) + ")");
   if (a.K <= 0 || a.K % 32 != 0 || a.B < 1 || a.B > 8 || a.tiles <= 0)
@@ -456,8 +463,9 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
   const size_t xs = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
-  const size_t sx =
-      W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
+  const bool mins = W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K || W.format == WFormat::Q5_1 ||
+                    W.format == WFormat::Q5_K;
+  const size_t sx = mins ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
   const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
@@ -481,6 +489,9 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
             : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
             : W.format == WFormat::Q4_K ? dec_k<OP, 8, WFormat::Q4_K>
             : W.format == WFormat::Q6_K ? dec_k<OP, 8, WFormat::Q6_K>
+            : W.format == WFormat::Q5_0 ? dec_k<OP, 8, WFormat::Q5_0>
+            : W.format == WFormat::Q5_1 ? dec_k<OP, 8, WFormat::Q5_1>
+            : W.format == WFormat::Q5_K ? dec_k<OP, 8, WFormat::Q5_K>
             : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
                                         : dec_k<OP, 8, WFormat::BF16>;
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -553,25 +564,34 @@ __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const 
   const int64_t rc = i >> 2, row = rc / chunks;
   const int c = static_cast<int>(rc % chunks);
   uint16_t o[8];
-  if (f == WFormat::Q4_K) {  // (d * sc) q - dmin * m, in that order (GGUF's value, rounded once to bf16)
+  if (f == WFormat::Q4_K || f == WFormat::Q5_K) {  // (d * sc) q - dmin * m, in that order (GGUF's value)
     const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 8) + (c / 8) * 16;
     int sc, mn;
     k4_scale_min(c % 8, h + 4, &sc, &mn);
     const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[0] | (h[1] << 8))), static_cast<float>(sc));
     const float m1 = __fmul_rn(h2f(static_cast<uint16_t>(h[2] | (h[3] << 8))), static_cast<float>(mn));
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
-    for (int e = 0; e < 8; ++e)
-      o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF)), m1));
+    if (f == WFormat::Q4_K) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+      for (int e = 0; e < 8; ++e)
+        o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF)), m1));
+    } else {
+      const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
+      for (int e = 0; e < 8; ++e) o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>(p[e])), m1));
+    }
   } else if (f == WFormat::Q6_K) {  // (d * sc) (q - 32); lane t's 8 weights lie in sub-block 2 (c % 8) + t / 2
     const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 16) + (c / 8) * 32;
     const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[16] | (h[17] << 8))),
                                static_cast<float>(static_cast<int8_t>(h[2 * (c % 8) + t / 2])));
     const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
     for (int e = 0; e < 8; ++e) o[e] = f2bf(__fmul_rn(d1, static_cast<float>(p[e])));
-  } else if (f == WFormat::Q8_0) {
+  } else if (f == WFormat::Q8_0 || f == WFormat::Q5_0 || f == WFormat::Q5_1) {
     const float dc = h2f(d[row * (kp / 32) + c]);
+    const float mc = f == WFormat::Q5_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
     const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
-    for (int e = 0; e < 8; ++e) o[e] = f2bf(dc * static_cast<float>(p[e]));
+    for (int e = 0; e < 8; ++e) {
+      const float v = __fmul_rn(dc, static_cast<float>(p[e]));
+      o[e] = f2bf(f == WFormat::Q5_1 ? __fadd_rn(v, mc) : v);
+    }
   } else {
     const float dc = h2f(d[row * (kp / 32) + c]);
     const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
@@ -590,7 +610,7 @@ __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const 
 
 Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s) {
   if (W.format == WFormat::BF16) return make_error("dequantize_weights: the weights are bf16 already");
-  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (W.format == WFormat::Q4_1 && !W.m) ||
+  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (has_min_array(W.format) && !W.m) ||
       (is_k_format(W.format) && K % 256 != 0))
     return make_error("dequantize_weights: bad shape or missing arrays");
   if ((reinterpret_cast<uintptr_t>(out) & 15u) != 0) return make_error("dequantize_weights: out must be 16-byte aligned");

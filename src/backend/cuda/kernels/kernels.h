@@ -108,21 +108,24 @@ Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, i
 // Q4_K: Q4_1's 4-bit layout, its "scales" the GGUF super-block headers as they are (d, dmin and the
 // twelve bytes of 6-bit sub-block scales and mins: 16 bytes a 256-weight super-block). Q6_K: the
 // quants as int8 (q - 32) in Q8_0's layout, its "scales" 32 bytes a super-block (the sixteen int8
-// sub-block scales, then d). Values as GGUF defines them (d * sc in fp32, exact).
-enum class WFormat : int { BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K };
+// sub-block scales, then d). The 5-bit types keep their quants as int8 in Q8_0's layout: Q5_0 as
+// q - 16 with Q8_0's fp16 scales, Q5_1 as q with Q4_1's fp16 scales and mins, Q5_K as q with Q4_K's
+// headers. Values as GGUF defines them (d * sc in fp32, exact).
+enum class WFormat : int { BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K };
 struct DevWeights {
   WFormat format = WFormat::BF16;
   const void* q = nullptr;       // bf16 [N][K], or the packed quants
   const uint16_t* d = nullptr;   // fp16 scales (quantized formats; K formats: the super-block headers)
   const uint16_t* m = nullptr;   // fp16 mins (Q4_1)
 };
-inline bool is_k_format(WFormat f) { return f == WFormat::Q4_K || f == WFormat::Q6_K; }
+inline bool is_k_format(WFormat f) { return f == WFormat::Q4_K || f == WFormat::Q6_K || f == WFormat::Q5_K; }
+inline bool has_min_array(WFormat f) { return f == WFormat::Q4_1 || f == WFormat::Q5_1; }
 inline DevWeights bf16_weights(const bf16_bits* w) { return DevWeights{WFormat::BF16, w, nullptr, nullptr}; }
 int packed_k(int K);
 size_t packed_q_bytes(WFormat f, int64_t N, int K);
 size_t packed_scale_count(WFormat f, int64_t N, int K);  // uint16s per array (d, and m for Q4_1)
 // One GGUF row of K weights (blocks of the format's type) into q (packed_q_bytes(f, 1, K) bytes),
-// d and m (packed_scale_count(f, 1, K) each; m only for Q4_1). K formats: K % 256 == 0.
+// d and m (packed_scale_count(f, 1, K) each; m only for Q4_1 and Q5_1). K formats: K % 256 == 0.
 Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d, uint16_t* m);
 // The inverse as floats (tests): h2f converts an fp16 bit pattern.
 void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),

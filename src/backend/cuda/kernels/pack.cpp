@@ -19,7 +19,10 @@ size_t packed_q_bytes(WFormat f, int64_t N, int K) {
     case WFormat::Q4_1:
     case WFormat::Q4_K: return static_cast<size_t>(N * kp / 2);
     case WFormat::Q8_0:
-    case WFormat::Q6_K: return static_cast<size_t>(N * kp);
+    case WFormat::Q6_K:
+    case WFormat::Q5_0:
+    case WFormat::Q5_1:
+    case WFormat::Q5_K: return static_cast<size_t>(N * kp);
     case WFormat::BF16: return static_cast<size_t>(N * K * 2);
   }
   return 0;
@@ -28,7 +31,8 @@ size_t packed_q_bytes(WFormat f, int64_t N, int K) {
 size_t packed_scale_count(WFormat f, int64_t N, int K) {
   switch (f) {
     case WFormat::BF16: return 0;
-    case WFormat::Q4_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 8);   // 16 bytes a super-block
+    case WFormat::Q4_K:
+    case WFormat::Q5_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 8);   // 16 bytes a super-block
     case WFormat::Q6_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 16);  // 32 bytes a super-block
     default: return static_cast<size_t>(N * (packed_k(K) / 32));
   }
@@ -108,7 +112,38 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
       }
       return {};
     }
+    case WFormat::Q5_0:
+    case WFormat::Q5_1: {
+      // 5-bit quants as int8 (Q5_0: q - 16), ggml's bit order: weight j < 16 the low nibble of qs[j]
+      // and bit j of qh, weight j + 16 the high nibble and bit j + 16.
+      std::memset(q, 0, static_cast<size_t>(kp));
+      for (int c = 0; c < pchunks; ++c) {
+        d[c] = 0;
+        if (m) m[c] = 0;
+      }
+      for (int c = 0; c < chunks; ++c) {
+        const uint8_t *qs, *qhb;
+        if (f == WFormat::Q5_0) {
+          const auto* b = static_cast<const model::block_q5_0*>(gguf_row) + c;
+          qs = b->qs, qhb = b->qh, d[c] = b->d;
+        } else {
+          const auto* b = static_cast<const model::block_q5_1*>(gguf_row) + c;
+          qs = b->qs, qhb = b->qh, d[c] = b->d, m[c] = b->m;
+        }
+        uint32_t qh;
+        std::memcpy(&qh, qhb, 4);
+        int8_t e[32];
+        for (int j = 0; j < 16; ++j) {
+          const int x0 = (qs[j] & 0xF) | (((qh >> j) & 1) << 4), x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+          e[j] = static_cast<int8_t>(f == WFormat::Q5_0 ? x0 - 16 : x0);
+          e[j + 16] = static_cast<int8_t>(f == WFormat::Q5_0 ? x1 - 16 : x1);
+        }
+        put_q8_chunk(q, c, e);
+      }
+      return {};
+    }
     case WFormat::Q4_K:
+    case WFormat::Q5_K:
     case WFormat::Q6_K: {
       if (K % 256 != 0) return make_error("pack_row: K-quant rows need K a multiple of 256");
       const int sb = K / 256;
@@ -125,6 +160,17 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
               e[l] = j % 2 == 0 ? (byte & 0xF) : (byte >> 4);
             }
             put_q4_chunk(q, 8 * s + j, e);
+          }
+        } else if (f == WFormat::Q5_K) {
+          const auto& b = static_cast<const model::block_q5_K*>(gguf_row)[s];
+          std::memcpy(d + 8 * s, &b, 16);  // d, dmin, scales[12]
+          for (int j = 0; j < 8; ++j) {  // sub-block j: nibble j % 2 of qs[32 (j / 2) + l], bit j of qh[l]
+            int8_t e[32];
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t byte = b.qs[32 * (j / 2) + l];
+              e[l] = static_cast<int8_t>((j % 2 == 0 ? (byte & 0xF) : (byte >> 4)) | (((b.qh[l] >> j) & 1) << 4));
+            }
+            put_q8_chunk(q, 8 * s + j, e);
           }
         } else {
           const auto& b = static_cast<const model::block_q6_K*>(gguf_row)[s];
@@ -163,7 +209,7 @@ void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* 
         for (int i = 0; i < 8; ++i) {
           const int l = 8 * t + i;  // weight l of the chunk
           float v;
-          if (f == WFormat::Q4_K) {
+          if (f == WFormat::Q4_K || f == WFormat::Q5_K) {
             uint8_t hdr[16];
             std::memcpy(hdr, d + 8 * s, 16);
             uint16_t dd, dm;
@@ -171,11 +217,16 @@ void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* 
             std::memcpy(&dm, hdr + 2, 2);
             int sc, mn;
             k4_scale_min(j, hdr + 4, &sc, &mn);
-            uint32_t w;
-            std::memcpy(&w, q + (c / 4) * 64 + t * 16 + (c % 4) * 4, 4);
-            const uint32_t e = (w >> ((i % 2) * 16 + 4 * (i / 2))) & 0xF;
+            float e;
+            if (f == WFormat::Q4_K) {
+              uint32_t w;
+              std::memcpy(&w, q + (c / 4) * 64 + t * 16 + (c % 4) * 4, 4);
+              e = static_cast<float>((w >> ((i % 2) * 16 + 4 * (i / 2))) & 0xF);
+            } else {
+              e = static_cast<float>(static_cast<int8_t>(q[(c / 2) * 64 + t * 16 + (c % 2) * 8 + i]));
+            }
             const float d1 = h2f(dd) * static_cast<float>(sc), m1 = h2f(dm) * static_cast<float>(mn);
-            v = d1 * static_cast<float>(e) - m1;
+            v = d1 * e - m1;
           } else {
             int8_t sc;
             std::memcpy(&sc, reinterpret_cast<const uint8_t*>(d + 16 * s) + 2 * j + l / 16, 1);
@@ -188,12 +239,14 @@ void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* 
     return;
   }
   for (int c = 0; c < K / 32; ++c) {
-    const float dc = h2f(d[c]), mc = f == WFormat::Q4_1 ? h2f(m[c]) : 0.0f;
+    const float dc = h2f(d[c]), mc = has_min_array(f) ? h2f(m[c]) : 0.0f;
     for (int t = 0; t < 4; ++t)
       for (int i = 0; i < 8; ++i) {
         float v;
-        if (f == WFormat::Q8_0) {
+        if (f == WFormat::Q8_0 || f == WFormat::Q5_0) {
           v = dc * static_cast<float>(static_cast<int8_t>(q[(c / 2) * 64 + t * 16 + (c % 2) * 8 + i]));
+        } else if (f == WFormat::Q5_1) {
+          v = static_cast<float>(static_cast<int8_t>(q[(c / 2) * 64 + t * 16 + (c % 2) * 8 + i])) * dc + mc;
         } else {
           uint32_t w;
           std::memcpy(&w, q + (c / 4) * 64 + t * 16 + (c % 4) * 4, 4);
