@@ -49,6 +49,14 @@ for shape in llama32-1b llama3-8b; do
     done
   done
 done
+# Where the 8B step goes at batch 16 and 64 (the cuBLAS path, 0.78x llama.cpp at 64): eager, an event
+# after every stage (SS_CUDA_PROFILE=1), beside the graph-replayed step.
+timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 1,16,64 --context 512 \
+  --steps 32 --reps 3 > "$RES/b64-graphs.txt" 2>&1
+stage "8B batch 16/64 graphs rc=$?"
+SS_CUDA_PROFILE=1 timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 16,64 \
+  --context 512 --steps 16 --reps 2 > "$RES/b64-profile.txt" 2>&1
+stage "8B batch 16/64 profile rc=$?"
 for round in 1 2; do
   for ds in 0 1; do
     SS_CUDA_DEVICE_SAMPLING=$ds timeout 240 $B/selfserve bench decode --model $M/llama32-1b-bf16.gguf --device cuda \
