@@ -9,7 +9,8 @@
 #   3. A/B timings, interleaved: prefill attention rows vs flash (`bench offline` pp512 and pp4096 on
 #      Llama-3.2-1B and Llama-3-8B bf16), host vs device sampling (`bench decode --temperature 1`),
 #      native K-quant GEMVs vs the bf16 conversion (Llama-3.2-1B Q4_K and Q6_K, --gpu-native-quant);
-#   4. a kernel profile of the 1B prefill (nsys, where present), experiment C (bench_serving.sh) and
+#   4. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling),
+#      a kernel profile of the 1B prefill (nsys, where present), experiment C (bench_serving.sh) and
 #      the KV tiers at 8B (bench_kv_tiers.sh, CONV=3).
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
 set -uo pipefail
@@ -74,6 +75,15 @@ for dt in q4_k q6_k; do  # native K-quants (--gpu-native-quant) against the same
     timeout 240 $B/selfserve bench offline --model $f --device cuda $native --threads 16 --prompt-tokens 512 \
       --gen-tokens 128 --reps 3 > "$RES/kq-offline-$dt${native:+-native}.txt" 2>&1
     stage "K-quant $dt offline ${native:-bf16} rc=$?"
+  done
+done
+# Host CUDA calls per decoded token (issue 17: zero launches and syncs per token in the device loop):
+# the CUPTI counts at exit of two runs that differ by 128 generated tokens, host vs persistent.
+for sch in host persistent; do
+  for gen in 128 256; do
+    SS_CUDA_API_COUNTS=1 timeout 200 $B/selfserve bench offline --model $M/llama32-1b-bf16.gguf --device cuda \
+      --threads 16 --prompt-tokens 64 --gen-tokens $gen --reps 1 --scheduling $sch > "$RES/api-$sch-$gen.txt" 2>&1
+    stage "api counts $sch gen $gen rc=$? $(grep 'cuda host calls' "$RES/api-$sch-$gen.txt" | tail -1)"
   done
 done
 if command -v nsys > /dev/null; then

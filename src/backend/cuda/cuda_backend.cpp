@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/api_counts.h"
 #include "backend/cuda/basic_ops.h"
 #include "backend/cuda/loop_runner.h"
 #include "backend/cuda/kernels/kernels.h"
@@ -88,6 +89,7 @@ bool simple_greedy(const SampleRow& r);
 class CudaBackend final : public Backend {
  public:
   static Expected<std::unique_ptr<CudaBackend>> create(const model::Model& m, const BackendOptions& o) {
+    cuda::start_api_counts();  // SS_CUDA_API_COUNTS=1: from before the first call of the backend
     std::unique_ptr<CudaBackend> be(new CudaBackend(m, o));
     SS_TRY(be->init());
     return be;
@@ -242,6 +244,7 @@ class CudaBackend final : public Backend {
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);  // staged KV copies may still be in flight
+  if (cuda::start_api_counts()) std::fprintf(stderr, "%s\n", cuda::format_api_counts(cuda::api_counts()).c_str());
   for (cudaEvent_t e : kv_stage_ev_)
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
