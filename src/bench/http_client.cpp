@@ -248,7 +248,10 @@ std::optional<TokenizeProbe> probe_tokenize(const ClientConfig& c, uint64_t seed
   else if (j.is_object() && j.contains("tokens") && j["tokens"].is_array())
     n = static_cast<double>(j["tokens"].size());
   const double ratio = n / kWordsN;
-  if (ratio < 0.5 || ratio > 4.0) return std::nullopt;  // not a tokenizer we understand
+  // Common English words of 2-7 letters: BPE gives ~1-1.5 tokens a word, a byte- or character-level
+  // tokenizer (the synth models' makes ~4.4) at most one a letter plus the space; below 0.5 or above
+  // 12 the answer is not a count of these words' tokens.
+  if (ratio < 0.5 || ratio > 12.0) return std::nullopt;
   TokenizeProbe probe{ratio, 0};
   if (j.contains("max_model_len") && j["max_model_len"].is_number_integer())
     probe.max_model_len = j["max_model_len"].get<int64_t>();

@@ -24,6 +24,7 @@ using namespace std::chrono_literals;
 
 struct FakeOptions {
   std::chrono::milliseconds first_token{40}, gap{15};
+  int tokenize_count = 500;  // what /tokenize answers for any prompt (the probe sends 400 words)
   bool chunked = true;       // else a close-delimited body
   bool usage = true;         // send the usage chunk
   bool split_events = false; // write each event in two pieces, 1 ms apart
@@ -100,7 +101,7 @@ class FakeServer {
       if (req.target() == "/v1/models") {
         co_await reply(200, R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})");
       } else if (req.target() == "/tokenize") {
-        co_await reply(200, R"({"count":500,"max_model_len":4096,"tokens":[]})");  // 400 words -> 1.25
+        co_await reply(200, R"({"count":)" + std::to_string(opt_.tokenize_count) + R"(,"max_model_len":4096,"tokens":[]})");
       } else if (!opt_.api_key.empty() && req[http::field::authorization] != "Bearer " + opt_.api_key) {
         co_await reply(401, R"({"error":{"message":"bad key","type":"invalid_request_error"}})");
       } else if (opt_.status != 200) {
@@ -303,7 +304,7 @@ TEST(FakeServer, ApiKeyModelsAndTokenize) {
   c.model = *m;
   auto p = probe_tokenize(c, 0);
   ASSERT_TRUE(p);
-  EXPECT_DOUBLE_EQ(p->tokens_per_word, 1.25);
+  EXPECT_DOUBLE_EQ(p->tokens_per_word, 1.25);  // 500 tokens for 400 words
   EXPECT_EQ(p->max_model_len, 4096);
   MixSampler s(fixed_output(2), 5);
   LevelReport r = run_level(c, {1, 0, 2, 30, 0}, s);
@@ -353,6 +354,25 @@ TEST(FakeServer, MultiTurnReusedAndRecomputedTurns) {
     EXPECT_EQ(returning.compare(0, history.size(), history), 0) << "the returning turn extends the history";
   }
   EXPECT_NE(b[0].at("cache_salt"), b[3].at("cache_salt"));  // conversations do not share a salt
+}
+
+// The probe keeps what a real tokenizer measures, also far from English BPE's ~1.3 tokens a word
+// (a byte-level or small-vocabulary tokenizer: the random-weights models' synth tokenizer makes ~4.4),
+// and refuses only answers that cannot be a count of these words' tokens.
+TEST(FakeServer, TokenizeProbeTakesAnyPlausibleRatio) {
+  for (auto [count, ok, ratio] : {std::tuple{1760, true, 4.4}, std::tuple{3200, true, 8.0}, std::tuple{0, false, 0.0},
+                                  std::tuple{40, false, 0.0}, std::tuple{40000, false, 0.0}}) {
+    FakeOptions o;
+    o.tokenize_count = count;
+    FakeServer srv(o);
+    auto c = client_for(srv.url());
+    c.model = "fake-model";
+    auto p = probe_tokenize(c, 0);
+    ASSERT_EQ(p.has_value(), ok) << count << " tokens";
+    if (ok) {
+      EXPECT_DOUBLE_EQ(p->tokens_per_word, ratio) << count << " tokens";
+    }
+  }
 }
 
 }  // namespace
