@@ -13,9 +13,9 @@ B=${BUILD:-build-gpu}
 [ -f "$B/env.sh" ] && source "$B/env.sh"
 DEVICE=${DEVICE:-cuda}
 CONV=${CONV:-6}
-# --history-tokens counts estimated tokens; synth's tokenizer makes ~4.3 real tokens of each, so 1000
-# gives the ~4,300-token history of docs/perf/memory.md (the report prints the real prompt length).
-HIST=${HIST:-1000}
+# --history-tokens: the history's length in tokens, as the server's /tokenize measures them (since
+# commit cb88784 bench serve keeps the synth tokenizer's ~4.4 tokens a word; before, 1000 gave ~4,300).
+HIST=${HIST:-4000}
 OUT=${OUT:-$PWD/out-gpu}
 MODELS=${MODELS:-/tmp/ssm}
 mkdir -p "$OUT" "$MODELS"
