@@ -149,8 +149,9 @@ struct BackendOptions {
   // <= 8 tokens read them directly, larger steps dequantize a matrix at a time for cuBLAS) instead of
   // converting every weight to bf16 at load.
   bool gpu_native_quant = false;
-  // CUDA: sample every row on the device (bans, logit bias, penalties, grammar bitmask, logprobs;
-  // the host sampler's draws exactly) instead of copying the logits of rows other than plain greedy
+  // CUDA: sample every row on the device (bans, logit bias, penalties, grammar bitmask, logprobs; the
+  // host sampler's weights bit for bit, its double sums in another order, so a draw can differ only
+  // within ~1e-16 of a boundary) instead of copying the logits of rows other than plain greedy
   // back and sampling them on the host. SS_CUDA_DEVICE_SAMPLING=1 turns it on as well.
   bool gpu_device_sampling = false;
 };

@@ -226,6 +226,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
 #pragma unroll
       for (int v = 0; v < Round<F, kU>::kVecs; ++v)
         if (c0 + v * per < c_end) w.a[v] = ld_stream(pa + 4 * (c0 / per + v)), w.b[v] = ld_stream(pb + 4 * (c0 / per + v));
+      if (c0 >= c_end) return;  // an empty K split (a short row over many warps): no scales to read
       if constexpr (F == WFormat::Q6_K) {  // a round is one super-block: its scales, then d
         w.da = ld_stream(da + c0 / 4), w.ma = ld_stream(da + c0 / 4 + 1);
         w.db = ld_stream(db + c0 / 4), w.mb = ld_stream(db + c0 / 4 + 1);

@@ -209,7 +209,7 @@ Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
 // one query head, streams the sequence's keys and values through shared memory 64 at a time
 // (cp.async, double-buffered) and runs Q K^T and P V as bf16 mma.sync with fp32 accumulation and an
 // online softmax in registers. q (fp32) and P are rounded to bf16 for the tensor cores; the row
-// kernel above keeps q in fp32, so the two differ by that rounding (about 2^-9 of a score's terms).
+// kernel above keeps q in fp32, so the two differ by that rounding (at most 2^-8 of a score's terms).
 // Head dims 64 and 128.
 constexpr int kPrefillTileRows = 64;
 struct PrefillTile {

@@ -121,6 +121,28 @@ __device__ double block_sum_d(double v, Smem& sm) {
   return sm.d;
 }
 
+// The host sampler's exp (backend/cpu/cpu_ops_impl.h exp_poly: the Cephes polynomial, the same
+// clamps, round-to-nearest-even and fused multiply-adds, operation for operation), so a weight
+// exp_poly(fma(logit, 1/T, -max/T)) has the host's bits and a draw differs from the host's only by
+// the order its double sums are taken in (~1e-16 relative), not by the exponential (~1e-7).
+__device__ __forceinline__ float exp_poly(float x) {
+  const bool tiny = x < -87.3365478515625f;
+  x = x > -87.3365478515625f ? x : -87.3365478515625f;
+  x = x < 88.0f ? x : 88.0f;
+  const float n = rintf(__fmul_rn(x, 1.44269504088896341f));
+  float r = fmaf(-n, 0.693359375f, x);
+  r = fmaf(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p, __fmul_rn(r, r), __fadd_rn(r, 1.0f));
+  const float scale = __int_as_float((static_cast<int>(n) + 127) << 23);
+  return tiny ? 0.0f : __fmul_rn(p, scale);
+}
+
 __device__ float block_max_f(float v, Smem& sm) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
@@ -197,11 +219,11 @@ __global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* log
   const bool truncate = p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
   if (!truncate) {
     // Inverse CDF in id order: each thread owns a contiguous run of ids; one scan over the runs'
-    // sums finds the run holding u * total, whose thread walks it.
-    // __fmul_rn: the product rounded before the subtraction, as mx was. Contracted into an fma the
-    // exact product minus the rounded max is off by up to an ulp of logit/T, which at T = 1e-30 is
-    // ~1e23: every weight became exp(-1e23) = 0 and the draw fell back to id 0.
-    auto w_id = [&](int i) { return expf(__fmul_rn(masked(logits, mask, words, row, V, i), inv_t) - mx); };
+    // sums finds the run holding u * total, whose thread walks it. Weights as the host computes them
+    // (one fma, exp_poly). At a temperature so small that logit / T is ~1e30, that fma leaves the
+    // product's rounding error (up to ~1e23) for the best token and clamps it to 0, 1 or e^88; when
+    // it is 0 no token has weight and the host falls back to the argmax: so does this.
+    auto w_id = [&](int i) { return exp_poly(fmaf(masked(logits, mask, words, row, V, i), inv_t, -mx)); };
     const int per = (V + kSampleThreads - 1) / kSampleThreads;
     const int b0 = min(V, threadIdx.x * per), b1 = min(V, b0 + per);
     double run = 0.0;
@@ -237,13 +259,19 @@ __global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* log
       atomicMax(&sm.found, last_w);
       __syncthreads();
     }
-    if (threadIdx.x == 0) ids[row] = sm.found < 0 ? 0 : sm.found;
+    if (sm.found < 0) {  // no token with weight: the host's argmax fallback
+      const int t = block_argmax(logits, mask, words, row, V, sm);
+      if (threadIdx.x == 0) ids[row] = t;
+      return;
+    }
+    if (threadIdx.x == 0) ids[row] = sm.found;
     return;
   }
   // Truncation over the sorted candidates (descending key, ascending id).
-  const float* key = skeys + static_cast<int64_t>(row) * V;
   const int32_t* sid = sids + static_cast<int64_t>(row) * V;
-  auto w_at = [&](int j) { return expf(key[j] - mx); };
+  // Candidate j's weight from its logit, as the host's (the sorted key is logit / T rounded; the
+  // host's weight is the fma of the logit, not of the key).
+  auto w_at = [&](int j) { return exp_poly(fmaf(masked(logits, mask, words, row, V, sid[j]), inv_t, -mx)); };
   const int k = p.top_k > 0 ? min(p.top_k, V) : V;
   double part = 0.0;
   for (int j = threadIdx.x; j < k; j += kSampleThreads) part += w_at(j);
