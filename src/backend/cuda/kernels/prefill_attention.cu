@@ -122,78 +122,81 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
     __syncthreads();
     const uint16_t* K = sK(buf);
     const uint16_t* V = sV(buf);
+    // A warp whose sixteen rows are all padding (a short tile) only helps load and waits.
+    if (warp * 16 < tl.n_rows) {
 
-    float s[kKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < kKeys / 16; ++jp) {
-        // Matrices: (keys 16jp..+7, chunk 2kk), (same keys, 2kk+1), (keys 16jp+8..+15, 2kk), (…, 2kk+1).
-        const int mi = lane >> 3;
-        const int key = jp * 16 + (mi >> 1) * 8 + (lane & 7);
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(K + swz<HD>(key, 2 * kk + (mi & 1)), b0, b1, b2, b3);
-        mma_bf16(s[2 * jp], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
-        mma_bf16(s[2 * jp + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
-      }
-    }
-
-    // Scores in the log2 domain; keys past a row's context masked.
-    const bool full = (kt + 1) * kKeys <= ctx_min;
-    float xA = -INFINITY, xB = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = kt * kKeys + j * 8 + tq * 2 + e;
-        float va = s[j][e] * sl2, vb = s[j][2 + e] * sl2;
-        if (!full) {
-          if (key >= ctxA) va = -INFINITY;
-          if (key >= ctxB) vb = -INFINITY;
+      float s[kKeys / 8][4];
+  #pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  #pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+  #pragma unroll
+        for (int jp = 0; jp < kKeys / 16; ++jp) {
+          // Matrices: (keys 16jp..+7, chunk 2kk), (same keys, 2kk+1), (keys 16jp+8..+15, 2kk), (…, 2kk+1).
+          const int mi = lane >> 3;
+          const int key = jp * 16 + (mi >> 1) * 8 + (lane & 7);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(K + swz<HD>(key, 2 * kk + (mi & 1)), b0, b1, b2, b3);
+          mma_bf16(s[2 * jp], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+          mma_bf16(s[2 * jp + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b2, b3);
         }
-        s[j][e] = va, s[j][2 + e] = vb;
-        xA = fmaxf(xA, va), xB = fmaxf(xB, vb);
       }
-    }
-    xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 1));
-    xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
-    xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
-    xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
-    const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
-    // A row that has seen no key yet keeps max -inf: exponents taken against 0 then give 0, not NaN.
-    const float uA = nA == -INFINITY ? 0.0f : nA, uB = nB == -INFINITY ? 0.0f : nB;
-    const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);
-    mA = nA, mB = nB;
-    lA *= cA, lB *= cB;
-#pragma unroll
-    for (int d = 0; d < DT; ++d) o[d][0] *= cA, o[d][1] *= cA, o[d][2] *= cB, o[d][3] *= cB;
 
-    // P = exp2(S - max), rounded to bf16 as the A operand of P V (two 8-key column tiles make one
-    // 16-key k-step); the sums take the rounded values, so the normalisation matches what was summed.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t pa[4];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float* c = s[2 * kk + half];
-        const __nv_bfloat162 top = __floats2bfloat162_rn(exp2f(c[0] - uA), exp2f(c[1] - uA));
-        const __nv_bfloat162 bot = __floats2bfloat162_rn(exp2f(c[2] - uB), exp2f(c[3] - uB));
-        lA += __low2float(top) + __high2float(top);
-        lB += __low2float(bot) + __high2float(bot);
-        pa[half * 2] = *reinterpret_cast<const uint32_t*>(&top);
-        pa[half * 2 + 1] = *reinterpret_cast<const uint32_t*>(&bot);
+      // Scores in the log2 domain; keys past a row's context masked.
+      const bool full = (kt + 1) * kKeys <= ctx_min;
+      float xA = -INFINITY, xB = -INFINITY;
+  #pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+  #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = kt * kKeys + j * 8 + tq * 2 + e;
+          float va = s[j][e] * sl2, vb = s[j][2 + e] * sl2;
+          if (!full) {
+            if (key >= ctxA) va = -INFINITY;
+            if (key >= ctxB) vb = -INFINITY;
+          }
+          s[j][e] = va, s[j][2 + e] = vb;
+          xA = fmaxf(xA, va), xB = fmaxf(xB, vb);
+        }
       }
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        // Matrices (transposed): (keys 16kk..+7, chunk 2dp), (keys 16kk+8..+15, 2dp), (…+0..7, 2dp+1), (…+8..15, 2dp+1).
-        const int mi = lane >> 3;
-        const int key = kk * 16 + (mi & 1) * 8 + (lane & 7);
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(V + swz<HD>(key, 2 * dp + (mi >> 1)), b0, b1, b2, b3);
-        mma_bf16(o[2 * dp], pa[0], pa[1], pa[2], pa[3], b0, b1);
-        mma_bf16(o[2 * dp + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
+      xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 1));
+      xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
+      xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
+      xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
+      const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+      // A row that has seen no key yet keeps max -inf: exponents taken against 0 then give 0, not NaN.
+      const float uA = nA == -INFINITY ? 0.0f : nA, uB = nB == -INFINITY ? 0.0f : nB;
+      const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);
+      mA = nA, mB = nB;
+      lA *= cA, lB *= cB;
+  #pragma unroll
+      for (int d = 0; d < DT; ++d) o[d][0] *= cA, o[d][1] *= cA, o[d][2] *= cB, o[d][3] *= cB;
+
+      // P = exp2(S - max), rounded to bf16 as the A operand of P V (two 8-key column tiles make one
+      // 16-key k-step); the sums take the rounded values, so the normalisation matches what was summed.
+  #pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t pa[4];
+  #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float* c = s[2 * kk + half];
+          const __nv_bfloat162 top = __floats2bfloat162_rn(exp2f(c[0] - uA), exp2f(c[1] - uA));
+          const __nv_bfloat162 bot = __floats2bfloat162_rn(exp2f(c[2] - uB), exp2f(c[3] - uB));
+          lA += __low2float(top) + __high2float(top);
+          lB += __low2float(bot) + __high2float(bot);
+          pa[half * 2] = *reinterpret_cast<const uint32_t*>(&top);
+          pa[half * 2 + 1] = *reinterpret_cast<const uint32_t*>(&bot);
+        }
+  #pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          // Matrices (transposed): (keys 16kk..+7, chunk 2dp), (keys 16kk+8..+15, 2dp), (…+0..7, 2dp+1), (…+8..15, 2dp+1).
+          const int mi = lane >> 3;
+          const int key = kk * 16 + (mi & 1) * 8 + (lane & 7);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(V + swz<HD>(key, 2 * dp + (mi >> 1)), b0, b1, b2, b3);
+          mma_bf16(o[2 * dp], pa[0], pa[1], pa[2], pa[3], b0, b1);
+          mma_bf16(o[2 * dp + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
+        }
       }
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
