@@ -30,7 +30,7 @@ struct InspectArgs {
 void run_inspect_memory(const InspectArgs& a) {
   auto m = open_model(a.path, {}, true);
   if (!m.ok()) return fail(m.message());
-  auto plan = plan_memory((*m)->config, a.mem, true);
+  auto plan = plan_memory((*m)->config, a.mem, true, (*m)->file_bytes);
   if (!plan.ok()) return fail(plan.message());
   std::string device;
   auto be = make_backend(**m, plan->backend, a.mem.device, &device);
