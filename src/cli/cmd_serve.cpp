@@ -281,7 +281,7 @@ void run_serve(const ServeArgs& a) {
                                       ")");
     telemetry::log_info("server", memory_mode_line(*plan));
     telemetry::log_info("server", "scheduling: " + engine->executor_name());
-    std::string fb_line = "CPU fallback at memory pressure level 3: " + fbp.decision.why;
+    std::string fb_line = "CPU fallback for pressure level 3: " + fbp.decision.why;
     if (fallback) {
       const backend::KvCacheConfig fkv = fallback_backend->kv_config();
       std::snprintf(msg, sizeof msg, "; %s, %d KV blocks of %d tokens (%s), max_num_seqs %d, max_model_len %d",

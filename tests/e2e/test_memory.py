@@ -174,19 +174,25 @@ TINY_POOL = ["--num-kv-blocks", "40", "--max-num-seqs", "16", "--max-num-batched
              "--max-prefill-tokens-with-decodes", "0", "--memory-mode", "balanced"]
 
 
-def _staggered(s, prompts, gap_s, max_tokens=24):
-    """Every prompt on its own thread, the i-th sent i * gap_s after the first: a sustained stream of
-    arrivals (a burst that lands before the first step would find the primary at level 0)."""
-    def one(i):
-        time.sleep(i * gap_s)
-        return greedy_completion(s, prompts[i], max_tokens)
+def _burst_then_more(s, prompts, max_tokens=24):
+    """All prompts concurrent: the first half at once, the second half once the primary reports level 3
+    (a burst that lands before the primary's first steps finds it at level 0, and goes to it whole)."""
+    half = len(prompts) // 2
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
-        return list(ex.map(one, range(len(prompts))))
+        first = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[:half]]
+        deadline = time.time() + 120
+        while s.metric("selfserve_memory_pressure_level") < 3:
+            assert time.time() < deadline, "the primary never reached level 3"
+            assert not all(f.done() for f in first), "the first half finished without filling the pool"
+            time.sleep(0.02)
+        rest = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[half:]]
+        return [f.result() for f in first + rest]
 
 
 def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_path):
-    """A CPU primary with a 40-block pool and --cpu-fallback on: 24 concurrent greedy requests push
-    the primary to level 3, new arrivals then go to the CPU fallback engine, every request completes
+    """A CPU primary with a 40-block pool and --cpu-fallback on: 24 concurrent greedy requests (12,
+    then 12 more once the first have pushed the primary to level 3) -- new arrivals at level 3 go to
+    the CPU fallback engine, every request completes
     with the text a roomy server gives it (the reference; its fallback, configured too, is never used
     because its primary never reaches level 3), nothing is refused, and level 3 is no longer counted
     as having nothing below."""
@@ -199,13 +205,13 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
         assert m['selfserve_memory_pressure_steps_total{level="3"}'] == 0
         assert m["selfserve_cpu_fallback_requests_total"] == 0  # configured, never needed
         assert m["selfserve_cpu_fallback_generation_tokens_total"] <= 2  # the warm-up's only
-        assert "CPU fallback at memory pressure level 3: on (--cpu-fallback on)" in ref.log_text()
+        assert "CPU fallback for pressure level 3: on (--cpu-fallback on)" in ref.log_text()
     finally:
         assert ref.stop() == 0, ref.log_text()
     s = Server(tmp_path, "fallback", "--model", default_model, "--api-key", API_KEY, *TINY_POOL,
                "--cpu-fallback", "on", "--cpu-fallback-threads", "1")
     try:
-        got = _staggered(s, prompts, 0.1)
+        got = _burst_then_more(s, prompts)
         assert got == expect
         m = s.metrics()
         steps = {lvl: m[f'selfserve_memory_pressure_steps_total{{level="{lvl}"}}'] for lvl in range(4)}
