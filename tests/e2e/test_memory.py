@@ -233,7 +233,7 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
 
 
 def test_cpu_fallback_auto_is_off_below_a_cpu_primary(default_model, tmp_path):
-    s = Server(tmp_path, "auto", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "40")
+    s = Server(tmp_path, "auto", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "40", "--device", "cpu")
     try:
         info = [k for k in s.metrics() if k.startswith("selfserve_memory_mode_info{")]
         assert 'cpu_fallback="off"' in info[0] and 'cpu_fallback_flag="auto"' in info[0], info

@@ -23,16 +23,22 @@ constexpr int kVocab = 97;
 TEST(EngineRouter, FallbackOnlyWhileThePrimaryIsAtLevelThreeAndTheFallbackHasRoom) {
   for (bool has : {false, true})
     for (int p = 0; p <= 3; ++p)
-      for (int f = 0; f <= 3; ++f) {
-        RouteSignals s;
-        s.has_fallback = has;
-        s.primary_level = p;
-        s.fallback_level = f;
-        // Levels 0-2 slow work down on the primary; only "no room" (3) sends work below, and only
-        // to a fallback that is not itself out of room.
-        const Route want = has && p == 3 && f != 3 ? Route::Fallback : Route::Primary;
-        EXPECT_EQ(choose_route(s), want) << "fallback " << has << ", primary level " << p << ", fallback level " << f;
-      }
+      for (int f = 0; f <= 3; ++f)
+        for (int live = 0; live <= 5; ++live)
+          for (int seats : {0, 4}) {
+            RouteSignals s;
+            s.has_fallback = has;
+            s.primary_level = p;
+            s.fallback_level = f;
+            s.fallback_live = live;
+            s.fallback_seats = seats;
+            // Levels 0-2 slow work down on the primary; only "no room" (3) sends work below, and only
+            // to a fallback with KV room and a free seat (0 seats: no bound).
+            const bool seat_free = seats == 0 || live < seats;
+            const Route want = has && p == 3 && f != 3 && seat_free ? Route::Fallback : Route::Primary;
+            EXPECT_EQ(choose_route(s), want) << "fallback " << has << ", primary level " << p << ", fallback level "
+                                             << f << ", live " << live << " of " << seats << " seats";
+          }
 }
 
 TEST(EngineRouter, CpuFallbackFlag) {
@@ -112,6 +118,7 @@ TEST(EngineRouter, LevelThreeSendsNewWorkToTheFallbackAndItComesBackWhenTheLevel
     Spec spec;
     EngineRouter::Placed placed;
     int primary_level_at_arrival = 0;
+    int fallback_live_at_arrival = 0;
     std::shared_ptr<Outcome> out = std::make_shared<Outcome>();
   };
   std::vector<Sent> sent;
@@ -119,6 +126,7 @@ TEST(EngineRouter, LevelThreeSendsNewWorkToTheFallbackAndItComesBackWhenTheLevel
     Sent x;
     x.spec = s;
     x.primary_level_at_arrival = primary->stats().pressure_level;
+    x.fallback_live_at_arrival = router.fallback_live();
     Request r = make_request(s, nullptr);
     auto out = x.out;
     r.on_event = [out](const TokenEvent& e) {
@@ -162,7 +170,8 @@ TEST(EngineRouter, LevelThreeSendsNewWorkToTheFallbackAndItComesBackWhenTheLevel
     if (fb) {
       ++to_fallback;
       EXPECT_EQ(x.primary_level_at_arrival, 3) << "only a full primary sends work below";
-    } else if (x.spec.prompt.size() + x.spec.max_tokens <= 40) {
+      EXPECT_LT(x.fallback_live_at_arrival, fsc.max_num_seqs) << "the fallback had no free seat";
+    } else if (x.spec.prompt.size() + x.spec.max_tokens <= 40 && x.fallback_live_at_arrival < fsc.max_num_seqs) {
       EXPECT_LT(x.primary_level_at_arrival, 3) << "a primary at level 3 kept work the fallback had room for";
     }
     EXPECT_EQ(x.out->finish, FinishReason::Length);
@@ -171,6 +180,7 @@ TEST(EngineRouter, LevelThreeSendsNewWorkToTheFallbackAndItComesBackWhenTheLevel
   EXPECT_GT(to_fallback, 0);
   EXPECT_LT(to_fallback, static_cast<int>(sent.size())) << "the primary took work too";
   EXPECT_EQ(router.fallback_requests(), to_fallback);
+  EXPECT_EQ(router.fallback_live(), 0) << "every finishing event gave its seat back";
   const EngineStats ps = primary->stats();
   EXPECT_GT(ps.pressure_steps[3], 0);
   EXPECT_EQ(ps.pressure_no_lower_tier, 0) << "a fallback exists: level 3 has something below";
@@ -181,4 +191,59 @@ TEST(EngineRouter, LevelThreeSendsNewWorkToTheFallbackAndItComesBackWhenTheLevel
   EXPECT_EQ(p->route, Route::Primary);
   EXPECT_EQ(router.fallback_requests(), to_fallback);
   run_all(*primary);
+}
+
+// The fallback's seats are counted at routing, not from its stats (which change only when it
+// steps): a burst at level 3 fills them and no more; the rest waits on the primary. A finished
+// request gives its seat back, and so does one the fallback refuses.
+TEST(EngineRouter, ABurstTakesOnlyTheFallbacksFreeSeats) {
+  std::mt19937 g(5);
+  FakeBackend pbe(8, 4, kVocab), fbe(256, 4, kVocab);
+  SchedulerConfig psc;
+  psc.max_num_seqs = 4;
+  psc.max_num_batched_tokens = 32;
+  psc.pressure.enabled = true;
+  psc.pressure.has_lower_backend = true;
+  psc.pressure.host_memory = [](int64_t* a, int64_t* t) {
+    *a = 90;
+    *t = 100;
+    return true;
+  };
+  SchedulerConfig fsc = psc;
+  fsc.max_num_seqs = 3;
+  fsc.max_model_len = 30;
+  auto primary = make_engine(pbe, psc, kVocab);
+  auto fallback = make_engine(fbe, fsc, kVocab);
+  ASSERT_TRUE(primary && fallback);
+  EngineRouter router(*primary, fallback.get(), fsc.max_num_seqs);
+  Collector pc, fc;
+  // Fill the primary's 8 blocks (32 tokens) and step until its level shows 3.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(router.add_request(make_request(spec(random_tokens(g, 14, kVocab), 6), &pc)).ok());
+  for (int i = 0; i < 50 && primary->stats().pressure_level < 3; ++i) ASSERT_TRUE(primary->step().ok());
+  ASSERT_EQ(primary->stats().pressure_level, 3);
+  EXPECT_EQ(router.fallback_live(), 0);
+  // Longer than the fallback's max_model_len: refused there, taken by the primary, seat given back.
+  auto long_one = router.add_request(make_request(spec(random_tokens(g, 28, kVocab), 4), &pc));
+  ASSERT_TRUE(long_one.ok());
+  EXPECT_EQ(long_one->route, Route::Primary);
+  EXPECT_EQ(router.fallback_live(), 0);
+  std::vector<Route> routes;
+  for (int i = 0; i < 6; ++i) {
+    Collector* c = router.route() == Route::Fallback ? &fc : &pc;
+    auto p = router.add_request(make_request(spec(random_tokens(g, 5, kVocab), 4), c));
+    ASSERT_TRUE(p.ok());
+    routes.push_back(p->route);
+  }
+  const std::vector<Route> want = {Route::Fallback, Route::Fallback, Route::Fallback,
+                                   Route::Primary,  Route::Primary,  Route::Primary};
+  EXPECT_EQ(routes, want);
+  EXPECT_EQ(router.fallback_live(), 3);
+  run_all(*fallback);  // its three finish: the seats come back while the primary is still full
+  EXPECT_EQ(router.fallback_live(), 0);
+  EXPECT_EQ(primary->stats().pressure_level, 3);
+  EXPECT_EQ(router.route(), Route::Fallback);
+  run_all(*primary);
+  EXPECT_EQ(router.fallback_requests(), 3);
+  for (const auto& [id, o] : fc.out) EXPECT_EQ(o.finish, FinishReason::Length) << id;
+  for (const auto& [id, o] : pc.out) EXPECT_EQ(o.finish, FinishReason::Length) << id;
 }
