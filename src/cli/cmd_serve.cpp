@@ -168,6 +168,54 @@ void run_serve(const ServeArgs& a) {
     }
     ec.tiers.model_hash = *h;
   }
+  // Level 3's CPU engine (--cpu-fallback): the same model and tokenizer on the CPU backend, its own
+  // threads, KV pool and seats, no tiers; the router sends it new requests while the primary's pool
+  // has no room. Built before the primary's engine, whose level 3 counts as having something below
+  // only if it exists. Under auto a failure to build it is a warning (the server runs without it);
+  // under on it is an error.
+  std::unique_ptr<backend::Backend> fallback_backend;
+  std::unique_ptr<engine::Engine> fallback;
+  MemoryPlan::CpuFallback& fbp = plan->cpu_fallback;
+  int fallback_max_len = 0;
+  if (fbp.decision.enabled) {
+    auto build = [&]() -> Status {
+      SS_ASSIGN(auto fbe, backend::make_cpu_backend(*model, fbp.backend));
+      fallback_backend = std::move(fbe);
+      const backend::KvCacheConfig fkv = fallback_backend->kv_config();
+      fallback_max_len = std::min(max_len, fkv.num_blocks * fkv.block_size);  // longer requests stay on the primary
+      engine::EngineConfig fc;
+      fc.scheduler = ec.scheduler;
+      fc.scheduler.max_num_seqs = fbp.max_num_seqs;
+      fc.scheduler.max_num_batched_tokens = std::max(a.mem.max_num_batched_tokens, fbp.max_num_seqs);
+      fc.scheduler.max_model_len = fallback_max_len;
+      fc.scheduler.pressure.has_lower_backend = false;  // nothing below the CPU
+      SS_ASSIGN(auto fe, engine::Engine::create(*fallback_backend, fc));
+      fallback = std::move(fe);
+      return fallback->start();
+    };
+    if (auto st = build(); !st.ok()) {
+      fallback.reset();
+      fallback_backend.reset();
+      if (fbp.mode == engine::CpuFallbackMode::On) {
+        join.failed = true;
+        return fail("--cpu-fallback on: the CPU engine could not start: " + st.message());
+      }
+      telemetry::log_warn("server", "--cpu-fallback auto: the CPU engine could not start (" + st.message() +
+                                        "); serving without it");
+      fbp.decision = {false, "off (auto: the CPU engine could not start: " + st.message() + ")"};
+      plan->pressure.has_lower_backend = false;
+      server->set_memory_mode_info(memory_mode_labels(*plan));
+    }
+  }
+  // The fallback is stopped after the primary (declared before it).
+  struct StopFallback {
+    std::unique_ptr<engine::Engine>& e;
+    ~StopFallback() {
+      if (e) e->stop();
+      e.reset();
+    }
+  } stop_fallback{fallback};
+  ec.scheduler.pressure.has_lower_backend = fallback != nullptr;
   auto en = engine::Engine::create(*backend, ec);
   if (!en.ok()) {
     join.failed = true;
@@ -187,42 +235,6 @@ void run_serve(const ServeArgs& a) {
     return fail(st.message());
   }
 
-  // Level 3's CPU engine (--cpu-fallback): the same model and tokenizer on the CPU backend, its own
-  // threads, KV pool and seats, no tiers; the router sends it new requests while the primary's pool
-  // has no room. Declared after the primary, so it stops first.
-  std::unique_ptr<backend::Backend> fallback_backend;
-  std::unique_ptr<engine::Engine> fallback;
-  const MemoryPlan::CpuFallback& fbp = plan->cpu_fallback;
-  int fallback_max_len = 0;
-  if (fbp.decision.enabled) {
-    auto fbe = backend::make_cpu_backend(*model, fbp.backend);
-    if (!fbe.ok()) {
-      join.failed = true;
-      return fail("--cpu-fallback: " + fbe.message());
-    }
-    fallback_backend = std::move(fbe).value();
-    const backend::KvCacheConfig fkv = fallback_backend->kv_config();
-    fallback_max_len = std::min(max_len, fkv.num_blocks * fkv.block_size);  // longer requests stay on the primary
-    engine::EngineConfig fc;
-    fc.scheduler = ec.scheduler;
-    fc.scheduler.max_num_seqs = fbp.max_num_seqs;
-    fc.scheduler.max_num_batched_tokens = std::max(a.mem.max_num_batched_tokens, fbp.max_num_seqs);
-    fc.scheduler.max_model_len = fallback_max_len;
-    fc.scheduler.pressure.has_lower_backend = false;  // nothing below the CPU
-    auto fe = engine::Engine::create(*fallback_backend, fc);
-    if (!fe.ok()) {
-      join.failed = true;
-      return fail("--cpu-fallback: " + fe.message());
-    }
-    fallback = std::move(fe).value();
-  }
-  StopEngine stop_fallback{fallback};
-  if (fallback) {
-    if (auto st = fallback->start(); !st.ok()) {
-      join.failed = true;
-      return fail("--cpu-fallback: " + st.message());
-    }
-  }
   engine::EngineRouter router(*engine, fallback.get(), fbp.max_num_seqs);
 
   // Warm-up: one tiny request through the whole path (allocates the backend's scratch), on each engine.

@@ -142,8 +142,15 @@ Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs&
   fo.max_batch_tokens = a.max_num_batched_tokens;
   const int64_t fb_block_bytes = backend::cpu_kv_block_bytes(fo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
   const double fb_mib = a.cpu_fallback_kv_mib > 0 ? a.cpu_fallback_kv_mib : kDefaultFallbackKvMib;
-  fo.kv.num_blocks = static_cast<int>(
-      std::max<int64_t>(1, static_cast<int64_t>(fb_mib * 1048576.0) / std::max<int64_t>(1, fb_block_bytes)));
+  const int64_t fb_blocks =
+      std::max<int64_t>(1, static_cast<int64_t>(std::min(fb_mib, 1e12) * 1048576.0) / std::max<int64_t>(1, fb_block_bytes));
+  if (fb_blocks > (int64_t{1} << 24)) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%g", fb_mib);
+    return make_error(std::string("--cpu-fallback-kv-mib ") + mib + " is " + std::to_string(fb_blocks) +
+                      " KV blocks; at most 16777216");
+  }
+  fo.kv.num_blocks = static_cast<int>(fb_blocks);
   fb.need_bytes = static_cast<int64_t>(weight_bytes) + int64_t{fo.kv.num_blocks} * fb_block_bytes;
   int64_t avail = -1, total = 0;
   if (!engine::read_host_memory(&avail, &total)) avail = -1;

@@ -248,6 +248,7 @@ def test_cpu_fallback_auto_is_off_below_a_cpu_primary(default_model, tmp_path):
     (["--cpu-fallback-threads", "0"], b"--cpu-fallback-threads"),
     (["--cpu-fallback-kv-mib", "-5"], b"--cpu-fallback-kv-mib"),
     (["--cpu-fallback-max-num-seqs", "0"], b"--cpu-fallback-max-num-seqs"),
+    (["--cpu-fallback-kv-mib", "1e9"], b"--cpu-fallback-kv-mib"),
 ])
 def test_cpu_fallback_flags_reject_bad_values(selfserve, default_model, flags, says):
     for cmd in (["serve", "--port", "0", "--model", default_model], ["inspect", "--memory", default_model]):
