@@ -232,7 +232,13 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
         assert s.stop() == 0, s.log_text()
 
 
-def test_cpu_fallback_auto_is_off_below_a_cpu_primary(default_model, tmp_path):
+def test_cpu_fallback_auto_is_off_below_a_cpu_primary(selfserve, default_model, tmp_path):
+    for flag, enabled in (("auto", False), ("on", True), ("off", False)):
+        r = selfserve("inspect", "--memory", "--json", default_model, "--device", "cpu", "--cpu-fallback", flag)
+        fb = json.loads(r.stdout)["cpu_fallback"]
+        assert fb["enabled"] is enabled, (flag, fb)
+        if enabled:  # the model file (mapped) and a 256 MiB pool at most one block short
+            assert fb["host_bytes"] > os.path.getsize(default_model) + (255 << 20), fb
     s = Server(tmp_path, "auto", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "40", "--device", "cpu")
     try:
         info = [k for k in s.metrics() if k.startswith("selfserve_memory_mode_info{")]
