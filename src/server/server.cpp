@@ -372,8 +372,20 @@ struct Server::Impl {
   };
 
   // Watchdog (io thread).
-  int64_t last_steps = -1;
-  Clock::time_point last_progress = Clock::now();
+  // Per engine (the primary, then the CPU fallback): one that has work and no new step for
+  // watchdog_s makes /health 503, whatever the other does.
+  struct Progress {
+    int64_t last_steps = -1;
+    Clock::time_point last_progress = Clock::now();
+    bool stalled(const engine::Engine& e, Clock::time_point now, double limit_s) {
+      const int64_t steps = e.stats().steps;
+      const bool busy = e.has_work();
+      if (steps != last_steps || !busy) last_progress = now;
+      last_steps = steps;
+      return busy && seconds(now - last_progress) > limit_s;
+    }
+  };
+  std::array<Progress, 2> progress;
   bool stalled = false;
   bool logged_no_lower_tier = false;
   bool logged_fallback = false;
@@ -663,8 +675,6 @@ awaitable<void> Server::Impl::tick_loop() {
     const auto now = Clock::now();
     const engine::EngineStats s = engine->stats();
     engine::Engine* fb = router->fallback();
-    const bool busy = engine->has_work() || (fb && fb->has_work());
-    const int64_t steps = s.steps + (fb ? fb->stats().steps : 0);
     if (router->fallback_requests() > 0 && !logged_fallback) {
       logged_fallback = true;
       telemetry::log_warn("engine", "memory pressure level 3: the KV pool has no room; new requests go to the CPU "
@@ -676,9 +686,9 @@ awaitable<void> Server::Impl::tick_loop() {
                                         engine->executor_name() +
                                         " has nothing below it to serve new work; new requests wait for running ones");
     }
-    if (steps != last_steps || !busy) last_progress = now;
-    last_steps = steps;
-    stalled = busy && seconds(now - last_progress) > opts.watchdog_s;
+    const bool primary_stalled = progress[0].stalled(*engine, now, opts.watchdog_s);
+    const bool fallback_stalled = fb && progress[1].stalled(*fb, now, opts.watchdog_s);
+    stalled = primary_stalled || fallback_stalled;
     m.healthy->Set(!stalled && !draining.load() ? 1 : 0);
   }
 }
