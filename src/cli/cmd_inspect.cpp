@@ -30,7 +30,7 @@ struct InspectArgs {
 void run_inspect_memory(const InspectArgs& a) {
   auto m = open_model(a.path, {}, true);
   if (!m.ok()) return fail(m.message());
-  auto plan = plan_memory((*m)->config, a.mem, true);
+  auto plan = plan_memory((*m)->config, a.mem, true, (*m)->file_bytes);
   if (!plan.ok()) return fail(plan.message());
   std::string device;
   auto be = make_backend(**m, plan->backend, a.mem.device, &device);
@@ -60,6 +60,13 @@ void run_inspect_memory(const InspectArgs& a) {
                         {"kv_disk_tier_bytes", t.disk_bytes},
                         {"kv_cache_ttl_ms", t.ttl_ms},
                         {"memory_mode", memory_mode_labels(*plan)}};
+    const auto& fb = plan->cpu_fallback;
+    j["cpu_fallback"] = {{"enabled", fb.decision.enabled},
+                         {"why", fb.decision.why},
+                         {"threads", fb.backend.threads},
+                         {"kv_blocks", fb.backend.kv.num_blocks},
+                         {"max_num_seqs", fb.max_num_seqs},
+                         {"host_bytes", fb.need_bytes}};  // weights (the model file, mapped) + KV pool
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -82,6 +89,12 @@ void run_inspect_memory(const InspectArgs& a) {
               t.disk_dir.empty() ? "off" : (t.disk_dir + " (" + std::to_string(t.disk_bytes) + " bytes)").c_str(),
               static_cast<long long>(t.ttl_ms));
   std::printf("%s\n", memory_mode_line(*plan).c_str());
+  if (plan->cpu_fallback.decision.enabled) {
+    const auto& fb = plan->cpu_fallback;
+    std::printf("CPU fallback engine (level 3): %d threads, %d KV blocks, max_num_seqs %d; ~%.1f MiB of host memory "
+                "(the model file mapped + its KV pool)\n",
+                fb.backend.threads, fb.backend.kv.num_blocks, fb.max_num_seqs, mib(fb.need_bytes));
+  }
 }
 
 void run_inspect(const InspectArgs& a) {

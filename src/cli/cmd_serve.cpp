@@ -130,7 +130,7 @@ void run_serve(const ServeArgs& a) {
   const model::ModelConfig& mc = model->config;
   const int ctx = mc.max_context > 0 ? mc.max_context : 4096;
 
-  auto plan = plan_memory(mc, a.mem, a.quiet);
+  auto plan = plan_memory(mc, a.mem, a.quiet, model->file_bytes);
   if (!plan.ok()) {
     join.failed = true;
     return fail(plan.message());
@@ -168,6 +168,54 @@ void run_serve(const ServeArgs& a) {
     }
     ec.tiers.model_hash = *h;
   }
+  // Level 3's CPU engine (--cpu-fallback): the same model and tokenizer on the CPU backend, its own
+  // threads, KV pool and seats, no tiers; the router sends it new requests while the primary's pool
+  // has no room. Built before the primary's engine, whose level 3 counts as having something below
+  // only if it exists. Under auto a failure to build it is a warning (the server runs without it);
+  // under on it is an error.
+  std::unique_ptr<backend::Backend> fallback_backend;
+  std::unique_ptr<engine::Engine> fallback;
+  MemoryPlan::CpuFallback& fbp = plan->cpu_fallback;
+  int fallback_max_len = 0;
+  if (fbp.decision.enabled) {
+    auto build = [&]() -> Status {
+      SS_ASSIGN(auto fbe, backend::make_cpu_backend(*model, fbp.backend));
+      fallback_backend = std::move(fbe);
+      const backend::KvCacheConfig fkv = fallback_backend->kv_config();
+      fallback_max_len = std::min(max_len, fkv.num_blocks * fkv.block_size);  // longer requests stay on the primary
+      engine::EngineConfig fc;
+      fc.scheduler = ec.scheduler;
+      fc.scheduler.max_num_seqs = fbp.max_num_seqs;
+      fc.scheduler.max_num_batched_tokens = std::max(a.mem.max_num_batched_tokens, fbp.max_num_seqs);
+      fc.scheduler.max_model_len = fallback_max_len;
+      fc.scheduler.pressure.has_lower_backend = false;  // nothing below the CPU
+      SS_ASSIGN(auto fe, engine::Engine::create(*fallback_backend, fc));
+      fallback = std::move(fe);
+      return fallback->start();
+    };
+    if (auto st = build(); !st.ok()) {
+      fallback.reset();
+      fallback_backend.reset();
+      if (fbp.mode == engine::CpuFallbackMode::On) {
+        join.failed = true;
+        return fail("--cpu-fallback on: the CPU engine could not start: " + st.message());
+      }
+      telemetry::log_warn("server", "--cpu-fallback auto: the CPU engine could not start (" + st.message() +
+                                        "); serving without it");
+      fbp.decision = {false, "off (auto: the CPU engine could not start: " + st.message() + ")"};
+      plan->pressure.has_lower_backend = false;
+      server->set_memory_mode_info(memory_mode_labels(*plan));
+    }
+  }
+  // The fallback is stopped after the primary (declared before it).
+  struct StopFallback {
+    std::unique_ptr<engine::Engine>& e;
+    ~StopFallback() {
+      if (e) e->stop();
+      e.reset();
+    }
+  } stop_fallback{fallback};
+  ec.scheduler.pressure.has_lower_backend = fallback != nullptr;
   auto en = engine::Engine::create(*backend, ec);
   if (!en.ok()) {
     join.failed = true;
@@ -187,15 +235,18 @@ void run_serve(const ServeArgs& a) {
     return fail(st.message());
   }
 
-  // Warm-up: one tiny request through the whole path (allocates the backend's scratch).
-  {
+  engine::EngineRouter router(*engine, fallback.get(), fbp.max_num_seqs);
+
+  // Warm-up: one tiny request through the whole path (allocates the backend's scratch), on each engine.
+  for (engine::Engine* warm : {engine.get(), fallback.get()}) {
+    if (!warm) continue;
     auto q = std::make_shared<engine::EventQueue>();
     engine::Request r;
     r.prompt = {model->tokenizer->bos_id() >= 0 ? model->tokenizer->bos_id() : 0};
     r.max_tokens = 2;
     r.sampling.temperature = 0;
     r.on_event = engine::EventQueue::sink(q);
-    auto id = engine->add_request(std::move(r));
+    auto id = warm->add_request(std::move(r));
     if (!id.ok()) {
       join.failed = true;
       return fail("warm-up: " + id.message());
@@ -229,7 +280,7 @@ void run_serve(const ServeArgs& a) {
   mi.grammar_cache = std::make_shared<structured::GrammarCache>();
   mi.chat_template = !model->chat_template.empty() ? model->chat_template : model->tokenizer->chat_template();
   mi.created = static_cast<int64_t>(std::time(nullptr));
-  server->set_ready(*engine, mi);
+  server->set_ready(router, mi);
   {
     char msg[512];
     std::snprintf(msg, sizeof msg,
@@ -242,6 +293,15 @@ void run_serve(const ServeArgs& a) {
                                       ")");
     telemetry::log_info("server", memory_mode_line(*plan));
     telemetry::log_info("server", "scheduling: " + engine->executor_name());
+    std::string fb_line = "CPU fallback for pressure level 3: " + fbp.decision.why;
+    if (fallback) {
+      const backend::KvCacheConfig fkv = fallback_backend->kv_config();
+      std::snprintf(msg, sizeof msg, "; %s, %d KV blocks of %d tokens (%s), max_num_seqs %d, max_model_len %d",
+                    fallback_backend->name().c_str(), fkv.num_blocks, fkv.block_size,
+                    backend::kv_dtype_name(fkv.dtype), fbp.max_num_seqs, fallback_max_len);
+      fb_line += msg;
+    }
+    telemetry::log_info("server", fb_line);
     if (ec.tiers.enabled()) {
       std::snprintf(msg, sizeof msg, "KV tiers: host %lld bytes%s, disk %s (%lld bytes), idle TTL %lld ms",
                     static_cast<long long>(ec.tiers.host_bytes), ec.tiers.host_compress ? " (zstd)" : "",

@@ -12,6 +12,10 @@ namespace ss::cli {
 
 namespace {
 constexpr double kDefaultKvMib = 512;
+// The CPU fallback's pool: modest, it serves the overflow of a full GPU pool, not a second server
+// (256 MiB holds ~11,000 tokens of the default model at f16).
+constexpr double kDefaultFallbackKvMib = 256;
+constexpr int kDefaultFallbackSeats = 8;
 
 std::string join3(const double* v, int n) {
   std::string s;
@@ -55,10 +59,24 @@ void add_memory_options(CLI::App* c, MemoryArgs* a) {
                 "Disk tier for KV blocks (kept across restarts; bound to the model file, KV dtype and block size)");
   c->add_option("--kv-disk-bytes", a->kv_disk_bytes, "The disk tier's bound in bytes (default: --memory-mode's)")
       ->check(CLI::NonNegativeNumber);
+  c->add_option("--cpu-fallback", a->cpu_fallback,
+                "Memory pressure level 3 (the KV pool has no room): serve new requests on a second engine on the CPU "
+                "backend (same model) until the level falls. auto: on when the primary runs on a GPU and host memory "
+                "holds the CPU engine's weights and KV pool; on: always (also below a CPU primary); off: new requests "
+                "wait")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  c->add_option("--cpu-fallback-threads", a->cpu_fallback_threads,
+                "The CPU fallback engine's forward-pass threads (default: half of --threads or its default, at least 1)")
+      ->check(CLI::Range(1, 4096));
+  c->add_option("--cpu-fallback-kv-mib", a->cpu_fallback_kv_mib, "The CPU fallback engine's KV cache in MiB (default 256)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--cpu-fallback-max-num-seqs", a->cpu_fallback_max_num_seqs,
+                "The CPU fallback engine's running sequences (default: --max-num-seqs, at most 8)")
+      ->check(CLI::Range(1, 4096));
   add_device_options(c, &a->device);
 }
 
-Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs& a, bool quiet) {
+Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs& a, bool quiet, uint64_t weight_bytes) {
   (void)quiet;
   MemoryPlan p;
   engine::MemoryMode mode;
@@ -110,7 +128,34 @@ Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs&
 
   p.pressure.enabled = !a.no_memory_pressure;
   p.pressure.watermarks = p.mode.watermarks;
-  p.pressure.has_lower_backend = false;  // a GPU build would fall back to the CPU backend here (not done)
+
+  // Level 3's CPU engine: the primary's KV layout and batch, its own threads, pool and seats.
+  MemoryPlan::CpuFallback& fb = p.cpu_fallback;
+  SS_ASSIGN(fb.mode, engine::parse_cpu_fallback_mode(a.cpu_fallback));
+  backend::BackendOptions& fo = fb.backend;
+  fo.threads = a.cpu_fallback_threads > 0 ? a.cpu_fallback_threads : std::max(1, bo.threads / 2);
+  fo.kv.block_size = a.block_size;
+  fo.kv.dtype = a.kv_dtype;
+  fb.max_num_seqs = a.cpu_fallback_max_num_seqs > 0 ? a.cpu_fallback_max_num_seqs
+                                                    : std::min(a.max_num_seqs, kDefaultFallbackSeats);
+  fo.max_slots = fb.max_num_seqs;
+  fo.max_batch_tokens = a.max_num_batched_tokens;
+  const int64_t fb_block_bytes = backend::cpu_kv_block_bytes(fo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim);
+  const double fb_mib = a.cpu_fallback_kv_mib > 0 ? a.cpu_fallback_kv_mib : kDefaultFallbackKvMib;
+  const int64_t fb_blocks =
+      std::max<int64_t>(1, static_cast<int64_t>(std::min(fb_mib, 1e12) * 1048576.0) / std::max<int64_t>(1, fb_block_bytes));
+  if (fb_blocks > (int64_t{1} << 24)) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%g", fb_mib);
+    return make_error(std::string("--cpu-fallback-kv-mib ") + mib + " is " + std::to_string(fb_blocks) +
+                      " KV blocks; at most 16777216");
+  }
+  fo.kv.num_blocks = static_cast<int>(fb_blocks);
+  fb.need_bytes = static_cast<int64_t>(weight_bytes) + int64_t{fo.kv.num_blocks} * fb_block_bytes;
+  int64_t avail = -1, total = 0;
+  if (!engine::read_host_memory(&avail, &total)) avail = -1;
+  fb.decision = engine::decide_cpu_fallback(fb.mode, cuda, avail, fb.need_bytes);
+  p.pressure.has_lower_backend = fb.decision.enabled;
   return p;
 }
 
@@ -123,7 +168,9 @@ std::map<std::string, std::string> memory_mode_labels(const MemoryPlan& p) {
           {"queue_per_seat_watermarks", join3(w.queue_per_seat.data(), 2)},
           {"kv_cache_ttl_ms", std::to_string(p.tiers.ttl_ms)},
           {"kv_host_bytes", std::to_string(p.tiers.host_bytes)},
-          {"kv_disk_bytes", std::to_string(p.tiers.disk_bytes)}};
+          {"kv_disk_bytes", std::to_string(p.tiers.disk_bytes)},
+          {"cpu_fallback", p.cpu_fallback.decision.enabled ? "on" : "off"},
+          {"cpu_fallback_flag", engine::cpu_fallback_mode_name(p.cpu_fallback.mode)}};
 }
 
 std::string memory_mode_line(const MemoryPlan& p) {
@@ -132,7 +179,8 @@ std::string memory_mode_line(const MemoryPlan& p) {
          ", host available <= " + l.at("host_available_watermarks") + ", queue per seat " +
          l.at("queue_per_seat_watermarks") + " (levels 1,2,3); KV idle TTL " + l.at("kv_cache_ttl_ms") +
          " ms; host tier " + l.at("kv_host_bytes") + " bytes; disk tier " +
-         (p.tiers.disk_dir.empty() ? std::string("off") : l.at("kv_disk_bytes") + " bytes");
+         (p.tiers.disk_dir.empty() ? std::string("off") : l.at("kv_disk_bytes") + " bytes") +
+         "; CPU fallback at level 3 " + p.cpu_fallback.decision.why;
 }
 
 }  // namespace ss::cli

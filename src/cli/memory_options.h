@@ -32,6 +32,11 @@ struct MemoryArgs {
   int64_t kv_cache_ttl_ms = -1;  // -1: the mode's
   std::string kv_disk_dir;
   int64_t kv_disk_bytes = -1;    // -1: the mode's (with --kv-disk-dir)
+  // Level 3's CPU engine below the primary (engine.h, EngineRouter).
+  std::string cpu_fallback = "auto";
+  int cpu_fallback_threads = 0;       // 0: half of --threads or its default (at least 1)
+  double cpu_fallback_kv_mib = 0;     // 0: kDefaultFallbackKvMib
+  int cpu_fallback_max_num_seqs = 0;  // 0: min(--max-num-seqs, 8)
   DeviceArgs device;
 };
 void add_memory_options(CLI::App* cmd, MemoryArgs* a);
@@ -41,10 +46,18 @@ struct MemoryPlan {
   engine::MemoryModeSettings mode;
   backend::BackendOptions backend;
   engine::KvTierConfig tiers;         // model_hash not set
-  engine::PressureConfig pressure;
+  engine::PressureConfig pressure;    // has_lower_backend: cpu_fallback.enabled
   std::string threads_source;         // "--threads", or where the default came from
+  struct CpuFallback {
+    engine::CpuFallbackMode mode = engine::CpuFallbackMode::Auto;
+    engine::CpuFallbackDecision decision;  // enabled, and why (the startup line)
+    backend::BackendOptions backend;       // its threads and KV pool (always the CPU backend)
+    int max_num_seqs = 8;
+    int64_t need_bytes = 0;                // weights (mapped) + KV pool: what auto checks against MemAvailable
+  } cpu_fallback;
 };
-Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs& a, bool quiet);
+// weight_bytes: the model's weight files (Model::file_bytes), what a CPU fallback engine maps.
+Expected<MemoryPlan> plan_memory(const model::ModelConfig& mc, const MemoryArgs& a, bool quiet, uint64_t weight_bytes);
 
 // Labels of selfserve_memory_mode_info, and the same as one line for the startup log.
 std::map<std::string, std::string> memory_mode_labels(const MemoryPlan& p);

@@ -98,4 +98,56 @@ class Engine {
   std::thread thread_;
 };
 
+// Memory pressure level 3's action (issue 18): a second engine, on the CPU backend, beside the
+// primary takes NEW requests while the primary's KV pool has no room. The choice is made once, when
+// a request arrives; the request then stays on the engine that took it until it finishes (nothing
+// is dropped, preempted or moved mid-stream). The router reads only the engines' stats(), so Engine
+// itself knows nothing of backends or of the router; the server submits through it.
+enum class Route : uint8_t { Primary, Fallback };
+struct RouteSignals {
+  bool has_fallback = false;
+  int primary_level = 0;   // the primary's pressure level after its last step
+  int fallback_level = 0;  // the fallback's
+  int fallback_live = 0;   // requests on the fallback, queued or running, not finished
+  int fallback_seats = 0;  // its max_num_seqs (0: no bound)
+};
+// Fallback while the primary is at level 3 and the fallback can start the request now: a free
+// seat and KV room (its level below 3). Else the primary, where the request waits in the queue as
+// it would without a fallback: a GPU primary frees seats far sooner than a busy CPU engine does.
+Route choose_route(const RouteSignals& s);
+
+class EngineRouter {
+ public:
+  // `fallback` may be null (no engine below: every request goes to the primary). Both outlive the
+  // router. fallback_seats: the fallback's max_num_seqs (the server's waiting estimate counts them).
+  explicit EngineRouter(Engine& primary, Engine* fallback = nullptr, int fallback_seats = 0)
+      : primary_(primary), fallback_(fallback), fallback_seats_(fallback ? fallback_seats : 0) {}
+  struct Placed {
+    Engine* engine = nullptr;  // where the request went: stop_request / abort go there
+    RequestId id = 0;
+    Route route = Route::Primary;
+  };
+  // Thread-safe. Validates and queues on the engine choose_route picks; a request the fallback
+  // refuses (e.g. longer than its max_model_len) goes to the primary. The fallback's live count is
+  // the router's own (a seat taken at routing, given back by the request's finishing event), not
+  // its stats(), so a burst between two of its steps cannot overfill it. `where`, when given, gets the
+  // engine before the request is queued (so its first event can already find it).
+  Expected<Placed> add_request(Request req, std::atomic<Engine*>* where = nullptr);
+  Route route() const;  // what a request arriving now would get
+  int fallback_live() const { return fallback_live_->load(std::memory_order_relaxed); }
+  Engine& primary() const { return primary_; }
+  Engine* fallback() const { return fallback_; }
+  int fallback_seats() const { return fallback_seats_; }
+  int64_t fallback_requests() const { return fallback_requests_.load(std::memory_order_relaxed); }
+
+ private:
+  Engine& primary_;
+  Engine* fallback_;
+  int fallback_seats_;
+  std::atomic<int64_t> fallback_requests_{0};  // requests the fallback accepted
+  // Requests on the fallback, not finished; shared with their event wrappers, which may run after
+  // the router is gone.
+  std::shared_ptr<std::atomic<int>> fallback_live_ = std::make_shared<std::atomic<int>>(0);
+};
+
 }  // namespace ss::engine

@@ -24,6 +24,41 @@ bool parse_memory_mode(std::string_view s, MemoryMode* out) {
   return false;
 }
 
+const char* cpu_fallback_mode_name(CpuFallbackMode m) {
+  switch (m) {
+    case CpuFallbackMode::Auto: return "auto";
+    case CpuFallbackMode::On: return "on";
+    case CpuFallbackMode::Off: return "off";
+  }
+  return "?";
+}
+
+Expected<CpuFallbackMode> parse_cpu_fallback_mode(std::string_view s) {
+  for (CpuFallbackMode m : {CpuFallbackMode::Auto, CpuFallbackMode::On, CpuFallbackMode::Off})
+    if (s == cpu_fallback_mode_name(m)) return m;
+  return make_error("--cpu-fallback must be auto, on or off, got '" + std::string(s) + "'");
+}
+
+CpuFallbackDecision decide_cpu_fallback(CpuFallbackMode mode, bool primary_on_gpu, int64_t host_available_bytes,
+                                        int64_t need_bytes) {
+  const auto mib = [](int64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  switch (mode) {
+    case CpuFallbackMode::On:
+      return {true, "on (--cpu-fallback on)"};
+    case CpuFallbackMode::Off:
+      return {false, "off (--cpu-fallback off)"};
+    case CpuFallbackMode::Auto:
+      break;
+  }
+  if (!primary_on_gpu) return {false, "off (auto: the primary runs on the CPU backend, which has nothing below it)"};
+  if (host_available_bytes < 0) return {false, "off (auto: the host's available memory is unknown)"};
+  if (host_available_bytes < need_bytes)
+    return {false, "off (auto: the CPU engine needs " + mib(need_bytes) + " of host memory, " +
+                       mib(host_available_bytes) + " available)"};
+  return {true, "on (auto: GPU primary; the CPU engine's " + mib(need_bytes) + " fit in " +
+                    mib(host_available_bytes) + " of available host memory)"};
+}
+
 Status PressureWatermarks::validate() const {
   for (int i = 0; i < 3; ++i) {
     if (!(kv[i] > 0 && kv[i] <= 1)) return make_error("KV watermarks must be in (0, 1]");

@@ -5,8 +5,9 @@
 //   1: cached KV blocks leave the pool for the tiers sooner (the TTL shortened) and prefill chunks
 //      shrink (less KV claimed per step, shorter steps for the running streams);
 //   2: the running-sequence cap is lowered; new work waits in the queue;
-//   3: the pool has no room. A GPU backend would serve new work on the CPU backend; the CPU backend
-//      has nothing below it, which is counted (and logged once by the server).
+//   3: the pool has no room. With a CPU engine below (EngineRouter, engine.h) new requests go
+//      there until the level falls; without one (a CPU primary, or --cpu-fallback off) the step is
+//      counted as no_lower_tier (and logged once by the server).
 // See docs/perf/memory.md.
 #pragma once
 #include <array>
@@ -43,7 +44,7 @@ struct PressureConfig {
   double ttl_factor = 0.25;      // level >= 1: the tiers' TTL times this
   double prefill_factor = 0.5;   // level >= 1: prefill tokens per step times this (at least a block)
   double seat_factor = 0.5;      // level >= 2: running sequences capped at max_num_seqs times this (>= 1)
-  bool has_lower_backend = false;  // level 3: a backend below to serve new work (none yet)
+  bool has_lower_backend = false;  // level 3: a CPU fallback engine takes new work (EngineRouter)
   // Host memory {available, total} in bytes; false when unknown. Empty: /proc/meminfo, read at
   // most every 250 ms. Tests inject one.
   std::function<bool(int64_t* available, int64_t* total)> host_memory;
@@ -75,6 +76,20 @@ MemoryModeSettings memory_mode_settings(MemoryMode m);
 
 // {MemAvailable, MemTotal} from /proc/meminfo; false when it cannot be read.
 bool read_host_memory(int64_t* available, int64_t* total);
+
+// --cpu-fallback: whether level 3 gets a CPU engine below the primary (EngineRouter, engine.h).
+enum class CpuFallbackMode : uint8_t { Auto, On, Off };
+const char* cpu_fallback_mode_name(CpuFallbackMode m);  // "auto", "on", "off"
+Expected<CpuFallbackMode> parse_cpu_fallback_mode(std::string_view s);  // an error names the choices
+struct CpuFallbackDecision {
+  bool enabled = false;
+  std::string why;  // one line for the startup log
+};
+// auto: on when the primary runs on a GPU and the host's available memory (negative: unknown, off)
+// holds `need_bytes` (the CPU engine's weights, mapped, and its KV pool); off on a CPU primary,
+// which has nothing below it. on / off: as asked, whatever the device.
+CpuFallbackDecision decide_cpu_fallback(CpuFallbackMode mode, bool primary_on_gpu, int64_t host_available_bytes,
+                                        int64_t need_bytes);
 
 // Counters of the actions taken (cumulative) and of the steps run at each level.
 struct PressureCounters {

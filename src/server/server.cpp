@@ -301,6 +301,7 @@ struct Server::Impl {
   struct Job {
     uint64_t id = 0;
     std::vector<engine::RequestId> engine_ids;
+    std::vector<engine::Engine*> engines;  // where each choice went (the primary or the CPU fallback)
     std::vector<engine::CancelToken> cancels;
     std::vector<bool> finished;
     bool cancelled_by_server = false;
@@ -332,7 +333,9 @@ struct Server::Impl {
 
   // Set once by set_ready (before `ready` is released), then read-only.
   std::atomic<bool> ready{false};
-  engine::Engine* engine = nullptr;
+  engine::Engine* engine = nullptr;  // the primary
+  engine::EngineRouter* router = nullptr;  // new requests go through it (level 3: the CPU fallback)
+  std::unique_ptr<engine::EngineRouter> own_router;  // set_ready(Engine&): a router with no fallback
   ModelInfo model;
 
   std::atomic<bool> draining{false};
@@ -369,10 +372,23 @@ struct Server::Impl {
   };
 
   // Watchdog (io thread).
-  int64_t last_steps = -1;
-  Clock::time_point last_progress = Clock::now();
+  // Per engine (the primary, then the CPU fallback): one that has work and no new step for
+  // watchdog_s makes /health 503, whatever the other does.
+  struct Progress {
+    int64_t last_steps = -1;
+    Clock::time_point last_progress = Clock::now();
+    bool stalled(const engine::Engine& e, Clock::time_point now, double limit_s) {
+      const int64_t steps = e.stats().steps;
+      const bool busy = e.has_work();
+      if (steps != last_steps || !busy) last_progress = now;
+      last_steps = steps;
+      return busy && seconds(now - last_progress) > limit_s;
+    }
+  };
+  std::array<Progress, 2> progress;
   bool stalled = false;
   bool logged_no_lower_tier = false;
+  bool logged_fallback = false;
   std::map<std::string, std::string> memory_mode_info;  // written before `ready`, read after it
 
   MetricsRegistry reg;
@@ -606,8 +622,24 @@ std::vector<prometheus::MetricFamily> Server::Impl::engine_families() const {
               {"no_lower_tier", n(s.pressure_no_lower_tier)}});
     if (is_ready && !memory_mode_info.empty())
       f.push_back(gauge_family("selfserve_memory_mode_info",
-                               "--memory-mode and the settings in effect (watermarks, TTL, tier sizes); always 1",
+                               "--memory-mode and the settings in effect (watermarks, TTL, tier sizes, CPU "
+                               "fallback); always 1",
                                1.0, memory_mode_info));
+  }
+  {  // level 3's CPU fallback engine (engine.h, EngineRouter); zeros when there is none
+    engine::Engine* fb = is_ready ? router->fallback() : nullptr;
+    const engine::EngineStats fs = fb ? fb->stats() : engine::EngineStats{};
+    f.push_back(counter_family("selfserve_cpu_fallback_requests_total",
+                               "Requests the CPU fallback engine took while the primary was at memory pressure level 3",
+                               is_ready ? n(router->fallback_requests()) : 0.0));
+    f.push_back(gauge_family("selfserve_cpu_fallback_requests_running", "Requests in the CPU fallback engine's running set",
+                             n(fs.num_running)));
+    f.push_back(gauge_family("selfserve_cpu_fallback_requests_waiting", "Requests waiting in the CPU fallback engine",
+                             n(fs.num_waiting)));
+    f.push_back(gauge_family("selfserve_cpu_fallback_kv_cache_usage_ratio",
+                             "The CPU fallback engine's KV cache usage, 0..1", fs.kv_usage));
+    f.push_back(counter_family("selfserve_cpu_fallback_generation_tokens_total",
+                               "Tokens the CPU fallback engine generated", n(fs.generation_tokens)));
   }
   if (opts.tracer) {
     const telemetry::ExporterStats t = opts.tracer->stats();
@@ -642,16 +674,21 @@ awaitable<void> Server::Impl::tick_loop() {
     if (!ready.load(std::memory_order_acquire)) continue;
     const auto now = Clock::now();
     const engine::EngineStats s = engine->stats();
-    const bool busy = engine->has_work();
+    engine::Engine* fb = router->fallback();
+    if (router->fallback_requests() > 0 && !logged_fallback) {
+      logged_fallback = true;
+      telemetry::log_warn("engine", "memory pressure level 3: the KV pool has no room; new requests go to the CPU "
+                                    "fallback engine until the level falls (running requests stay where they are)");
+    }
     if (s.pressure_no_lower_tier > 0 && !logged_no_lower_tier) {
       logged_no_lower_tier = true;
       telemetry::log_warn("engine", "memory pressure level 3: the KV pool has no room and backend " +
                                         engine->executor_name() +
                                         " has nothing below it to serve new work; new requests wait for running ones");
     }
-    if (s.steps != last_steps || !busy) last_progress = now;
-    last_steps = s.steps;
-    stalled = busy && seconds(now - last_progress) > opts.watchdog_s;
+    const bool primary_stalled = progress[0].stalled(*engine, now, opts.watchdog_s);
+    const bool fallback_stalled = fb && progress[1].stalled(*fb, now, opts.watchdog_s);
+    stalled = primary_stalled || fallback_stalled;
     m.healthy->Set(!stalled && !draining.load() ? 1 : 0);
   }
 }
@@ -662,7 +699,7 @@ void Server::Impl::cancel_all_jobs() {
     for (size_t i = 0; i < job->engine_ids.size(); ++i) {
       if (job->finished[i]) continue;
       job->cancels[i]->store(true);
-      if (engine) engine->abort(job->engine_ids[i]);
+      job->engines[i]->abort(job->engine_ids[i]);
     }
   }
 }
@@ -1220,7 +1257,7 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
       for (int c = 0; c < nc; ++c) {
         if (job->finished[c]) continue;
         job->cancels[c]->store(true);
-        engine->abort(job->engine_ids[c]);
+        job->engines[static_cast<size_t>(c)]->abort(job->engine_ids[static_cast<size_t>(c)]);
       }
       co_return false;
     }
@@ -1270,8 +1307,12 @@ awaitable<bool> Server::Impl::handle_generate(beast::tcp_stream& stream, HttpReq
 // Choices beyond the running seats queue, and the queue is bounded: past it, a 429.
 std::optional<ApiError> Server::Impl::overload(int nc) {
   const int inflight = inflight_choices.load();
-  const int waiting_now = std::max(engine->stats().num_waiting, inflight - opts.max_num_seqs);
-  const int queued_new = std::max(0, nc - std::max(0, opts.max_num_seqs - inflight));
+  // Seats and waiting requests of both engines when a CPU fallback stands below the primary.
+  engine::Engine* fb = router->fallback();
+  const int seats = opts.max_num_seqs + router->fallback_seats();
+  const int waiting_now =
+      std::max(engine->stats().num_waiting + (fb ? fb->stats().num_waiting : 0), inflight - seats);
+  const int queued_new = std::max(0, nc - std::max(0, seats - inflight));
   if (queued_new <= 0 || waiting_now + queued_new <= opts.max_waiting) return std::nullopt;
   ApiError e;
   e.status = 429;
@@ -1299,28 +1340,31 @@ std::optional<ApiError> Server::Impl::submit(const GenerationRequest& g, Job& jo
     const engine::CancelToken cancel = r.cancel;
     auto feed = std::make_shared<ChoiceFeed>(*mi.tokenizer, g, r.stop_ids, arrival, *request_metrics);
     Impl* self = this;
-    r.on_event = [feed, mb, c, self](const engine::TokenEvent& e) {
+    // The router stores the engine it picks here before queueing, so the first event finds it.
+    auto where = std::make_shared<std::atomic<engine::Engine*>>(nullptr);
+    r.on_event = [feed, mb, c, self, where](const engine::TokenEvent& e) {
       bool stop = false;
       std::optional<Delta> d = feed->on_event(e, &stop);
-      if (stop) self->engine->stop_request(e.id, engine::FinishReason::Stop);
+      if (stop) where->load()->stop_request(e.id, engine::FinishReason::Stop);
       if (!d) return;
       d->choice = c;
       if (d->finish != engine::FinishReason::None) self->inflight_choices.fetch_sub(1);
       mb->push(std::move(*d));
     };
     inflight_choices.fetch_add(1);
-    auto id = engine->add_request(std::move(r));
-    if (!id.ok()) {
+    auto placed = router->add_request(std::move(r), where.get());
+    if (!placed.ok()) {
       inflight_choices.fetch_sub(1);
       for (size_t k = 0; k < job.engine_ids.size(); ++k) {
         job.cancels[k]->store(true);
-        engine->abort(job.engine_ids[k]);
+        job.engines[k]->abort(job.engine_ids[k]);
       }
       ApiError e;
-      e.message = id.message();
+      e.message = placed.message();
       return e;
     }
-    job.engine_ids.push_back(*id);
+    job.engine_ids.push_back(placed->id);
+    job.engines.push_back(placed->engine);
     job.cancels.push_back(cancel);
     job.finished.push_back(false);
   }
@@ -1380,7 +1424,15 @@ void Server::set_memory_mode_info(std::map<std::string, std::string> labels) {
 void Server::set_ready(engine::Engine& engine, const ModelInfo& model) {
   Impl& s = *impl_;
   if (s.ready.load()) return;
-  s.engine = &engine;
+  s.own_router = std::make_unique<engine::EngineRouter>(engine);
+  set_ready(*s.own_router, model);
+}
+
+void Server::set_ready(engine::EngineRouter& router, const ModelInfo& model) {
+  Impl& s = *impl_;
+  if (s.ready.load()) return;
+  s.router = &router;
+  s.engine = &router.primary();
   s.model = model;
   s.request_metrics->set_model(model.id);
   s.ready.store(true, std::memory_order_release);

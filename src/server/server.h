@@ -71,6 +71,9 @@ class Server {
   // before set_ready (the series appears with it).
   void set_memory_mode_info(std::map<std::string, std::string> labels);
   void set_ready(engine::Engine& engine, const ModelInfo& model);
+  // The same with a router (engine.h): new requests go to its fallback engine while the primary is
+  // at memory pressure level 3. The router and both engines outlive run().
+  void set_ready(engine::EngineRouter& router, const ModelInfo& model);
   // Serves on the calling thread until the shutdown completes.
   Status run();
   // Thread-safe; same as SIGTERM (a second call cancels in-flight requests at once).

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 
 import pytest
 import requests
@@ -167,3 +168,96 @@ def test_topology_json_matches_its_schema_and_is_remeasured_on_a_new_fingerprint
     assert b"unreadable" in topology().stderr
     text = topology().stdout.decode()
     assert "CPU" in text and "RAM" in text and "memcpy" in text and "GPUs" in text
+
+
+TINY_POOL = ["--num-kv-blocks", "40", "--max-num-seqs", "16", "--max-num-batched-tokens", "64",
+             "--max-prefill-tokens-with-decodes", "0", "--memory-mode", "balanced"]
+
+
+def _burst_then_more(s, prompts, max_tokens=24):
+    """All prompts concurrent: the first half at once, the second half once the primary reports level 3
+    (a burst that lands before the primary's first steps finds it at level 0, and goes to it whole)."""
+    half = len(prompts) // 2
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        first = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[:half]]
+        deadline = time.time() + 120
+        while s.metric("selfserve_memory_pressure_level") < 3:
+            assert time.time() < deadline, "the primary never reached level 3"
+            assert not all(f.done() for f in first), "the first half finished without filling the pool"
+            time.sleep(0.02)
+        rest = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[half:]]
+        return [f.result() for f in first + rest]
+
+
+def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_path):
+    """A CPU primary with a 40-block pool and --cpu-fallback on: 24 concurrent greedy requests (12,
+    then 12 more once the first have pushed the primary to level 3) -- new arrivals at level 3 go to
+    the CPU fallback engine, every request completes
+    with the text a roomy server gives it (the reference; its fallback, configured too, is never used
+    because its primary never reaches level 3), nothing is refused, and level 3 is no longer counted
+    as having nothing below."""
+    prompts = _prompts(24)
+    ref = Server(tmp_path, "roomy", "--model", default_model, "--api-key", API_KEY, "--max-num-seqs", "8",
+                 "--kv-cache-mib", "256", "--cpu-fallback", "on")
+    try:
+        expect = [greedy_completion(ref, p, 24) for p in prompts]
+        m = ref.metrics()
+        assert m['selfserve_memory_pressure_steps_total{level="3"}'] == 0
+        assert m["selfserve_cpu_fallback_requests_total"] == 0  # configured, never needed
+        assert m["selfserve_cpu_fallback_generation_tokens_total"] <= 2  # the warm-up's only
+        assert "CPU fallback for pressure level 3: on (--cpu-fallback on)" in ref.log_text()
+    finally:
+        assert ref.stop() == 0, ref.log_text()
+    s = Server(tmp_path, "fallback", "--model", default_model, "--api-key", API_KEY, *TINY_POOL,
+               "--cpu-fallback", "on", "--cpu-fallback-threads", "1")
+    try:
+        got = _burst_then_more(s, prompts)
+        assert got == expect
+        m = s.metrics()
+        steps = {lvl: m[f'selfserve_memory_pressure_steps_total{{level="{lvl}"}}'] for lvl in range(4)}
+        assert steps[3] > 0, steps
+        assert sum(steps.values()) == m["selfserve_engine_steps_total"]  # the primary's steps, all levels
+        served = m["selfserve_cpu_fallback_requests_total"]
+        assert 0 < served < len(prompts), served
+        assert m["selfserve_cpu_fallback_generation_tokens_total"] >= 24 * served  # each ran there in full
+        assert m['selfserve_memory_pressure_actions_total{action="no_lower_tier"}'] == 0
+        assert m.get('selfserve_requests_rejected_total{reason="overload"}', 0) == 0
+        assert m["selfserve_cpu_fallback_requests_running"] == 0 and m["selfserve_cpu_fallback_requests_waiting"] == 0
+        info = [k for k in m if k.startswith("selfserve_memory_mode_info{")]
+        assert len(info) == 1 and 'cpu_fallback="on"' in info[0] and 'cpu_fallback_flag="on"' in info[0], info
+        log = s.log_text()
+        assert log.count("new requests go to the CPU fallback engine") == 1
+        assert "has nothing below it" not in log
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_cpu_fallback_auto_is_off_below_a_cpu_primary(selfserve, default_model, tmp_path):
+    for flag, enabled in (("auto", False), ("on", True), ("off", False)):
+        r = selfserve("inspect", "--memory", "--json", default_model, "--device", "cpu", "--cpu-fallback", flag)
+        fb = json.loads(r.stdout)["cpu_fallback"]
+        assert fb["enabled"] is enabled, (flag, fb)
+        if enabled:  # the model file (mapped) and a 256 MiB pool at most one block short
+            assert fb["host_bytes"] > os.path.getsize(default_model) + (255 << 20), fb
+    s = Server(tmp_path, "auto", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "40", "--device", "cpu")
+    try:
+        info = [k for k in s.metrics() if k.startswith("selfserve_memory_mode_info{")]
+        assert 'cpu_fallback="off"' in info[0] and 'cpu_fallback_flag="auto"' in info[0], info
+        assert "auto: the primary runs on the CPU backend, which has nothing below it" in s.log_text()
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--cpu-fallback", "maybe"], b"--cpu-fallback"),
+    (["--cpu-fallback", ""], b"--cpu-fallback"),
+    (["--cpu-fallback-threads", "0"], b"--cpu-fallback-threads"),
+    (["--cpu-fallback-kv-mib", "-5"], b"--cpu-fallback-kv-mib"),
+    (["--cpu-fallback-max-num-seqs", "0"], b"--cpu-fallback-max-num-seqs"),
+    (["--cpu-fallback-kv-mib", "1e9"], b"--cpu-fallback-kv-mib"),
+])
+def test_cpu_fallback_flags_reject_bad_values(selfserve, default_model, flags, says):
+    for cmd in (["serve", "--port", "0", "--model", default_model], ["inspect", "--memory", default_model]):
+        r = selfserve(*cmd, *flags, check=False, timeout=60)
+        assert r.returncode != 0, (cmd, flags)
+        assert says in r.stderr, r.stderr
