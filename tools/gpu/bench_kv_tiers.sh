@@ -26,7 +26,8 @@ f=$(ss_model "$S" "$MODELS" "$shape")
 run_tier() {  # name port idle_s server flags...
   local name=$1 port=$2 idle=$3
   shift 3
-  "$S" serve --model "$f" --device "$DEVICE" --port "$port" --kv-cache-ttl-ms 1000 "$@" > "$OUT/tiers-$name-server.log" 2>&1 &
+  "$S" serve --model "$f" --device "$DEVICE" --port "$port" --kv-cache-ttl-ms 1000 --cpu-fallback off "$@" \
+    > "$OUT/tiers-$name-server.log" 2>&1 &
   local pid=$!
   ss_wait_healthy "$port"
   timeout 240 "$S" bench serve --url "http://127.0.0.1:$port" --multi-turn --conversations "$CONV" --history-tokens "$HIST" --idle "$idle" \

@@ -25,7 +25,8 @@ port=18441
 for round in 1 2; do
   for sch in host persistent; do
     tag=$shape-$sch-$round
-    "$S" serve --model "$f" --device "${DEVICE:-cuda}" --port "$port" --scheduling "$sch" > "$OUT/serve-$tag-server.log" 2>&1 &
+    "$S" serve --model "$f" --device "${DEVICE:-cuda}" --port "$port" --scheduling "$sch" --cpu-fallback off \
+      > "$OUT/serve-$tag-server.log" 2>&1 &
     pid=$!
     ss_wait_healthy "$port"
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$OUT/serve-$tag-util.csv" 2>/dev/null &
