@@ -159,6 +159,15 @@ __device__ __forceinline__ int byte_at(const uint4& v, int i) {
   return static_cast<int>((word_at(v, i / 4) >> (8 * (i % 4))) & 0xffu);
 }
 
+// Sub-block j's 6-bit scale and min from a Q4_K-style super-block header held in a register vector
+// (bytes 4..15: the twelve scale bytes).
+__device__ __forceinline__ void header_scale_min(const uint4& h, int j, int* sc, int* mn) {
+  uint8_t q[12];
+#pragma unroll
+  for (int i = 0; i < 12; ++i) q[i] = static_cast<uint8_t>(byte_at(h, 4 + i));
+  k4_scale_min(j, q, sc, mn);
+}
+
 template <WFormat F, int kU>
 struct Round {
   static constexpr int kVecs = F == WFormat::BF16 ? kU : kBits8<F> ? kU / 2 : kU / 4;
@@ -362,22 +371,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
                 // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
                 // chunk is sub-block u: value = (d * sc) q - dmin * m.
                 int sc, mn, sc8, mn8;
-                const uint8_t ha[12] = {
-                    static_cast<uint8_t>(byte_at(w.da, 4)),  static_cast<uint8_t>(byte_at(w.da, 5)),
-                    static_cast<uint8_t>(byte_at(w.da, 6)),  static_cast<uint8_t>(byte_at(w.da, 7)),
-                    static_cast<uint8_t>(byte_at(w.da, 8)),  static_cast<uint8_t>(byte_at(w.da, 9)),
-                    static_cast<uint8_t>(byte_at(w.da, 10)), static_cast<uint8_t>(byte_at(w.da, 11)),
-                    static_cast<uint8_t>(byte_at(w.da, 12)), static_cast<uint8_t>(byte_at(w.da, 13)),
-                    static_cast<uint8_t>(byte_at(w.da, 14)), static_cast<uint8_t>(byte_at(w.da, 15))};
-                const uint8_t hb[12] = {
-                    static_cast<uint8_t>(byte_at(w.db, 4)),  static_cast<uint8_t>(byte_at(w.db, 5)),
-                    static_cast<uint8_t>(byte_at(w.db, 6)),  static_cast<uint8_t>(byte_at(w.db, 7)),
-                    static_cast<uint8_t>(byte_at(w.db, 8)),  static_cast<uint8_t>(byte_at(w.db, 9)),
-                    static_cast<uint8_t>(byte_at(w.db, 10)), static_cast<uint8_t>(byte_at(w.db, 11)),
-                    static_cast<uint8_t>(byte_at(w.db, 12)), static_cast<uint8_t>(byte_at(w.db, 13)),
-                    static_cast<uint8_t>(byte_at(w.db, 14)), static_cast<uint8_t>(byte_at(w.db, 15))};
-                k4_scale_min(u, ha, &sc, &mn);
-                k4_scale_min(u, hb, &sc8, &mn8);
+                header_scale_min(w.da, u, &sc, &mn);
+                header_scale_min(w.db, u, &sc8, &mn8);
                 dg = h2f(static_cast<uint16_t>(w.da.x & 0xffffu)) * static_cast<float>(sc);
                 dg8 = h2f(static_cast<uint16_t>(w.db.x & 0xffffu)) * static_cast<float>(sc8);
                 mg = -(h2f(static_cast<uint16_t>(w.da.x >> 16)) * static_cast<float>(mn));
