@@ -6,6 +6,11 @@
 # round. Numbers go to docs/perf/go.md.
 #   [DEVICE=cuda] tools/bench_go.sh [ROUNDS=7] [MAX_TOKENS=128] [THREADS=2] [LINGER=5ms]
 # after cmake --build build && cmake --install build --prefix build/install; the default model cached.
+# BUILD=<dir> takes the C++ sides and the install from another build (e.g. build-gpu on the GPU
+# machine); GO_BENCH=<file> runs that benchdecode binary instead of building one (a machine without
+# Go: build it where Go is, `(cd go && PKG_CONFIG_PATH=$PWD/../build/install/lib/pkgconfig go build
+# -o ../.gobench/benchdecode ./tools/benchdecode)`, carry .gobench, and point LD_LIBRARY_PATH at the
+# other build's install/lib: the binary links libselfserve.so by its C ABI, not by its build).
 # ctx_switches: the process's context switches (voluntary + involuntary) over the whole run;
 # caller_cpu_us_tok: CPU time of every thread but the engine's (ss-engine, ss-cpu) while decoding,
 # per token: the caller's side of the boundary (the Go runtime included), robust to a busy machine;
@@ -20,15 +25,20 @@ device=${DEVICE:-cpu}
 gpu_flag=()
 if [ "$device" = cuda ]; then gpu_flag=(-cuda); fi
 model=${SELFSERVE_TEST_MODEL:-${SELFSERVE_HOME:-$HOME/.cache/selfserve}/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-export PKG_CONFIG_PATH="$PWD/build/install/lib/pkgconfig"
+B=${BUILD:-build}
+export PKG_CONFIG_PATH="$PWD/$B/install/lib/pkgconfig"
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-(cd go && go build -o "$bin/benchdecode" ./tools/benchdecode)
+if [ -n "${GO_BENCH:-}" ]; then
+  cp "$GO_BENCH" "$bin/benchdecode"
+else
+  (cd go && go build -o "$bin/benchdecode" ./tools/benchdecode)
+fi
 log=${LOG:-$bin/runs.jsonl}
 run() {  # side n
   case $1 in
-    cpp) build/bench_engine_decode "$model" "$2" "$max_tokens" "$threads" "$device" ;;
-    c) build/bench_capi_decode "$model" "$2" "$max_tokens" "$threads" 1 0 "$device" ;;
+    cpp) "$B/bench_engine_decode" "$model" "$2" "$max_tokens" "$threads" "$device" ;;
+    c) "$B/bench_capi_decode" "$model" "$2" "$max_tokens" "$threads" 1 0 "$device" ;;
     go) "$bin/benchdecode" -model "$model" -n "$2" -max-tokens "$max_tokens" -threads "$threads" "${gpu_flag[@]}" ;;
     go-linger) "$bin/benchdecode" -model "$model" -n "$2" -max-tokens "$max_tokens" -threads "$threads" \
       -linger "$linger" "${gpu_flag[@]}" ;;

@@ -102,6 +102,17 @@ if command -v nsys > /dev/null; then
   stage "nsys stats rc=$?"
   rm -f "$RES/prof1b.nsys-rep" "$RES/prof1b.sqlite"
 fi
+# Issue 19 on a machine with idle cores: the Go SDK against the C++ engine and the C ABI, CUDA backend,
+# with a benchdecode binary built where Go is (tools/bench_go.sh says how) and carried in .gobench.
+if [ -x .gobench/benchdecode ]; then
+  tools/gpu/build_on_device.sh bench_engine_decode bench_capi_decode selfserve_capi selfserve_cuda > "$RES/build-go.log" 2>&1 &&
+    cmake --install build-gpu --prefix build-gpu/install >> "$RES/build-go.log" 2>&1
+  stage "build for bench_go rc=$?"
+  BUILD=build-gpu GO_BENCH=.gobench/benchdecode DEVICE=cuda SELFSERVE_TEST_MODEL=$M/llama32-1b-bf16.gguf \
+    LD_LIBRARY_PATH=$PWD/build-gpu/install/lib:${LD_LIBRARY_PATH:-} timeout 400 tools/bench_go.sh 3 128 2 \
+    > "$RES/bench_go.txt" 2>&1
+  stage "bench_go rc=$? $(grep -E 'median' "$RES/bench_go.txt" | tr -s ' ' | head -8 | tr '\n' ';')"
+fi
 OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
 stage "experiment C rc=$?"
 OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
