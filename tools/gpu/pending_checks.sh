@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, through tools/gpu/detached.sh (it outlasts one call):
 #   tools/gpu/detached.sh 570 tools/gpu/pending_checks.sh   (then again within 30 s to keep waiting)
+# carrying .gpu-deps (tools/gpu/fetch_device_deps.sh) and .gobench (tools/bench_go.sh says how to make
+# it). The steps are in order of importance: on a short device budget the last ones may not run.
 # The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
 #   1. build; test_gpu and test_gpu_backend in full (the defaults);
 #   2. the opt-in paths not yet run on a GPU: SS_CUDA_PREFILL_ATTN=flash (tensor-core prefill
