@@ -92,6 +92,8 @@ constexpr PackedFormat packed_format(model::DType t) {
   }
 }
 constexpr int kPackRows = 16;
+// Tokens from which the packed 32-value kernels use AMX tiles where amx_active() (below, VNNI).
+constexpr int kAmxMinTokens = 4;
 
 // The packed kernel: y rows of row groups [g0, g1) for all a.n_tok tokens (a.group == 1).
 namespace avx512 {
