@@ -434,8 +434,8 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   }
 }
 
-// The AMX tile kernels of the 32-value types (from kAmxMinTokens tokens) against the unpacked VNNI
-// kernels: the same bits. 2208 columns (69 blocks) is more than a group's blocks kept unpacked (64),
+// The AMX tile kernels (32-value types; Q4_K, Q5_K, Q6_K; from kAmxMinTokens tokens) against the
+// unpacked VNNI kernels: the same bits. 2208 columns (69 blocks) is more than a group's blocks kept unpacked (64),
 // and odd: the blocks are unpacked per pass and the last block is a single.
 TEST(Kernels, PackedAmxMatchesUnpackedBitForBit) {
   if (!ss::cpu::amx_available()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS did not grant it)";
@@ -447,6 +447,7 @@ TEST(Kernels, PackedAmxMatchesUnpackedBitForBit) {
   std::mt19937 g(seed() + 14);
   for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
     check_packed(Isa::Avx512, type, g, {32, 160, 576, 1536, 2208});
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) check_packed(Isa::Avx512, type, g, {256, 768, 1536});
 }
 
 // SS_CPU_AMX / force_amx turn it off; under a lower ISA it is never active.
