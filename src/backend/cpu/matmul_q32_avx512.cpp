@@ -483,6 +483,8 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
   constexpr int bb = packed_format(T).block_bytes;
+  // Q4_0/Q5_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token correction.
+  constexpr bool kSigned = F.nib && F.zp && !F.nl;
   const int64_t cols = a.cols;
   const float* ad[NT];
   const float* as[NT];
@@ -517,6 +519,11 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
             lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), bit5));
             hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, j), bit5));
           }
+          if constexpr (kSigned) {  // w = q - C: the tile's integer is then I - corr itself
+            const __m512i zc = _mm512_set1_epi8(F.five ? 16 : 8);
+            lo = _mm512_sub_epi8(lo, zc);
+            hi = _mm512_sub_epi8(hi, zc);
+          }
           _mm512_store_si512(u + 64 * j, lo);
           _mm512_store_si512(u + 256 + 64 * j, hi);
         }
@@ -526,9 +533,14 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
     const uint8_t* p = gp + b * bb;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     const __m512 mw = F.min ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))) : dw;
-    for (int i = 0; i < NT; ++i)
-      acc[i] = block_step<T>(acc[i], _mm512_load_si512(c + 16 * i), dw, mw, _mm512_set1_ps(ad[i][b]),
-                             _mm512_set1_ps(as[i][b]), _mm512_set1_epi32(ac[i][b]));
+    for (int i = 0; i < NT; ++i) {
+      if constexpr (kSigned)  // block_step's arithmetic on I - corr, which the tile produced
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][b])),
+                                 _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * i)), acc[i]);
+      else
+        acc[i] = block_step<T>(acc[i], _mm512_load_si512(c + 16 * i), dw, mw, _mm512_set1_ps(ad[i][b]),
+                               _mm512_set1_ps(as[i][b]), _mm512_set1_epi32(ac[i][b]));
+    }
   };
   const int8_t* aq = a.qs + t0 * cols;
   const int64_t npairs = (nb + 1) / 2;
@@ -550,13 +562,15 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
       _tile_loadd(0, aq + 32 * b, cols);
       _tile_loadd(1, wt(b), 64);
       _tile_zero(2);
-      _tile_dpbsud(2, 0, 1);
+      if constexpr (kSigned) _tile_dpbssd(2, 0, 1);
+      else _tile_dpbsud(2, 0, 1);
       const bool two = b + 1 < c1;
       if (two) {
         _tile_loadd(3, aq + 32 * (b + 1), cols);
         _tile_loadd(4, wt(b + 1), 64);
         _tile_zero(5);
-        _tile_dpbsud(5, 3, 4);
+        if constexpr (kSigned) _tile_dpbssd(5, 3, 4);
+        else _tile_dpbsud(5, 3, 4);
       }
       _tile_stored(2, cb[k % kRing][0], 64);
       if (two) _tile_stored(5, cb[k % kRing][1], 64);
