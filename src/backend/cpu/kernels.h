@@ -25,8 +25,9 @@ const char* isa_name(Isa isa);
 bool parse_isa(std::string_view name, Isa* out);  // isa_name's inverse
 
 // AMX-INT8 (Intel Sapphire Rapids and later): under Isa::Avx512 the packed kernels of the 32-value
-// types run their per-block integer dots as tile multiplies once a product has a few tokens (batched
-// decode, prefill); the integers are exact either way, so the bits are those of the VNNI kernels.
+// types and of Q4_K/Q5_K/Q6_K run their integer dots as tile multiplies once a product has 8-12
+// tokens (batched decode, prefill); the integers are exact either way, so the bits are those of the
+// VNNI kernels.
 bool amx_available();      // the CPU has AMX-INT8 and the OS granted this process the tile state
 bool amx_active();         // available, Isa::Avx512 active, not turned off (SS_CPU_AMX=0 or force_amx)
 void force_amx(bool on);   // tests and benchmarks: off, or on where available

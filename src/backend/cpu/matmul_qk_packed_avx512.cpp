@@ -435,7 +435,7 @@ SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, i
 }  // namespace
 
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
-  if (a.n_tok >= kAmxMinTokens && amx_active()) {
+  if (a.n_tok >= kAmxMinTokensK && amx_active()) {
     if (P.type == DType::Q4_K) return rows_packed_amx_k<DType::Q4_K>(P, a, y, ldy, g0, g1);
     if (P.type == DType::Q5_K) return rows_packed_amx_k<DType::Q5_K>(P, a, y, ldy, g0, g1);
     if (P.type == DType::Q6_K) return rows_packed_amx_k<DType::Q6_K>(P, a, y, ldy, g0, g1);

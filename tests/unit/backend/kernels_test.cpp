@@ -392,7 +392,7 @@ static void check_packed(Isa isa, DType type, std::mt19937& g,
     ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
     const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
     ASSERT_FALSE(P.empty()) << m::dtype_name(type);
-    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48, 70})
+    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 28, 33, 48, 70})
       for (ThreadPool* pool : {&pool1, &pool2}) {
         SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " cols=" << cols
                                         << " n_tok=" << n_tok << " threads=" << pool->size());
@@ -434,7 +434,7 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   }
 }
 
-// The AMX tile kernels (32-value types; Q4_K, Q5_K, Q6_K; from kAmxMinTokens tokens) against the
+// The AMX tile kernels (32-value types from 12 tokens, Q4_K/Q5_K/Q6_K from 8) against the
 // unpacked VNNI kernels: the same bits. 2208 columns (69 blocks) is more than a group's blocks kept unpacked (64),
 // and odd: the blocks are unpacked per pass and the last block is a single.
 TEST(Kernels, PackedAmxMatchesUnpackedBitForBit) {
