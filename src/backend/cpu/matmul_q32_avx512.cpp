@@ -483,8 +483,12 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
   constexpr int bb = packed_format(T).block_bytes;
-  // Q4_0/Q5_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token correction.
-  constexpr bool kSigned = F.nib && F.zp && !F.nl;
+  // Q4_0/Q5_0/Q8_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token
+  // correction. Q8_0's bytes are copied back from w + 128 for it: vector loads, which stream weights
+  // from DRAM better than tile loads do (lm_head, 16 tokens, 2 threads, weights from DRAM: cpu_us
+  // 1976 with tile loads from the packed bytes, 1716 copied; VNNI 1654-1730).
+  constexpr bool kSigned = F.zp && !F.nl;
+  constexpr bool kCopy = F.nib || kSigned;  // B comes from ub (else straight from the packed bytes)
   const int64_t cols = a.cols;
   const float* ad[NT];
   const float* as[NT];
@@ -506,6 +510,12 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   // Blocks [b0, b1) to B tiles in ub (slot b - b0). Done a whole range ahead of their tile loads: a
   // tile load of bytes still in the store buffer stalls until they drain.
   auto unpack_range = [&](int64_t b0, int64_t b1) {
+    if constexpr (!F.nib && kSigned)
+      for (int64_t b = b0; b < b1; ++b)
+        for (int k = 0; k < 8; ++k)
+          _mm512_store_si512(ub + (b - b0) * kAmxBlockBytes + 64 * k,
+                             _mm512_xor_si512(_mm512_loadu_si512(gp + b * bb + H + 64 * k),
+                                              _mm512_set1_epi8(static_cast<char>(0x80))));
     if constexpr (F.nib)
       for (int64_t b = b0; b < b1; ++b) {
         const uint8_t* p = gp + b * bb;
@@ -552,7 +562,7 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
     const int64_t c1 = std::min(nb, c0 + kAmxCachedBlocks);
     if (unpack || !cached) unpack_range(c0, c1);
     auto wt = [&](int64_t b) -> const void* {
-      if constexpr (F.nib) return ub + (b - c0) * kAmxBlockBytes;
+      if constexpr (kCopy) return ub + (b - c0) * kAmxBlockBytes;
       else return gp + b * bb + H;
     };
     for (int64_t b = c0; b < c1; b += 2) {
@@ -586,7 +596,7 @@ template <DType T>
 SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   const int64_t nb = P.cols / 32;
   const bool cached = nb <= kAmxCachedBlocks;
-  alignas(64) uint8_t ub[kFmt<T>.nib ? kAmxCachedBlocks * kAmxBlockBytes : 64];
+  alignas(64) uint8_t ub[kAmxCachedBlocks * kAmxBlockBytes];
   int configured = 0;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* gp = P.data + g * P.group_bytes;
