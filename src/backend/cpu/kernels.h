@@ -24,8 +24,8 @@ void clear_forced_isa();  // back to the default (SS_CPU_ISA or detected)
 const char* isa_name(Isa isa);
 bool parse_isa(std::string_view name, Isa* out);  // isa_name's inverse
 
-// AMX-INT8 (Intel Sapphire Rapids and later): under Isa::Avx512 the packed kernels of the 32-value
-// types and of Q4_K/Q5_K/Q6_K run their integer dots as tile multiplies once a product has 8-12
+// AMX-INT8 (Intel Sapphire Rapids and later): under Isa::Avx512 the packed kernels of Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K run their integer dots as tile multiplies once a product has 8-12
 // tokens (batched decode, prefill); the integers are exact either way, so the bits are those of the
 // VNNI kernels.
 bool amx_available();      // the CPU has AMX-INT8 and the OS granted this process the tile state

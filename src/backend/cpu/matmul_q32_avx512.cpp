@@ -438,10 +438,10 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
 // ---- AMX-INT8 (Sapphire Rapids and later): the packed layout is already the B tile ---------------
 // TDPBSUD multiplies an A tile of signed bytes (M rows x K) by a B tile of unsigned bytes laid out as
 // K/4 rows of N lanes x 4 bytes: C[m][n] += sum_k A[m][k] B[k/4][4n + k%4]. A packed block's vector j
-// (lane r = values 4j..4j+3 of row r) is B's row j as it stands, so with A = nt tokens x the 32
-// activation bytes of one block (straight from the row-major scratch, stride cols) and B = the
-// block's 8 weight vectors (Q8_0: the packed bytes themselves; nibble types: unpacked once per group
-// into a stack buffer), C row t is the very integer vector isum of packed_tokens for token t: one
+// (lane r = values 4j..4j+3 of row r) is B's row j, so with A = nt tokens x the 32 activation bytes
+// of one block (straight from the row-major scratch, stride cols) and B = the block's 8 weight
+// vectors (the nibbles unpacked with vector ops once per group into a stack buffer: tile loads of
+// weights still in DRAM stall), C row t is the very integer vector isum of packed_tokens for token t: one
 // instruction per block and 16 tokens instead of 8 vpdpbusd and 8 broadcasts per token. The float
 // step is block_step on those integers, block after block, so the bits are those of the VNNI kernels.
 struct AmxConfig {
@@ -483,12 +483,8 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
   constexpr int bb = packed_format(T).block_bytes;
-  // Q4_0/Q5_0/Q8_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token
-  // correction. Q8_0's bytes are copied back from w + 128 for it: vector loads, which stream weights
-  // from DRAM better than tile loads do (lm_head, 16 tokens, 2 threads, weights from DRAM: cpu_us
-  // 1976 with tile loads from the packed bytes, 1716 copied; VNNI 1654-1730).
-  constexpr bool kSigned = F.zp && !F.nl;
-  constexpr bool kCopy = F.nib || kSigned;  // B comes from ub (else straight from the packed bytes)
+  // Q4_0/Q5_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token correction.
+  constexpr bool kSigned = F.nib && F.zp && !F.nl;
   const int64_t cols = a.cols;
   const float* ad[NT];
   const float* as[NT];
@@ -510,13 +506,6 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   // Blocks [b0, b1) to B tiles in ub (slot b - b0). Done a whole range ahead of their tile loads: a
   // tile load of bytes still in the store buffer stalls until they drain.
   auto unpack_range = [&](int64_t b0, int64_t b1) {
-    if constexpr (!F.nib && kSigned)
-      for (int64_t b = b0; b < b1; ++b)
-        for (int k = 0; k < 8; ++k)
-          _mm512_store_si512(ub + (b - b0) * kAmxBlockBytes + 64 * k,
-                             _mm512_xor_si512(_mm512_loadu_si512(gp + b * bb + H + 64 * k),
-                                              _mm512_set1_epi8(static_cast<char>(0x80))));
-    if constexpr (F.nib)
       for (int64_t b = b0; b < b1; ++b) {
         const uint8_t* p = gp + b * bb;
         uint8_t* u = ub + (b - b0) * kAmxBlockBytes;
@@ -561,10 +550,7 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
   for (int64_t c0 = 0; c0 < nb; c0 += kAmxCachedBlocks) {
     const int64_t c1 = std::min(nb, c0 + kAmxCachedBlocks);
     if (unpack || !cached) unpack_range(c0, c1);
-    auto wt = [&](int64_t b) -> const void* {
-      if constexpr (kCopy) return ub + (b - c0) * kAmxBlockBytes;
-      else return gp + b * bb + H;
-    };
+    auto wt = [&](int64_t b) -> const void* { return ub + (b - c0) * kAmxBlockBytes; };
     for (int64_t b = c0; b < c1; b += 2) {
       for (int64_t l = b * pf_per_block, le = std::min(l + 2 * pf_per_block, pf_lines); l < le; ++l)
         _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
@@ -596,6 +582,7 @@ template <DType T>
 SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   const int64_t nb = P.cols / 32;
   const bool cached = nb <= kAmxCachedBlocks;
+  static_assert(kFmt<T>.nib && !kFmt<T>.nl, "AMX: Q4_0, Q4_1, Q5_0, Q5_1 (see rows_packed)");
   alignas(64) uint8_t ub[kAmxCachedBlocks * kAmxBlockBytes];
   int configured = 0;
   for (int64_t g = g0; g < g1; ++g) {
@@ -621,6 +608,10 @@ SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, i
 
 }  // namespace
 
+// AMX for the nibble types. Not for Q8_0: its largest product, the lm_head (30 MB), is bound by
+// reading the weights, and there AMX was slower in the 16-stream step (bench decode, lm_head 1.96 ->
+// 2.20 ms per step; tile loads straight from the packed bytes or a vector copy first alike), while
+// the Q8_0 layer products (attn_v of Q4_K_M) are small.
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   if (a.n_tok >= kAmxMinTokens && amx_active()) {
     switch (P.type) {
@@ -628,8 +619,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
       case DType::Q4_1: return rows_packed_amx_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
       case DType::Q5_0: return rows_packed_amx_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
       case DType::Q5_1: return rows_packed_amx_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
-      case DType::Q8_0: return rows_packed_amx_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
-      default: break;
+      default: break;  // Q8_0 stays on VNNI: see below
     }
   }
   switch (P.type) {
