@@ -118,6 +118,7 @@ std::string CpuBackend::name() const {
       ++total;
     }
   std::string s = std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa());
+  if (cpu::amx_active()) s += "+amx";
   if (cpu::active_isa() != cpu::Isa::Scalar)
     s += ", " + std::to_string(packed) + "/" + std::to_string(total) + " matrices packed";
   return s + ")";

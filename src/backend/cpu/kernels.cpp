@@ -9,6 +9,9 @@
 #include <cstring>
 #include <thread>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "backend/cpu/kernels_internal.h"
 
 namespace ss::cpu {
@@ -50,7 +53,47 @@ Isa default_isa() {
   return isa;
 }
 
+// AMX-INT8 needs the CPU bits (CPUID.(7,0):EDX AMX-TILE 24, AMX-INT8 25) and, on Linux, the
+// process's request for the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM), granted once for all
+// its threads. Where either fails, AMX is simply not used.
+bool detect_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+// -1: SS_CPU_AMX decides (0 turns it off); 0 / 1: forced.
+std::atomic<int> g_amx_forced{-1};
+
+bool amx_default() {
+  static const bool on = [] {
+    const char* e = std::getenv("SS_CPU_AMX");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 }  // namespace
+
+bool amx_available() {
+  static const bool ok = detect_amx();
+  return ok;
+}
+
+bool amx_active() {
+  if (active_isa() != Isa::Avx512 || !amx_available()) return false;
+  const int f = g_amx_forced.load(std::memory_order_relaxed);
+  return f < 0 ? amx_default() : f == 1;
+}
+
+void force_amx(bool on) { g_amx_forced.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+void clear_forced_amx() { g_amx_forced.store(-1, std::memory_order_relaxed); }
 
 bool parse_isa(std::string_view s, Isa* out) {
   for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})

@@ -24,6 +24,15 @@ void clear_forced_isa();  // back to the default (SS_CPU_ISA or detected)
 const char* isa_name(Isa isa);
 bool parse_isa(std::string_view name, Isa* out);  // isa_name's inverse
 
+// AMX-INT8 (Intel Sapphire Rapids and later): under Isa::Avx512 the packed kernels of Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K run their integer dots as tile multiplies once a product has 8-12
+// tokens (batched decode, prefill); the integers are exact either way, so the bits are those of the
+// VNNI kernels.
+bool amx_available();      // the CPU has AMX-INT8 and the OS granted this process the tile state
+bool amx_active();         // available, Isa::Avx512 active, not turned off (SS_CPU_AMX=0 or force_amx)
+void force_amx(bool on);   // tests and benchmarks: off, or on where available
+void clear_forced_amx();   // back to the default (SS_CPU_AMX, else on where available)
+
 // Scratch holds the quantized activations; size it at start-up from the largest (type, cols, n_tok)
 // used (the size grows with cols and n_tok; 0 for float weights). matmul allocates nothing and aborts
 // with a message if the scratch is smaller than matmul_scratch_bytes.

@@ -92,6 +92,11 @@ constexpr PackedFormat packed_format(model::DType t) {
   }
 }
 constexpr int kPackRows = 16;
+// Tokens from which the packed kernels use AMX tiles where amx_active() (below, VNNI). A tile pass
+// costs about the same for 1 or 16 tokens; measured crossovers (bench_kernels, one thread, ffn_down):
+// Q8_0 ~12 tokens, Q5_0 ~8; Q6_K and Q4_K ~8.
+constexpr int kAmxMinTokens = 12;   // Q4_0, Q4_1, Q5_0, Q5_1 (Q8_0: VNNI always)
+constexpr int kAmxMinTokensK = 8;   // Q4_K, Q5_K, Q6_K
 
 // The packed kernel: y rows of row groups [g0, g1) for all a.n_tok tokens (a.group == 1).
 namespace avx512 {

@@ -435,9 +435,193 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
   for (; g < g1; ++g) packed_groups<T, 1, kPackedTokens>(P, a, y, ldy, g, g1);
 }
 
+// ---- AMX-INT8 (Sapphire Rapids and later): the packed layout is already the B tile ---------------
+// TDPBSUD multiplies an A tile of signed bytes (M rows x K) by a B tile of unsigned bytes laid out as
+// K/4 rows of N lanes x 4 bytes: C[m][n] += sum_k A[m][k] B[k/4][4n + k%4]. A packed block's vector j
+// (lane r = values 4j..4j+3 of row r) is B's row j, so with A = nt tokens x the 32 activation bytes
+// of one block (straight from the row-major scratch, stride cols) and B = the block's 8 weight
+// vectors (the nibbles unpacked with vector ops once per group into a stack buffer: tile loads of
+// weights still in DRAM stall), C row t is the very integer vector isum of packed_tokens for token t: one
+// instruction per block and 16 tokens instead of 8 vpdpbusd and 8 broadcasts per token. The float
+// step is block_step on those integers, block after block, so the bits are those of the VNNI kernels.
+struct AmxConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(AmxConfig) == 64);
+
+#define SS_AMX __attribute__((target("amx-tile,amx-int8")))
+
+// Tiles: 0 = A (nt tokens x 32 bytes), 1 = B (8 x 64 bytes), 2 = C (nt tokens x 16 int32); 3-5 the
+// same, so two blocks' products are in flight while the float step of the previous ones runs.
+SS_AMX inline void amx_configure(int nt) {
+  alignas(64) AmxConfig c{};
+  c.palette = 1;
+  c.rows[0] = static_cast<uint8_t>(nt), c.colsb[0] = 32;
+  c.rows[1] = 8, c.colsb[1] = 64;
+  c.rows[2] = static_cast<uint8_t>(nt), c.colsb[2] = 64;
+  c.rows[3] = static_cast<uint8_t>(nt), c.colsb[3] = 32;  // 3-5: the same for the odd block of a pair
+  c.rows[4] = 8, c.colsb[4] = 64;
+  c.rows[5] = static_cast<uint8_t>(nt), c.colsb[5] = 64;
+  // GCC 12 does not see ldtilecfg read the struct and drops the stores above: make them happen.
+  __asm__ __volatile__("" : : "r"(&c) : "memory");
+  _tile_loadconfig(&c);
+}
+
+constexpr int kAmxTokens = 16;         // tokens per pass (A and C tile rows)
+constexpr int kAmxCachedBlocks = 64;   // nibble blocks of a group kept unpacked across passes (32 KiB)
+constexpr int kAmxBlockBytes = 8 * 64;  // one unpacked block: B's 8 rows
+
+// Tokens [t0, t0 + nt) over one group; NT >= nt accumulators (the extra lanes repeat the last token
+// and are never stored). unpack: write the group's unpacked blocks into ub (else they are there).
+template <DType T, int NT>
+SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, bool unpack, const QActs& a, int t0,
+                       int nt, float* y, int64_t ldy, int64_t o0, __mmask16 keep, const uint8_t* pf,
+                       int64_t pf_lines) {
+  constexpr Layout F = kFmt<T>;
+  constexpr int H = F.min ? 64 : 32;
+  constexpr int bb = packed_format(T).block_bytes;
+  // Q4_0/Q5_0: the unpacked B holds the signed values (TDPBSSD), which saves the per-token correction.
+  constexpr bool kSigned = F.nib && F.zp && !F.nl;
+  const int64_t cols = a.cols;
+  const float* ad[NT];
+  const float* as[NT];
+  const int32_t* ac[NT];
+  __m512 acc[NT];
+  for (int i = 0; i < NT; ++i) {
+    const int t = t0 + (i < nt ? i : nt - 1);
+    ad[i] = a.d + t * nb;
+    as[i] = a.s + t * nb;
+    ac[i] = a.corr + t * nb;
+    acc[i] = _mm512_setzero_ps();
+  }
+  // C of pair k (blocks 2k, 2k + 1) goes to cb[k % kRing]; its float step runs kLag pairs later, so
+  // the vector loads do not wait on tile stores just issued and the tile unit works ahead meanwhile.
+  constexpr int kRing = 2, kLag = 1;
+  alignas(64) int32_t cb[kRing][2][kAmxTokens * 16] = {};
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t pf_per_block = (pf_lines + nb - 1) / nb;
+  // Blocks [b0, b1) to B tiles in ub (slot b - b0). Done a whole range ahead of their tile loads: a
+  // tile load of bytes still in the store buffer stalls until they drain.
+  auto unpack_range = [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint8_t* p = gp + b * bb;
+        uint8_t* u = ub + (b - b0) * kAmxBlockBytes;
+        for (int j = 0; j < 4; ++j) {  // B rows j (values 4j..) and 4 + j (values 16 + 4j..)
+          const __m512i w = _mm512_loadu_si512(p + H + 64 * j);
+          __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          if constexpr (F.five) {
+            const __m512i h = _mm512_loadu_si512(p + H + 256);
+            const __m512i bit5 = _mm512_set1_epi8(0x10);
+            lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), bit5));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, j), bit5));
+          }
+          if constexpr (kSigned) {  // w = q - C: the tile's integer is then I - corr itself
+            const __m512i zc = _mm512_set1_epi8(F.five ? 16 : 8);
+            lo = _mm512_sub_epi8(lo, zc);
+            hi = _mm512_sub_epi8(hi, zc);
+          }
+          _mm512_store_si512(u + 64 * j, lo);
+          _mm512_store_si512(u + 256 + 64 * j, hi);
+        }
+      }
+  };
+  auto float_step = [&](int64_t b, const int32_t* c) {
+    const uint8_t* p = gp + b * bb;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512 mw = F.min ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))) : dw;
+    for (int i = 0; i < NT; ++i) {
+      if constexpr (kSigned)  // block_step's arithmetic on I - corr, which the tile produced
+        acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(ad[i][b])),
+                                 _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * i)), acc[i]);
+      else
+        acc[i] = block_step<T>(acc[i], _mm512_load_si512(c + 16 * i), dw, mw, _mm512_set1_ps(ad[i][b]),
+                               _mm512_set1_ps(as[i][b]), _mm512_set1_epi32(ac[i][b]));
+    }
+  };
+  const int8_t* aq = a.qs + t0 * cols;
+  const int64_t npairs = (nb + 1) / 2;
+  auto pair_step = [&](int64_t k) {
+    float_step(2 * k, cb[k % kRing][0]);
+    if (2 * k + 1 < nb) float_step(2 * k + 1, cb[k % kRing][1]);
+  };
+  for (int64_t c0 = 0; c0 < nb; c0 += kAmxCachedBlocks) {
+    const int64_t c1 = std::min(nb, c0 + kAmxCachedBlocks);
+    if (unpack || !cached) unpack_range(c0, c1);
+    auto wt = [&](int64_t b) -> const void* { return ub + (b - c0) * kAmxBlockBytes; };
+    for (int64_t b = c0; b < c1; b += 2) {
+      for (int64_t l = b * pf_per_block, le = std::min(l + 2 * pf_per_block, pf_lines); l < le; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+      const int64_t k = b / 2;
+      _tile_loadd(0, aq + 32 * b, cols);
+      _tile_loadd(1, wt(b), 64);
+      _tile_zero(2);
+      if constexpr (kSigned) _tile_dpbssd(2, 0, 1);
+      else _tile_dpbsud(2, 0, 1);
+      const bool two = b + 1 < c1;
+      if (two) {
+        _tile_loadd(3, aq + 32 * (b + 1), cols);
+        _tile_loadd(4, wt(b + 1), 64);
+        _tile_zero(5);
+        if constexpr (kSigned) _tile_dpbssd(5, 3, 4);
+        else _tile_dpbsud(5, 3, 4);
+      }
+      _tile_stored(2, cb[k % kRing][0], 64);
+      if (two) _tile_stored(5, cb[k % kRing][1], 64);
+      if (k >= kLag) pair_step(k - kLag);
+    }
+  }
+  for (int64_t k = std::max<int64_t>(0, npairs - kLag); k < npairs; ++k) pair_step(k);
+  for (int i = 0; i < NT; ++i)
+    if (i < nt) _mm512_mask_storeu_ps(y + (t0 + i) * ldy + o0, keep, acc[i]);
+}
+
+template <DType T>
+SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  const int64_t nb = P.cols / 32;
+  const bool cached = nb <= kAmxCachedBlocks;
+  static_assert(kFmt<T>.nib && !kFmt<T>.nl, "AMX: Q4_0, Q4_1, Q5_0, Q5_1 (see rows_packed)");
+  alignas(64) uint8_t ub[kAmxCachedBlocks * kAmxBlockBytes];
+  int configured = 0;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* gp = P.data + g * P.group_bytes;
+    const int64_t o0 = g * kPackRows;
+    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    for (int t = 0; t < a.n_tok; t += kAmxTokens) {
+      const int nt = std::min(kAmxTokens, a.n_tok - t);
+      if (nt != configured) amx_configure(configured = nt);
+      // The first pass prefetches the next group.
+      const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;
+      const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;
+      const bool unpack = t == 0;
+      if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+      else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+      else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+      else amx_tokens<T, 4>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+    }
+  }
+  if (configured) _tile_release();
+}
+
 }  // namespace
 
+// AMX for the nibble types. Not for Q8_0: its largest product, the lm_head (30 MB), is bound by
+// reading the weights, and there AMX was slower in the 16-stream step (bench decode, lm_head 1.96 ->
+// 2.20 ms per step; tile loads straight from the packed bytes or a vector copy first alike), while
+// the Q8_0 layer products (attn_v of Q4_K_M) are small.
 void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  if (a.n_tok >= kAmxMinTokens && amx_active()) {
+    switch (P.type) {
+      case DType::Q4_0: return rows_packed_amx_t<DType::Q4_0>(P, a, y, ldy, g0, g1);
+      case DType::Q4_1: return rows_packed_amx_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
+      case DType::Q5_0: return rows_packed_amx_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
+      case DType::Q5_1: return rows_packed_amx_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
+      default: break;  // Q8_0 stays on VNNI: see below
+    }
+  }
   switch (P.type) {
     case DType::Q4_0: return rows_packed_t<DType::Q4_0>(P, a, y, ldy, g0, g1);
     case DType::Q4_1: return rows_packed_t<DType::Q4_1>(P, a, y, ldy, g0, g1);

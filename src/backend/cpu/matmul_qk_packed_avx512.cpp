@@ -260,9 +260,186 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
   }
 }
 
+// ---- AMX-INT8 for Q4_K, Q5_K and Q6_K (see matmul_q32_avx512.cpp for the tile scheme) -------------
+// Per super-block, each sub-block's integer dot I_j for 16 tokens x 16 rows is one tile multiply (A:
+// the tokens' sub-block activation bytes, B: the sub-block's weight bytes as packed lanes, decoded
+// once per super-block and group). The super-block integer sum_j sc_j I_j is then summed per token
+// with vpmulld, and the float step is that of packed_k_tokens. Q6_K's B holds the signed values
+// (q - 32, TDPBSSD), so its integer is directly isum - off of the VNNI kernel; Q4_K/Q5_K keep the
+// unsigned values and the same min term. Exact integers, same float step: the same bits.
+struct AmxConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(AmxConfig) == 64);
+
+#define SS_AMX __attribute__((target("amx-tile,amx-int8")))
+
+// Tiles 0-2 and 3-5: A (nt x kb bytes), B (kb / 4 x 64 bytes), C (nt x 16 int32), for sub-blocks of kb.
+SS_AMX inline void amx_configure_k(int nt, int kb) {
+  alignas(64) AmxConfig c{};
+  c.palette = 1;
+  for (int s = 0; s < 2; ++s) {
+    c.rows[3 * s] = static_cast<uint8_t>(nt), c.colsb[3 * s] = static_cast<uint16_t>(kb);
+    c.rows[3 * s + 1] = static_cast<uint8_t>(kb / 4), c.colsb[3 * s + 1] = 64;
+    c.rows[3 * s + 2] = static_cast<uint8_t>(nt), c.colsb[3 * s + 2] = 64;
+  }
+  __asm__ __volatile__("" : : "r"(&c) : "memory");  // GCC 12 drops the stores ldtilecfg reads
+  _tile_loadconfig(&c);
+}
+
+template <DType T>
+struct KSub {
+  static constexpr int n = T == DType::Q6_K ? 16 : 8;  // sub-blocks per super-block
+  static constexpr int kb = 256 / n;                   // values per sub-block
+};
+
+// Super-block p of a group as B tiles in u (sub-block j at u + 16 * kb * j: kb / 4 rows of 64 bytes), and its sub-block scales
+// as int32 vectors in sc (sc + 16 j).
+template <DType T>
+SS_AMX inline void amx_decode_k(const uint8_t* p, uint8_t* u, int32_t* sc) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  if constexpr (T == DType::Q6_K) {
+    const __m512i hi2 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi8(32);
+    for (int c = 0; c < 64; ++c) {  // chunk c (values 4c..4c+3) is B row c % 4 of sub-block c / 4
+      const int q = c / 16;
+      const __m512i nl = _mm512_loadu_si512(p + 288 + 64 * (c % 32));
+      const __m512i h = _mm512_loadu_si512(p + 2336 + 64 * (c % 16));
+      const __m512i lo = q < 2 ? _mm512_and_si512(nl, low4) : _mm512_and_si512(_mm512_srli_epi16(nl, 4), low4);
+      const __m512i hb = q == 0 ? _mm512_slli_epi16(h, 4) : q == 1 ? _mm512_slli_epi16(h, 2) : q == 2 ? h : _mm512_srli_epi16(h, 2);
+      _mm512_store_si512(u + 64 * c, _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_and_si512(hb, hi2)), off));
+    }
+    for (int j = 0; j < 16; ++j) {
+      const __m512i sp = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * (j / 2))));
+      _mm512_store_si512(sc + 16 * j, j % 2 ? _mm512_srai_epi32(sp, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16));
+    }
+  } else {
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    for (int j = 0; j < 8; ++j) {
+      [[maybe_unused]] const __m512i h5 = T == DType::Q5_K ? _mm512_loadu_si512(p + 2368 + 64 * j) : __m512i{};
+      for (int v = 0; v < 4; ++v) {  // B rows v (values 32j + 4v..) and 4 + v (values 32j + 16 + 4v..)
+        const __m512i w = _mm512_loadu_si512(p + 320 + 256 * j + 64 * v);
+        __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        if constexpr (T == DType::Q5_K) {
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h5, 4 - v), bit4));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h5, v), bit4));
+        }
+        _mm512_store_si512(u + 512 * j + 64 * v, lo);
+        _mm512_store_si512(u + 512 * j + 256 + 64 * v, hi);
+      }
+      _mm512_store_si512(sc + 16 * j,
+                         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * j))));
+    }
+  }
+}
+
+constexpr int kAmxTokensK = 16;
+
+// Tokens [t0, t0 + nt) over one group, NT >= nt accumulators (extra lanes repeat the last token and
+// are never stored).
+template <DType T, int NT>
+SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0, int nt, float* y, int64_t ldy,
+                         int64_t o0, __mmask16 keep, const uint8_t* pf) {
+  constexpr int kBlock = packed_format(T).block_bytes;
+  constexpr int kLines = (kBlock + 63) / 64;
+  constexpr int NS = KSub<T>::n, KB = KSub<T>::kb;
+  const int64_t cols = a.cols;
+  const float* ad[NT];
+  const int16_t* bs[NT];
+  __m512 acc[NT];
+  for (int i = 0; i < NT; ++i) {
+    const int t = t0 + (i < nt ? i : nt - 1);
+    ad[i] = a.d + t * nsb;
+    bs[i] = a.bsum + t * (cols / 16);
+    acc[i] = _mm512_setzero_ps();
+  }
+  // Decoded super-blocks alternate between two slots, one super-block ahead of their tile loads (a
+  // tile load of bytes still in the store buffer stalls).
+  alignas(64) uint8_t u[2][4096];
+  alignas(64) int32_t sc[2][16 * 16];
+  alignas(64) int32_t cb[NS][kAmxTokensK * 16];
+  amx_decode_k<T>(gp, u[0], sc[0]);
+  const int8_t* aq = a.qs + t0 * cols;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* p = gp + sb * kBlock;
+    if (pf)
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + sb * kBlock + 64 * l), _MM_HINT_T0);
+    const uint8_t* ub = u[sb % 2];
+    for (int j = 0; j < NS; j += 2) {
+      _tile_loadd(0, aq + 256 * sb + KB * j, cols);
+      _tile_loadd(1, ub + 16 * KB * j, 64);
+      _tile_zero(2);
+      _tile_loadd(3, aq + 256 * sb + KB * (j + 1), cols);
+      _tile_loadd(4, ub + 16 * KB * (j + 1), 64);
+      _tile_zero(5);
+      if constexpr (T == DType::Q6_K) {
+        _tile_dpbssd(2, 0, 1);
+        _tile_dpbssd(5, 3, 4);
+      } else {
+        _tile_dpbsud(2, 0, 1);
+        _tile_dpbsud(5, 3, 4);
+      }
+      _tile_stored(2, cb[j], 64);
+      _tile_stored(5, cb[j + 1], 64);
+    }
+    if (sb + 1 < nsb) amx_decode_k<T>(p + kBlock, u[(sb + 1) % 2], sc[(sb + 1) % 2]);
+    const int32_t* s = sc[sb % 2];
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    [[maybe_unused]] const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    for (int i = 0; i < NT; ++i) {
+      __m512i isum = _mm512_setzero_si512();
+      for (int j = 0; j < NS; ++j)
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cb[j] + 16 * i), _mm512_load_si512(s + 16 * j)));
+      const __m512 da = _mm512_set1_ps(ad[i][sb]);
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum), acc[i]);
+      if constexpr (T != DType::Q6_K) {  // m_j times the sub-block sums S_j, as packed_k_tokens
+        __m512i off = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          const __m512i mp =
+              _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 192 + 32 * k)));
+          const int16_t* b = bs[i] + 16 * sb + 4 * k;
+          off = _mm512_dpwssd_epi32(off, mp, _mm512_set1_epi32(pair16(b[0] + b[1], b[2] + b[3])));
+        }
+        acc[i] = _mm512_fnmadd_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(off), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < NT; ++i)
+    if (i < nt) _mm512_mask_storeu_ps(y + (t0 + i) * ldy + o0, keep, acc[i]);
+}
+
+template <DType T>
+SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  const int64_t nsb = P.cols / 256;
+  int configured = 0;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* gp = P.data + g * P.group_bytes;
+    const int64_t o0 = g * kPackRows;
+    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    for (int t = 0; t < a.n_tok; t += kAmxTokensK) {
+      const int nt = std::min(kAmxTokensK, a.n_tok - t);
+      if (nt != configured) amx_configure_k(configured = nt, KSub<T>::kb);
+      const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
+      if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+      else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+      else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+      else amx_k_tokens<T, 4>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+    }
+  }
+  if (configured) _tile_release();
+}
+
 }  // namespace
 
 void rows_packed_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  if (a.n_tok >= kAmxMinTokensK && amx_active()) {
+    if (P.type == DType::Q4_K) return rows_packed_amx_k<DType::Q4_K>(P, a, y, ldy, g0, g1);
+    if (P.type == DType::Q5_K) return rows_packed_amx_k<DType::Q5_K>(P, a, y, ldy, g0, g1);
+    if (P.type == DType::Q6_K) return rows_packed_amx_k<DType::Q6_K>(P, a, y, ldy, g0, g1);
+  }
   if (P.type == DType::Q2_K) rows_packed_kt<DType::Q2_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q3_K) rows_packed_kt<DType::Q3_K>(P, a, y, ldy, g0, g1);
   else if (P.type == DType::Q4_K) rows_packed_kt<DType::Q4_K>(P, a, y, ldy, g0, g1);

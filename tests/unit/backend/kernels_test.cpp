@@ -372,11 +372,11 @@ TEST(Kernels, BatchInvariance) {
 // remainder; AVX2's block-outer path in 64-token chunks: 70), row counts that leave a partial 16-row group (45 rows: a partial second 8-row AVX2
 // half; 29 rows the same for the 32-value types), or an odd group after the pairs (83 rows: 6 groups, 3
 // per thread), and the thread split.
-static void check_packed(Isa isa, DType type, std::mt19937& g) {
+static void check_packed(Isa isa, DType type, std::mt19937& g,
+                         std::initializer_list<int64_t> col_list = {32, 96, 160, 576, 1536, 256, 768}) {
   ThreadPool pool1(1), pool2(2);
   IsaGuard guard(isa);
-  for (int64_t cols :
-       {int64_t{32}, int64_t{96}, int64_t{160}, int64_t{576}, int64_t{1536}, int64_t{256}, int64_t{768}}) {
+  for (int64_t cols : col_list) {
     // K types: super-blocks of 256, so 256 (one), 768 (three) and 1536 (six) values per row.
     const bool k = m::info(type).block_size == 256;
     if (k ? cols % 256 != 0 : cols == 256 || cols == 768) continue;
@@ -385,13 +385,14 @@ static void check_packed(Isa isa, DType type, std::mt19937& g) {
                          : cols == 160             ? 32
                          : cols == 576             ? 53
                          : cols == 768             ? 45
-                                                   : 83;
+                                         : cols == 1536            ? 83
+                                                   : 21;
     RandTensor w = make_tensor(type, rows, cols, g);
     ss::HugeBuffer buf;
     ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t))) << m::dtype_name(type);
     const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
     ASSERT_FALSE(P.empty()) << m::dtype_name(type);
-    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 48, 70})
+    for (int n_tok : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 28, 33, 48, 70})
       for (ThreadPool* pool : {&pool1, &pool2}) {
         SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(isa) << " cols=" << cols
                                         << " n_tok=" << n_tok << " threads=" << pool->size());
@@ -416,8 +417,14 @@ static void check_packed(Isa isa, DType type, std::mt19937& g) {
   }
 }
 
+struct AmxGuard {
+  explicit AmxGuard(bool on) { ss::cpu::force_amx(on); }
+  ~AmxGuard() { ss::cpu::clear_forced_amx(); }
+};
+
 TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   if (ss::cpu::detected_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU: nothing is packed";
+  AmxGuard vnni(false);  // the VNNI packed kernels (PackedAmxMatchesUnpackedBitForBit: the AMX ones)
   std::mt19937 g(seed() + 4);
   for (Isa isa : {Isa::Avx512, Isa::Avx2}) {
     if (ss::cpu::detected_isa() < isa) continue;
@@ -425,6 +432,33 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
                        DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
       check_packed(isa, type, g);
   }
+}
+
+// The AMX tile kernels (Q4_0/Q4_1/Q5_0/Q5_1 from 12 tokens, Q4_K/Q5_K/Q6_K from 8) against the
+// unpacked VNNI kernels: the same bits. 2208 columns (69 blocks) is more than a group's blocks kept unpacked (64),
+// and odd: the blocks are unpacked per pass and the last block is a single.
+TEST(Kernels, PackedAmxMatchesUnpackedBitForBit) {
+  if (!ss::cpu::amx_available()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or the OS did not grant it)";
+  AmxGuard amx(true);
+  ASSERT_TRUE([] {
+    IsaGuard guard(Isa::Avx512);
+    return ss::cpu::amx_active();
+  }());
+  std::mt19937 g(seed() + 14);
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1})
+    check_packed(Isa::Avx512, type, g, {32, 160, 576, 1536, 2208});
+  for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) check_packed(Isa::Avx512, type, g, {256, 768, 1536});
+}
+
+// SS_CPU_AMX / force_amx turn it off; under a lower ISA it is never active.
+TEST(Kernels, AmxOnlyUnderAvx512) {
+  {
+    AmxGuard off(false);
+    EXPECT_FALSE(ss::cpu::amx_active());
+  }
+  AmxGuard on(true);
+  IsaGuard guard(Isa::Avx2);
+  EXPECT_FALSE(ss::cpu::amx_active());
 }
 
 // A type without a packed form, or a CPU without AVX2, packs to nothing and matmul uses W itself.
