@@ -13,6 +13,7 @@
 
 #include <algorithm>
 
+#include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/kernels_internal.h"
 
 namespace ss::cpu::detail::avx512 {
@@ -444,31 +445,8 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
 // weights still in DRAM stall), C row t is the very integer vector isum of packed_tokens for token t: one
 // instruction per block and 16 tokens instead of 8 vpdpbusd and 8 broadcasts per token. The float
 // step is block_step on those integers, block after block, so the bits are those of the VNNI kernels.
-struct AmxConfig {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(AmxConfig) == 64);
-
-#define SS_AMX __attribute__((target("amx-tile,amx-int8")))
-
-// Tiles: 0 = A (nt tokens x 32 bytes), 1 = B (8 x 64 bytes), 2 = C (nt tokens x 16 int32); 3-5 the
-// same, so two blocks' products are in flight while the float step of the previous ones runs.
-SS_AMX inline void amx_configure(int nt) {
-  alignas(64) AmxConfig c{};
-  c.palette = 1;
-  c.rows[0] = static_cast<uint8_t>(nt), c.colsb[0] = 32;
-  c.rows[1] = 8, c.colsb[1] = 64;
-  c.rows[2] = static_cast<uint8_t>(nt), c.colsb[2] = 64;
-  c.rows[3] = static_cast<uint8_t>(nt), c.colsb[3] = 32;  // 3-5: the same for the odd block of a pair
-  c.rows[4] = 8, c.colsb[4] = 64;
-  c.rows[5] = static_cast<uint8_t>(nt), c.colsb[5] = 64;
-  // GCC 12 does not see ldtilecfg read the struct and drops the stores above: make them happen.
-  __asm__ __volatile__("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
-}
+// Tiles: amx_configure(nt, 32) (amx_tiles.h): A = nt tokens x one block's 32 activation bytes,
+// B = its 8 weight vectors, C = nt x 16 int32; 3-5 the same for the odd block of a pair.
 
 constexpr int kAmxTokens = 16;         // tokens per pass (A and C tile rows)
 constexpr int kAmxCachedBlocks = 64;   // nibble blocks of a group kept unpacked across passes (32 KiB)
@@ -592,7 +570,7 @@ SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, i
     const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
     for (int t = 0; t < a.n_tok; t += kAmxTokens) {
       const int nt = std::min(kAmxTokens, a.n_tok - t);
-      if (nt != configured) amx_configure(configured = nt);
+      if (nt != configured) amx_configure(configured = nt, 32);
       // The first pass prefetches the next group.
       const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;
       const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/kernels_internal.h"
 
 namespace ss::cpu::detail::avx512 {
@@ -267,28 +268,7 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
 // with vpmulld, and the float step is that of packed_k_tokens. Q6_K's B holds the signed values
 // (q - 32, TDPBSSD), so its integer is directly isum - off of the VNNI kernel; Q4_K/Q5_K keep the
 // unsigned values and the same min term. Exact integers, same float step: the same bits.
-struct AmxConfig {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(AmxConfig) == 64);
-
-#define SS_AMX __attribute__((target("amx-tile,amx-int8")))
-
-// Tiles 0-2 and 3-5: A (nt x kb bytes), B (kb / 4 x 64 bytes), C (nt x 16 int32), for sub-blocks of kb.
-SS_AMX inline void amx_configure_k(int nt, int kb) {
-  alignas(64) AmxConfig c{};
-  c.palette = 1;
-  for (int s = 0; s < 2; ++s) {
-    c.rows[3 * s] = static_cast<uint8_t>(nt), c.colsb[3 * s] = static_cast<uint16_t>(kb);
-    c.rows[3 * s + 1] = static_cast<uint8_t>(kb / 4), c.colsb[3 * s + 1] = 64;
-    c.rows[3 * s + 2] = static_cast<uint8_t>(nt), c.colsb[3 * s + 2] = 64;
-  }
-  __asm__ __volatile__("" : : "r"(&c) : "memory");  // GCC 12 drops the stores ldtilecfg reads
-  _tile_loadconfig(&c);
-}
+// Tiles: amx_configure(nt, kb) (amx_tiles.h), kb the sub-block's values.
 
 template <DType T>
 struct KSub {
@@ -421,7 +401,7 @@ SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, i
     const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
     for (int t = 0; t < a.n_tok; t += kAmxTokensK) {
       const int nt = std::min(kAmxTokensK, a.n_tok - t);
-      if (nt != configured) amx_configure_k(configured = nt, KSub<T>::kb);
+      if (nt != configured) amx_configure(configured = nt, KSub<T>::kb);
       const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
       if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
       else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
