@@ -4,7 +4,10 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "backend/cpu/kernels_internal.h"
 
 namespace ss::cpu::detail::avx512 {
 
@@ -32,6 +35,28 @@ SS_AMX inline void amx_configure(int nt, int kb) {
   // GCC 12 does not see ldtilecfg read the struct and drops the stores above: make them happen.
   __asm__ __volatile__("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
+}
+
+// The walk both kernels share: packed row groups [g0, g1), each in passes of up to `per_pass`
+// tokens (tiles configured for the pass's token count), the first pass of a group fetching the next
+// group ahead; pass(gp, o0, keep, t0, nt, pf) runs one pass (gp: the group's bytes, o0: its first
+// output row, keep: its rows' lanes, pf: the next group's bytes to prefetch, or null).
+template <class Pass>
+SS_AMX inline void amx_walk_groups(const PackedMatrix& P, int n_tok, int per_pass, int kb, int64_t g0, int64_t g1,
+                                   Pass&& pass) {
+  int configured = 0;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* gp = P.data + g * P.group_bytes;
+    const int64_t o0 = g * kPackRows;
+    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
+    for (int t = 0; t < n_tok; t += per_pass) {
+      const int nt = std::min(per_pass, n_tok - t);
+      if (nt != configured) amx_configure(configured = nt, kb);
+      pass(gp, o0, keep, t, nt, t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr);
+    }
+  }
+  if (configured) _tile_release();
 }
 
 }  // namespace ss::cpu::detail::avx512

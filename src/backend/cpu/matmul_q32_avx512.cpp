@@ -562,26 +562,15 @@ SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, i
   const bool cached = nb <= kAmxCachedBlocks;
   static_assert(kFmt<T>.nib && !kFmt<T>.nl, "AMX: Q4_0, Q4_1, Q5_0, Q5_1 (see rows_packed)");
   alignas(64) uint8_t ub[kAmxCachedBlocks * kAmxBlockBytes];
-  int configured = 0;
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* gp = P.data + g * P.group_bytes;
-    const int64_t o0 = g * kPackRows;
-    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
-    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
-    for (int t = 0; t < a.n_tok; t += kAmxTokens) {
-      const int nt = std::min(kAmxTokens, a.n_tok - t);
-      if (nt != configured) amx_configure(configured = nt, 32);
-      // The first pass prefetches the next group.
-      const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;
-      const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;
-      const bool unpack = t == 0;
-      if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-      else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-      else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-      else amx_tokens<T, 4>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-    }
-  }
-  if (configured) _tile_release();
+  amx_walk_groups(P, a.n_tok, kAmxTokens, 32, g0, g1,
+                  [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
+                    const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;
+                    const bool unpack = t == 0;
+                    if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+                    else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+                    else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+                    else amx_tokens<T, 4>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+                  });
 }
 
 }  // namespace

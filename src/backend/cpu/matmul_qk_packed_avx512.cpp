@@ -393,23 +393,13 @@ SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0,
 template <DType T>
 SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   const int64_t nsb = P.cols / 256;
-  int configured = 0;
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* gp = P.data + g * P.group_bytes;
-    const int64_t o0 = g * kPackRows;
-    const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
-    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
-    for (int t = 0; t < a.n_tok; t += kAmxTokensK) {
-      const int nt = std::min(kAmxTokensK, a.n_tok - t);
-      if (nt != configured) amx_configure(configured = nt, KSub<T>::kb);
-      const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
-      if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-      else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-      else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-      else amx_k_tokens<T, 4>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-    }
-  }
-  if (configured) _tile_release();
+  amx_walk_groups(P, a.n_tok, kAmxTokensK, KSub<T>::kb, g0, g1,
+                  [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
+                    if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+                    else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+                    else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+                    else amx_k_tokens<T, 4>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+                  });
 }
 
 }  // namespace
