@@ -2,7 +2,8 @@
 # On the GPU machine, through tools/gpu/detached.sh (it outlasts one call):
 #   tools/gpu/detached.sh 570 tools/gpu/pending_checks.sh   (then again within 30 s to keep waiting)
 # carrying .gpu-deps (tools/gpu/fetch_device_deps.sh) and .gobench (tools/bench_go.sh says how to make
-# it). The steps are in order of importance: on a short device budget the last ones may not run.
+# it). The steps are in order of importance; each is skipped (and says so) once it would end past
+# BUDGET_S, so a short device budget still brings back the results of the steps before it.
 # The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
 #   1. build; test_gpu and test_gpu_backend in full (the defaults);
 #   2. the opt-in paths not yet run on a GPU: SS_CUDA_PREFILL_ATTN=flash (tensor-core prefill
@@ -21,6 +22,9 @@ RES=${RES:-$PWD/out-gpu/pending}
 mkdir -p "$RES"
 T0=$(date +%s)
 stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$RES/progress"; }
+# BUDGET_S (default 1380 s): want EST NAME skips a step whose estimate would end past it.
+BUDGET_S=${BUDGET_S:-1380}
+want() { if [ $(($(date +%s) - T0 + $1)) -le "$BUDGET_S" ]; then return 0; fi; stage "skipped (budget): $2"; return 1; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --oneline; command -v nsys ncu; } > "$RES/env.txt" 2>&1
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$RES/build.log" 2>&1
 stage "build rc=$?"
@@ -36,53 +40,35 @@ stage "test_gpu_backend with flash prefill rc=$? $(summary "$RES/t-backend-flash
 
 M=/tmp/ssm
 mkdir -p $M
-for shape in llama32-1b llama3-8b; do
-  [ -s $M/$shape-bf16.gguf ] || $B/selfserve synth --shape $shape --format gguf --dtype bf16 --seed 1 \
-    --out $M/$shape-bf16.gguf --quiet
-  stage "synth $shape rc=$?"
-done
-for shape in llama32-1b llama3-8b; do
-  for round in 1; do
+synth() {  # synth SHAPE DTYPE
+  [ -s $M/$1-$2.gguf ] || $B/selfserve synth --shape $1 --format gguf --dtype $2 --seed 1 --out $M/$1-$2.gguf --quiet
+  stage "synth $1 $2 rc=$?"
+}
+rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
+prefill_ab() {  # prefill_ab SHAPE PP...: rows vs flash prefill attention, interleaved per prompt length
+  local shape=$1; shift
+  for pp in "$@"; do
     for mode in rows flash; do
-      for pp in 512 2048 $([ $shape = llama32-1b ] && echo 4096); do
-        SS_CUDA_PREFILL_ATTN=$mode timeout 240 $B/selfserve bench offline --model $M/$shape-bf16.gguf --device cuda \
-          --threads 16 --prompt-tokens $pp --gen-tokens 16 --reps 3 > "$RES/pp-$shape-$mode-$pp-$round.txt" 2>&1
-        stage "prefill $shape $mode pp$pp round $round rc=$? $(grep -E '^ +[0-9]+ ' "$RES/pp-$shape-$mode-$pp-$round.txt" | tr -s ' ')"
-      done
+      want 60 "prefill $shape $mode pp$pp" || continue
+      SS_CUDA_PREFILL_ATTN=$mode timeout 240 $B/selfserve bench offline --model $M/$shape-bf16.gguf --device cuda \
+        --threads 16 --prompt-tokens $pp --gen-tokens 16 --reps 3 > "$RES/pp-$shape-$mode-$pp.txt" 2>&1
+      stage "prefill $shape $mode pp$pp rc=$? $(rowsof "$RES/pp-$shape-$mode-$pp.txt")"
     done
   done
-done
-# Where the 8B step goes at batch 16 and 64 (the cuBLAS path, 0.78x llama.cpp at 64): eager, an event
-# after every stage (SS_CUDA_PROFILE=1), beside the graph-replayed step.
-timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 1,16,64 --context 512 \
-  --steps 32 --reps 3 > "$RES/b64-graphs.txt" 2>&1
-stage "8B batch 16/64 graphs rc=$?"
-SS_CUDA_PROFILE=1 timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 16,64 \
-  --context 512 --steps 16 --reps 2 > "$RES/b64-profile.txt" 2>&1
-stage "8B batch 16/64 profile rc=$?"
-for round in 1; do
-  for ds in 0 1; do
-    SS_CUDA_DEVICE_SAMPLING=$ds timeout 240 $B/selfserve bench decode --model $M/llama32-1b-bf16.gguf --device cuda \
-      --batch 1,16,64 --context 512 --steps 64 --reps 3 --temperature 1 > "$RES/sampled-$ds-$round.txt" 2>&1
-    stage "sampled decode device_sampling=$ds round $round rc=$?"
-  done
-done
-for dt in q4_k q6_k; do  # native K-quants (--gpu-native-quant) against the same file converted to bf16 at load
-  f=$M/llama32-1b-$dt.gguf
-  [ -s $f ] || $B/selfserve synth --shape llama32-1b --format gguf --dtype $dt --seed 1 --out $f --quiet
-  for native in "" --gpu-native-quant; do
-    timeout 240 $B/selfserve bench decode --model $f --device cuda $native --batch 1,8 --context 512 --steps 64 --reps 3 \
-      > "$RES/kq-decode-$dt${native:+-native}.txt" 2>&1
-    stage "K-quant $dt decode ${native:-bf16} rc=$?"
-    timeout 240 $B/selfserve bench offline --model $f --device cuda $native --threads 16 --prompt-tokens 512 \
-      --gen-tokens 128 --reps 3 > "$RES/kq-offline-$dt${native:+-native}.txt" 2>&1
-    stage "K-quant $dt offline ${native:-bf16} rc=$?"
-  done
+}
+synth llama32-1b bf16
+prefill_ab llama32-1b 512 2048 4096
+for ds in 0 1; do  # host vs device sampling at temperature 1
+  want 90 "sampled decode $ds" || continue
+  SS_CUDA_DEVICE_SAMPLING=$ds timeout 240 $B/selfserve bench decode --model $M/llama32-1b-bf16.gguf --device cuda \
+    --batch 1,16,64 --context 512 --steps 64 --reps 3 --temperature 1 > "$RES/sampled-$ds.txt" 2>&1
+  stage "sampled decode device_sampling=$ds rc=$? $(rowsof "$RES/sampled-$ds.txt")"
 done
 # Host CUDA calls per decoded token (issue 17: zero launches and syncs per token in the device loop):
 # the CUPTI counts at exit of two runs that differ by 128 generated tokens, host vs persistent.
 for sch in host persistent; do
   for gen in 128 256; do
+    want 40 "api counts $sch $gen" || continue
     SS_CUDA_API_COUNTS=1 timeout 200 $B/selfserve bench offline --model $M/llama32-1b-bf16.gguf --device cuda \
       --threads 16 --prompt-tokens 64 --gen-tokens $gen --reps 1 --scheduling $sch > "$RES/api-$sch-$gen.txt" 2>&1
     stage "api counts $sch gen $gen rc=$? $(grep 'cuda host calls' "$RES/api-$sch-$gen.txt" | tail -1)"
@@ -90,13 +76,50 @@ for sch in host persistent; do
 done
 # The new kernels under compute-sanitizer: memcheck on their tests, racecheck on the one with shared
 # memory traffic between warps (the prefill tiles).
-timeout 400 compute-sanitizer --tool memcheck --error-exitcode 1 $B/test_gpu \
-  --gtest_filter='*Prefill*:GpuDecodePacked.*:GpuSampling.*' > "$RES/memcheck.txt" 2>&1
-stage "memcheck new kernels rc=$? $(grep -E 'ERROR SUMMARY' "$RES/memcheck.txt" | tail -1)"
-timeout 300 compute-sanitizer --tool racecheck --error-exitcode 1 $B/test_gpu \
-  --gtest_filter='GpuAttention.PrefillTilesOnTensorCoresMatchHost' > "$RES/racecheck.txt" 2>&1
-stage "racecheck prefill rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$RES/racecheck.txt" | tail -1)"
-if command -v nsys > /dev/null; then
+if want 200 "memcheck"; then
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 1 $B/test_gpu \
+    --gtest_filter='*Prefill*:GpuDecodePacked.*:GpuSampling.*' > "$RES/memcheck.txt" 2>&1
+  stage "memcheck new kernels rc=$? $(grep -E 'ERROR SUMMARY' "$RES/memcheck.txt" | tail -1)"
+fi
+if want 120 "racecheck"; then
+  timeout 300 compute-sanitizer --tool racecheck --error-exitcode 1 $B/test_gpu \
+    --gtest_filter='GpuAttention.PrefillTilesOnTensorCoresMatchHost' > "$RES/racecheck.txt" 2>&1
+  stage "racecheck prefill rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$RES/racecheck.txt" | tail -1)"
+fi
+for dt in q4_k q6_k; do  # native K-quants (--gpu-native-quant) against the same file converted to bf16 at load
+  want 150 "K-quant $dt" || continue
+  synth llama32-1b $dt
+  f=$M/llama32-1b-$dt.gguf
+  for native in "" --gpu-native-quant; do
+    timeout 240 $B/selfserve bench decode --model $f --device cuda $native --batch 1,8 --context 512 --steps 64 --reps 3 \
+      > "$RES/kq-decode-$dt${native:+-native}.txt" 2>&1
+    stage "K-quant $dt decode ${native:-bf16} rc=$? $(rowsof "$RES/kq-decode-$dt${native:+-native}.txt")"
+    timeout 240 $B/selfserve bench offline --model $f --device cuda $native --threads 16 --prompt-tokens 512 \
+      --gen-tokens 128 --reps 3 > "$RES/kq-offline-$dt${native:+-native}.txt" 2>&1
+    stage "K-quant $dt offline ${native:-bf16} rc=$? $(rowsof "$RES/kq-offline-$dt${native:+-native}.txt")"
+  done
+done
+if want 200 "8B"; then
+  synth llama3-8b bf16
+  prefill_ab llama3-8b 512 2048
+  # Where the 8B step goes at batch 16 and 64 (the cuBLAS path, 0.78x llama.cpp at 64): the
+  # graph-replayed step, then eager with an event after every stage (SS_CUDA_PROFILE=1).
+  if want 120 "8B batch 1/16/64 graphs"; then
+    timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 1,16,64 --context 512 \
+      --steps 32 --reps 3 > "$RES/b64-graphs.txt" 2>&1
+    stage "8B batch 1/16/64 graphs rc=$? $(rowsof "$RES/b64-graphs.txt")"
+  fi
+  if want 120 "8B profile"; then
+    SS_CUDA_PROFILE=1 timeout 300 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --batch 16,64 \
+      --context 512 --steps 16 --reps 2 > "$RES/b64-profile.txt" 2>&1
+    stage "8B batch 16/64 profile rc=$?"
+  fi
+fi
+if want 300 "experiment C"; then
+  OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
+  stage "experiment C rc=$?"
+fi
+if command -v nsys > /dev/null && want 90 "nsys"; then
   SS_CUDA_PREFILL_ATTN=flash timeout 200 nsys profile -o "$RES/prof1b" --force-overwrite true $B/selfserve bench offline \
     --model $M/llama32-1b-bf16.gguf --device cuda --prompt-tokens 512 --gen-tokens 4 --reps 2 > "$RES/nsys-1b.txt" 2>&1
   stage "nsys rc=$?"
@@ -106,7 +129,7 @@ if command -v nsys > /dev/null; then
 fi
 # Issue 19 on a machine with idle cores: the Go SDK against the C++ engine and the C ABI, CUDA backend,
 # with a benchdecode binary built where Go is (tools/bench_go.sh says how) and carried in .gobench.
-if [ -x .gobench/benchdecode ]; then
+if [ -x .gobench/benchdecode ] && want 300 "bench_go"; then
   tools/gpu/build_on_device.sh bench_engine_decode bench_capi_decode selfserve_capi selfserve_cuda > "$RES/build-go.log" 2>&1 &&
     cmake --install build-gpu --prefix build-gpu/install >> "$RES/build-go.log" 2>&1
   stage "build for bench_go rc=$?"
@@ -115,8 +138,8 @@ if [ -x .gobench/benchdecode ]; then
     > "$RES/bench_go.txt" 2>&1
   stage "bench_go rc=$? $(grep -E 'median' "$RES/bench_go.txt" | tr -s ' ' | head -8 | tr '\n' ';')"
 fi
-OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
-stage "experiment C rc=$?"
-OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
-stage "KV tiers rc=$?"
+if want 400 "KV tiers"; then
+  OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
+  stage "KV tiers rc=$?"
+fi
 stage done
