@@ -117,6 +117,7 @@ constexpr bool has_packed_kernel(model::DType t, Isa isa) {
   namespace ns {                                                                                        \
   int act_group(model::DType wtype, int n_tok);                                                         \
   void quantize(model::DType wtype, const float* x, int64_t ldx, int t0, int t1, const QActs& a);      \
+  int act_zero_point(model::DType wtype); /* the C of quantize's corr = C * sum(q) (0: corr is 0) */   \
   void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1); \
   void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);  \
   void rows_f(const model::Tensor& W, const float* x, int64_t ldx, int n_tok, float* y, int64_t ldy,    \
