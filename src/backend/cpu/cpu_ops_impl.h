@@ -271,6 +271,11 @@ constexpr int kSStride = kPassChunks * kKeyChunk;  // floats per row of S
 // K is prefetched one qk_group call ahead: measured the same as 2-4 ahead (the single-thread loop is
 // at DRAM bandwidth by then).
 constexpr int kPfGroups = 1;
+// attention_token's prefetches (the next chunks' K, these chunks' V) go to L2, not L1 (prefetcht1, not
+// prefetcht0): a decode item reads ~123 KB of f16 K/V from DRAM, and with prefetcht0 it ran at ~10 GB/s
+// per thread on Zen 4 whatever the distance (1, 2 or 4 calls ahead), 11.5 us an item against 6 us from
+// cache; to L2 it takes ~8 us (docs/perf/cpu.md, 2026-12-05).
+constexpr int kTokenPfLocality = 2;
 
 
 template <class KT>
@@ -588,10 +593,12 @@ __attribute__((noinline)) void qk_multi(const float* qt, const Chunk<KT>* const*
   for (int d = 0; d < hd; ++d) {
     const int k0 = d * k_lines / hd, k1 = (d + 1) * k_lines / hd;
     for (int j = 0; j < nk; ++j)
-      for (int i = k0; i < k1; ++i) __builtin_prefetch(reinterpret_cast<const char*>(pk[0][j].K) + i * 64, 0, 3);
+      for (int i = k0; i < k1; ++i)
+        __builtin_prefetch(reinterpret_cast<const char*>(pk[0][j].K) + i * 64, 0, kTokenPfLocality);
     const int v0 = d * v_lines / hd, v1 = (d + 1) * v_lines / hd;
     for (int j = 0; j < NC; ++j)
-      for (int i = v0; i < v1; ++i) __builtin_prefetch(reinterpret_cast<const char*>(ch[0][c + j].V) + i * 64, 0, 3);
+      for (int i = v0; i < v1; ++i)
+        __builtin_prefetch(reinterpret_cast<const char*>(ch[0][c + j].V) + i * 64, 0, kTokenPfLocality);
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < NC; ++j) {
         const vf kv = vload(kp[g][j]);
@@ -679,7 +686,8 @@ void attend_token_multi(const AttnLayer& L, const int32_t* table, const float* c
         chs[g][c] = make_chunk<KT>(L, table, p0 + c, g0 + g);
     // 1. scores, NC chunks per call (the tail one at a time), prefetching the next NC chunks' K.
     for (int c = 0; c < NC && c < n_chunks; ++c)
-      for (int i = 0; i < lines; ++i) __builtin_prefetch(reinterpret_cast<const char*>(ch[0][c].K) + i * 64, 0, 3);
+      for (int i = 0; i < lines; ++i)
+        __builtin_prefetch(reinterpret_cast<const char*>(ch[0][c].K) + i * 64, 0, kTokenPfLocality);
     for (int c = 0; c < n_chunks; c += NC) {
       const int p1 = c + NC;
       const int n_ahead = p1 >= n_chunks ? 0 : n_chunks - p1 < NC ? n_chunks - p1 : NC;

@@ -373,13 +373,40 @@ namespace {
 constexpr int kMaxJobs = 8;
 }  // namespace
 
+namespace {
+
+int act_zero_point(model::DType t) {
+  return active_isa() == Isa::Avx512 ? detail::avx512::act_zero_point(t) : detail::avx2::act_zero_point(t);
+}
+
+// Whether a job of type t can share activations quantized for type t0: same quantization (32-value
+// blocks, or the same K type) and a corr = C * sum(q) that follows exactly from t0's (at most one
+// other C among the jobs: its corr goes to the spare array, see matmul_multi). E.g. Q4_K_M's Q and K
+// (Q5_0, C = 16) with V (Q8_0, C = 128 on AVX-512, 0 on AVX2).
+bool shares_acts(model::DType t0, model::DType t) {
+  if (t == t0) return true;
+  if (detail::is_k_type(t0) || detail::is_k_type(t)) return false;
+  const int c0 = act_zero_point(t0), c = act_zero_point(t);
+  return c == c0 || c0 != 0;
+}
+
+}  // namespace
+
 bool packed_path(const MatmulJob* jobs, int n_jobs) {
   bool fused = n_jobs > 0 && n_jobs <= kMaxJobs && !jobs[0].P->empty() &&
                detail::has_packed_kernel(jobs[0].P->type, active_isa());
+  const model::DType t0 = fused ? jobs[0].P->type : model::DType::F32;
+  int other_c = -1;  // the one C other than t0's, if any
   for (int j = 0; j < n_jobs && fused; ++j) {
     const MatmulJob& b = jobs[j];
-    fused = !b.P->empty() && b.P->type == jobs[0].P->type && b.P->cols == jobs[0].P->cols &&
-            b.P->type == b.W->type && b.P->rows == b.W->rows() && b.P->cols == b.W->cols();
+    fused = !b.P->empty() && detail::has_packed_kernel(b.P->type, active_isa()) && shares_acts(t0, b.P->type) &&
+            b.P->cols == jobs[0].P->cols && b.P->type == b.W->type && b.P->rows == b.W->rows() &&
+            b.P->cols == b.W->cols();
+    const int c = fused ? act_zero_point(b.P->type) : 0;
+    if (fused && c != act_zero_point(t0)) {
+      fused = other_c < 0 || other_c == c;
+      other_c = c;
+    }
   }
   return fused;
 }
@@ -414,6 +441,20 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
   const bool wide = active_isa() == Isa::Avx512;  // else AVX2 (packed_path checked the type)
   const auto quantize = wide ? detail::avx512::quantize : detail::avx2::quantize;
   const auto rows_packed = wide ? detail::avx512::rows_packed : detail::avx2::rows_packed;
+  // Jobs whose type has another C than W0's (packed_path allows one other): their own corr = C * sum(q),
+  // exactly corr0 / C0 * C, in the spare array of the scratch (bsum: 32-value types leave it unused and
+  // it holds one int32 per block and token), so they read the same qs, d and s as W0's jobs.
+  const int c0 = act_zero_point(W0.type);
+  int c1 = c0;
+  for (int j = 0; j < n_jobs; ++j)
+    if (act_zero_point(jobs[j].P->type) != c0) c1 = act_zero_point(jobs[j].P->type);
+  detail::QActs a1 = a;
+  if (c1 != c0) a1.corr = reinterpret_cast<int32_t*>(a.bsum);
+  auto derive_corr = [&](int t0, int t1) {  // tokens [t0, t1) once quantized
+    if (c1 == c0) return;
+    const int64_t nb = a.nb();
+    for (int64_t i = t0 * nb, e = t1 * nb; i < e; ++i) a1.corr[i] = a.corr[i] / c0 * c1;
+  };
   // Row groups of all jobs as one range [0, total): job j owns [first[j], first[j + 1]).
   int64_t first[kMaxJobs + 1] = {0};
   for (int j = 0; j < n_jobs; ++j) first[j + 1] = first[j] + packed_groups(jobs[j].P->rows);
@@ -423,11 +464,14 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
     for (int j = 0; j < n_jobs; ++j) {
       const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
-      if (b < e) rows_packed(*jobs[j].P, a, jobs[j].y, jobs[j].ldy, b - first[j], e - first[j]);
+      if (b < e)
+        rows_packed(*jobs[j].P, act_zero_point(jobs[j].P->type) == c0 ? a : a1, jobs[j].y, jobs[j].ldy, b - first[j],
+                    e - first[j]);
     }
   };
   if (prequantized || n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier
     if (!prequantized) quantize(W0.type, x, ldx, 0, n_tok, a);
+    derive_corr(0, n_tok);
     pool.run(products);
     return;
   }
@@ -438,6 +482,7 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
     const int t0 = static_cast<int>(static_cast<int64_t>(n_tok) * t / nt);
     const int t1 = static_cast<int>(static_cast<int64_t>(n_tok) * (t + 1) / nt);
     if (t0 < t1) quantize(W0.type, x, ldx, t0, t1, a);
+    derive_corr(t0, t1);
     arrived.fetch_add(1, std::memory_order_acq_rel);
     // Yield now and then: on a busy machine the thread we wait for may need this core.
     for (int i = 1; arrived.load(std::memory_order_acquire) < nt; ++i)

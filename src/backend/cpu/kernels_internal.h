@@ -117,6 +117,7 @@ constexpr bool has_packed_kernel(model::DType t, Isa isa) {
   namespace ns {                                                                                        \
   int act_group(model::DType wtype, int n_tok);                                                         \
   void quantize(model::DType wtype, const float* x, int64_t ldx, int t0, int t1, const QActs& a);      \
+  int act_zero_point(model::DType wtype); /* the C of quantize's corr = C * sum(q) (0: corr is 0) */   \
   void rows_q32(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1); \
   void rows_qk(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);  \
   void rows_f(const model::Tensor& W, const float* x, int64_t ldx, int n_tok, float* y, int64_t ldy,    \
@@ -125,6 +126,16 @@ constexpr bool has_packed_kernel(model::DType t, Isa isa) {
 SS_DECLARE_ISA(avx2)
 SS_DECLARE_ISA(avx512)
 #undef SS_DECLARE_ISA
+
+// A line of the next row group's weights, fetched while this group computes (AVX-512 packed VNNI
+// kernels). For a batch (n_tok > 1) to L2 (prefetcht1): at 16 tokens with the weights from DRAM,
+// prefetcht0 left Q4_K and Q6_K ffn_down 22-27% and the Q8_0 lm_head ~10% slower (bench_kernels
+// --cold, Zen 4). For one token to L1, as before: the streaming lm_head was slower with prefetcht1.
+// The 32-value nibble types pass n_tok = 1 (L1): Q4_1 at 16 tokens was ~2% slower to L2.
+[[gnu::always_inline]] inline void prefetch_next_weights(const void* p, int n_tok) {
+  if (n_tok > 1) __builtin_prefetch(p, 0, 2);
+  else __builtin_prefetch(p, 0, 3);
+}
 
 // Unaligned little-endian loads (mapped tensor data is only 2-byte aligned).
 template <class T>

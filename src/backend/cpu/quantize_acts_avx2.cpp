@@ -100,6 +100,8 @@ void quantize256(const float* x, int t, const QActs& a) {
 
 }  // namespace
 
+int act_zero_point(model::DType wtype) { return zero_point(wtype); }
+
 void quantize(model::DType wtype, const float* x, int64_t ldx, int t0, int t1, const QActs& a) {
   const int C = zero_point(wtype);
   for (int t = t0; t < t1; ++t) {

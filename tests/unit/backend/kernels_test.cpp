@@ -17,6 +17,7 @@
 #include "backend/cpu/kernels_internal.h"
 #include "common/huge_buffer.h"
 
+#include <array>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -537,16 +538,25 @@ TEST(CpuOps, ExpWeightsSameBitsOnEveryIsaAndAccurate) {
 }
 
 // matmul_multi (one quantization and one dispatch for several matrices on the same input) gives each
-// job exactly matmul's bits, fused (all packed, one type) or not (mixed types, unpacked, other ISAs).
+// job exactly matmul's bits, fused (all packed, one type, or 32-value types whose activation
+// correction follows from the first job's: Q5_0 Q and K with a Q8_0 V as in Q4_K_M files, a Q4_1 or
+// Q4_0 beside them) or not (Q4_1 first with a Q5_0: no correction to derive; unpacked, other ISAs).
+// 64 tokens: the quantization inside the dispatch, each thread its tokens.
 TEST(Kernels, MatmulMultiEqualsSeparateMatmuls) {
   std::mt19937 g(seed() + 7);
   ThreadPool pool1(1), pool2(2);
   const int64_t cols = 576;
-  for (bool mixed : {false, true}) {
+  const std::vector<std::array<DType, 3>> sets = {{DType::Q4_1, DType::Q4_1, DType::Q4_1},
+                                                  {DType::Q4_1, DType::Q5_0, DType::Q4_1},
+                                                  {DType::Q5_0, DType::Q5_0, DType::Q8_0},
+                                                  {DType::Q8_0, DType::Q4_0, DType::Q8_0},
+                                                  {DType::Q5_0, DType::Q4_1, DType::Q5_0}};
+  for (const auto& types : sets) {
+    const bool mixed = types[0] != types[1] || types[1] != types[2];
     std::vector<RandTensor> ws;
-    ws.push_back(make_tensor(DType::Q4_1, 40, cols, g));
-    ws.push_back(make_tensor(mixed ? DType::Q5_0 : DType::Q4_1, 17, cols, g));
-    ws.push_back(make_tensor(DType::Q4_1, 64, cols, g));
+    ws.push_back(make_tensor(types[0], 40, cols, g));
+    ws.push_back(make_tensor(types[1], 17, cols, g));
+    ws.push_back(make_tensor(types[2], 64, cols, g));
     std::vector<ss::HugeBuffer> bufs(ws.size());
     std::vector<ss::cpu::PackedMatrix> ps;
     for (size_t j = 0; j < ws.size(); ++j) {
@@ -558,9 +568,11 @@ TEST(Kernels, MatmulMultiEqualsSeparateMatmuls) {
     }
     for (Isa isa : supported_isas()) {
       IsaGuard guard(isa);
-      for (int n_tok : {1, 5, 16, 21})
+      for (int n_tok : {1, 5, 16, 21, 64})
         for (ThreadPool* pool : {&pool1, &pool2}) {
-          SCOPED_TRACE(testing::Message() << (mixed ? "mixed" : "same type") << " " << ss::cpu::isa_name(isa)
+          SCOPED_TRACE(testing::Message() << (mixed ? "mixed " : "same type ") << static_cast<int>(types[0]) << "/"
+                                          << static_cast<int>(types[1]) << "/" << static_cast<int>(types[2]) << " "
+                                          << ss::cpu::isa_name(isa)
                                           << " n_tok=" << n_tok << " threads=" << pool->size());
           const int64_t ldx = cols + 3;  // strides != widths check the ld handling
           std::vector<float> x = rand_acts(n_tok, ldx, g);
