@@ -205,10 +205,14 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   a.prompt = ids[0];
   a.max_tokens = 600;
   a.on_event = sink(&toks_a, &fa);
-  ss::engine::Request b;  // a deadline 300 ms out, far fewer than its tokens
+  // b: a deadline 3 ms out. The tiny model's context (512 positions) ends b by length after ~490
+  // tokens, which the device loop runs in well under the 300 ms this test first gave it; 3 ms is
+  // short of that at any step time the loop reaches (and a deadline passed before b's first token
+  // is a timeout as well).
+  ss::engine::Request b;
   b.prompt = ids[1];
   b.max_tokens = 600;
-  b.deadline = ss::backend::Clock::now() + std::chrono::milliseconds(300);
+  b.deadline = ss::backend::Clock::now() + std::chrono::milliseconds(3);
   b.on_event = sink(&toks_b, &fb);
   ss::engine::Request c;  // a repetition penalty, which the loop does not apply: the host executor's
   c.prompt = ids[2];

@@ -388,17 +388,29 @@ class DeviceLoopRunner final : public resident::LoopRunner {
     running_ = true;
   }
 
+  // The loop's stream: cudaErrorNotReady while the chain runs. The runtime also records that as the
+  // thread's last error, which the next cudaGetLastError() on this thread returns: the backend's own
+  // step (through run_on_loop) checks it after its launches, and would fail with "device not ready"
+  // whenever a host executor's step follows a poll of the running loop (the likely cause of
+  // DeviceLoopControl.CancelDeadlineAndHostFallback's step error). So a not-ready answer is cleared;
+  // a sticky error is returned again by every later call, and any other answer is returned as is.
+  cudaError_t query() {
+    const cudaError_t e = cudaStreamQuery(h_.stream);
+    if (e == cudaErrorNotReady) static_cast<void>(cudaGetLastError());
+    return e;
+  }
+
   // Ends the chain after the step in flight is committed; returns when the GPU is idle. Completions
   // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
   // would otherwise never end.
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
     resident::Completion c;
-    cudaError_t e = cudaStreamQuery(h_.stream);
+    cudaError_t e = query();
     while (e == cudaErrorNotReady) {
       while (done_host_.try_pop(c)) stash_.push_back(c);
       std::this_thread::yield();
-      e = cudaStreamQuery(h_.stream);
+      e = query();
     }
     while (done_host_.try_pop(c)) stash_.push_back(c);
     running_ = false;
@@ -411,7 +423,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // launch, a fault) every live sequence ends with the error. False when it is dead.
   bool check_alive(std::vector<resident::Completion>& out) {
     if (!running_) return err_.ok();
-    const cudaError_t q = cudaStreamQuery(h_.stream);
+    const cudaError_t q = query();
     if (q == cudaErrorNotReady) return true;
     running_ = false;
     if (q != cudaSuccess) {
