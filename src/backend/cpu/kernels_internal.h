@@ -44,6 +44,8 @@ struct KernelSet {
 //   fp16 d of the 16 rows (32 bytes); Q4_1 only: fp16 m of the 16 rows (32 bytes);
 //   nibble types: 4 vectors of 64 bytes, vector j lane r = bytes 4j .. 4j+3 of row r's 16 packed bytes
 //     (low nibbles: values 4j .. 4j+3, high nibbles: values 16+4j .. 16+4j+3), as stored (w + C);
+//   IQ4_NL: Q4_0's layout (its block is Q4_0's: fp16 d, 16 bytes of nibbles), the nibbles indexing the
+//     non-linear levels;
 //   Q8_0: 8 vectors of 64 bytes, vector k lane r = values 4k .. 4k+3 of row r, as w ^ 0x80 = w + 128.
 //   Q5_0/Q5_1: the nibble layout (Q5_1's header as Q4_1's), then one vector of 5th bits: lane r byte i,
 //     bit j = the 5th bit of value 4j + i, bit 4 + j = that of value 16 + 4j + i.
@@ -81,6 +83,7 @@ constexpr PackedFormat packed_format(model::DType t) {
     case model::DType::Q4_1: return {64, 4, 64 + 256};
     case model::DType::Q5_0: return {32, 5, 32 + 320};
     case model::DType::Q5_1: return {64, 5, 64 + 320};
+    case model::DType::IQ4_NL: return {32, 4, 32 + 256};
     case model::DType::Q8_0: return {32, 8, 32 + 512};
     case model::DType::Q2_K: return {320, 16, 320 + 1024, 256};
     case model::DType::Q3_K: return {224, 24, 224 + 1536, 256};

@@ -356,6 +356,10 @@ template <DType T, int NT, int NG>
             lo[g] = _mm512_or_si512(lo[g], _mm512_and_si512(_mm512_slli_epi16(h, 4 - j), bit5));
             hi[g] = _mm512_or_si512(hi[g], _mm512_and_si512(_mm512_srli_epi16(h, j), bit5));
           }
+          if constexpr (F.nl) {  // the levels + 128, as the unpacked kernel's bytes
+            lo[g] = nl_levels(lo[g]);
+            hi[g] = nl_levels(hi[g]);
+          }
         }
         for (int i = 0; i < NT; ++i) {
           const int8_t* x = at[i] + 32 * b + 4 * j;
@@ -586,7 +590,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
       case DType::Q4_1: return rows_packed_amx_t<DType::Q4_1>(P, a, y, ldy, g0, g1);
       case DType::Q5_0: return rows_packed_amx_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
       case DType::Q5_1: return rows_packed_amx_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
-      default: break;  // Q8_0 stays on VNNI: see below
+      default: break;  // Q8_0 and IQ4_NL stay on VNNI: see below
     }
   }
   switch (P.type) {
@@ -595,6 +599,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
     case DType::Q5_0: return rows_packed_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
     case DType::Q5_1: return rows_packed_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
+    case DType::IQ4_NL: return rows_packed_t<DType::IQ4_NL>(P, a, y, ldy, g0, g1);
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_XS:
       return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;

@@ -1,11 +1,12 @@
-// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) through their packed form (PackedMatrix, layout in
+// 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) through their packed form (PackedMatrix, layout in
 // kernels_internal.h) on AVX2, for CPUs without AVX-512. As matmul_qk_packed_avx2.cpp, each 64-byte
 // packed vector is read as two 8-row halves (bytes 0..31: rows 0..7, 32..63: rows 8..15), one AVX2
 // vector each with a row per 32-bit lane, so the lanes are output rows: no staging buffer and no
 // horizontal sums. With no vpdpbusd, vpmaddubsw (unsigned weight x signed activation pairs) then
 // vpmaddwd by ones give the exact 4-value integers; nibble types are used as stored (w + C, the
 // quantizer's C * sum(aq) comes off as in the unpacked kernel), Q8_0's stored w ^ 0x80 is turned back
-// into w and multiplied as |w| x sign(a, w) (255 x 127 pairs would saturate int16).
+// into w and multiplied as |w| x sign(a, w) (255 x 127 pairs would saturate int16). IQ4_NL's nibbles
+// are looked up into its signed levels (vpshufb) and then multiplied as Q8_0's bytes.
 // The integer per block and the float step are those of matmul_q32_avx2.cpp's block_step, so the results
 // are bit-identical to the unpacked AVX2 kernel (and batch invariant the same way).
 #include <immintrin.h>
@@ -20,10 +21,11 @@ namespace {
 
 using model::DType;
 
-// Per type: scale header bytes (32, or 64 with the min), 5th bits, a min term, the C * sum(aq) correction.
+// Per type: scale header bytes (32, or 64 with the min), 5th bits, a min term, the C * sum(aq) correction;
+// nl: Q4_0's nibble vectors indexing the IQ4_NL levels, used as Q8_0's signed bytes (so nib is false).
 struct Packed32 {
   int header;
-  bool nib, five, min, zp;
+  bool nib, five, min, zp, nl = false;
 };
 template <DType T>
 constexpr Packed32 kPk{};
@@ -32,6 +34,23 @@ template <> constexpr Packed32 kPk<DType::Q4_1>{64, true, false, true, false};
 template <> constexpr Packed32 kPk<DType::Q5_0>{32, true, true, false, true};
 template <> constexpr Packed32 kPk<DType::Q5_1>{64, true, true, true, false};
 template <> constexpr Packed32 kPk<DType::Q8_0>{32, false, false, false, false};
+template <> constexpr Packed32 kPk<DType::IQ4_NL>{32, false, false, false, false, true};
+
+// Signed value vector k (values 4k..4k+3 of each of the 8 rows of half h) of a block at p: Q8_0's stored
+// w ^ 0x80 turned back into w, or IQ4_NL's level of nibble vector k % 4 (low nibbles for k < 4).
+template <DType T>
+[[gnu::always_inline]] inline __m256i signed_vector(const uint8_t* p, int k, int h) {
+  constexpr Packed32 F = kPk<T>;
+  if constexpr (F.nl) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * (k % 4) + 32 * h));
+    const __m256i nib = _mm256_and_si256(k < 4 ? w : _mm256_srli_epi16(w, 4), _mm256_set1_epi8(0x0F));
+    return _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(model::kIq4nlValues))), nib);
+  } else {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * k + 32 * h)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+}
 
 // NT tokens from t0 over the halves [h0, h0 + NH) of one row group (gp: its first block); nr: the
 // group's valid rows. Both halves in one pass share each token's activation broadcasts.
@@ -94,13 +113,11 @@ template <DType T, int NT, int NH>
         }
       }
     } else {
-      const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
         __m256i w[NH], aw[NH];
         for (int h = 0; h < NH; ++h) {
-          w[h] = _mm256_xor_si256(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * k + 32 * (h0 + h))), x80);
+          w[h] = signed_vector<T>(p, k, h0 + h);
           aw[h] = _mm256_abs_epi8(w[h]);
         }
         for (int i = 0; i < NT; ++i) {
@@ -173,10 +190,8 @@ void block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int64_
           }
         }
       } else {
-        const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
         for (int k = 0; k < 8; ++k) {
-          const __m256i w =
-              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + F.header + 64 * k + 32 * h)), x80);
+          const __m256i w = signed_vector<T>(p, k, h);
           _mm256_store_si256(reinterpret_cast<__m256i*>(w8[k]), w);
           _mm256_store_si256(reinterpret_cast<__m256i*>(aw8[k]), _mm256_abs_epi8(w));
         }
@@ -257,6 +272,7 @@ void rows_packed(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, i
     case DType::Q5_0: return rows_packed_t<DType::Q5_0>(P, a, y, ldy, g0, g1);
     case DType::Q5_1: return rows_packed_t<DType::Q5_1>(P, a, y, ldy, g0, g1);
     case DType::Q8_0: return rows_packed_t<DType::Q8_0>(P, a, y, ldy, g0, g1);
+    case DType::IQ4_NL: return rows_packed_t<DType::IQ4_NL>(P, a, y, ldy, g0, g1);
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_XS:
       return rows_packed_k(P, a, y, ldy, g0, g1);
     default: return;

@@ -429,8 +429,8 @@ TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   std::mt19937 g(seed() + 4);
   for (Isa isa : {Isa::Avx512, Isa::Avx2}) {
     if (ss::cpu::detected_isa() < isa) continue;
-    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
-                       DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
+                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
       check_packed(isa, type, g);
   }
 }
@@ -467,7 +467,7 @@ TEST(Kernels, PackedFallsBackToTheTensor) {
   std::mt19937 g(seed() + 5);
   ThreadPool pool(2);
   std::vector<uint8_t> dummy(1 << 16);
-  for (DType type : {DType::IQ4_NL, DType::F16}) {
+  for (DType type : {DType::F16, DType::BF16, DType::F32}) {
     RandTensor w = make_tensor(type, 16, 512, g);
     EXPECT_EQ(ss::cpu::packed_bytes(w.t), 0u) << m::dtype_name(type);
     EXPECT_TRUE(ss::cpu::pack_weights(w.t, dummy.data(), pool).empty()) << m::dtype_name(type);
