@@ -134,7 +134,10 @@ SS_DECLARE_ISA(avx512)
 // kernels). For a batch (n_tok > 1) to L2 (prefetcht1): at 16 tokens with the weights from DRAM,
 // prefetcht0 left Q4_K and Q6_K ffn_down 22-27% and the Q8_0 lm_head ~10% slower (bench_kernels
 // --cold, Zen 4). For one token to L1, as before: the streaming lm_head was slower with prefetcht1.
-// The 32-value nibble types pass n_tok = 1 (L1): Q4_1 at 16 tokens was ~2% slower to L2.
+// The 32-value nibble types pass n_tok = 1 (L1): Q4_1 at 16 tokens was ~2% slower to L2. The K types
+// pass 2 (L2) for one token too: their 2.1-3.3 KB super-blocks per group are fetched a whole group (6
+// super-blocks of ffn_down) ahead, and to L1 that evicted the current group; bench_kernels --cold
+// --ntok 1 ffn_down, one thread: Q6_K 72 -> 37 us, Q5_K 43 -> 23, IQ4_XS 26 -> 17 (Zen 4, 2026-12-05).
 [[gnu::always_inline]] inline void prefetch_next_weights(const void* p, int n_tok) {
   if (n_tok > 1) __builtin_prefetch(p, 0, 2);
   else __builtin_prefetch(p, 0, 3);

@@ -45,8 +45,8 @@ template <DType T, int NT>
   const __m512i low4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
-    if (pf) {  // to L2 for a batch, to L1 for one token (as prefetch_next_weights in kernels_internal.h)
-      for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, a.n_tok);
+    if (pf) {  // to L2 for any token count (prefetch_next_weights with n_tok 2: kernels_internal.h)
+      for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, 2);
     }
     __m512i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm512_setzero_si512();
