@@ -243,8 +243,13 @@ template <int N, class F>
   f.template operator()<N>();
 }
 
-// Tokens per pass over a group: 4 integer, 4 offset and 4 float accumulators beside the weights.
-constexpr int kTokens = 4;
+// Tokens per pass over a group: NT integer, offset and float accumulators beside the weights. Each
+// pass rebuilds the weight bytes, so more tokens per pass share that work: 8 for the types whose
+// rebuild is dearest (Q6_K, Q3_K: a high-bit plane; IQ4_XS: a table lookup), 4 for the rest, where 8
+// was no faster (Q5_K, Q2_K) or slower (Q4_K +5%). bench_kernels --threads 1 --ntok 16 ffn_down, Zen 4,
+// weights in cache, 4 -> 8: Q6_K 110 -> 98 us, Q3_K 111 -> 100, IQ4_XS 94 -> 90.5 (2026-12-05).
+template <DType T>
+constexpr int kTokens = T == DType::Q6_K || T == DType::Q3_K || T == DType::IQ4_XS ? 8 : 4;
 
 template <DType T>
 void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
@@ -254,9 +259,9 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
     const int64_t o0 = g * kPackRows;
     const int nr = static_cast<int>(std::min<int64_t>(kPackRows, P.rows - o0));
     const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
-    for (int t = 0; t < a.n_tok; t += kTokens) {
+    for (int t = 0; t < a.n_tok; t += kTokens<T>) {
       const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
-      with_tokens<kTokens>(std::min(kTokens, a.n_tok - t),
+      with_tokens<kTokens<T>>(std::min(kTokens<T>, a.n_tok - t),
                            [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, keep, pf); });
     }
   }
