@@ -2,6 +2,7 @@
 //
 //   bench_kernels [--isa all|scalar|avx2|avx512] [--threads 1,2] [--ntok 1,512] [--min-time 0.3]
 //                 [--floors] [--cold] [--type Q8_0] [--shape lm_head] [--attention [--context 130]]
+//   bench_kernels --step-floor MODEL.gguf [--batch 16] [--context 160] [--threads 2]
 //
 // Per case: median wall time of repeated calls (after warm-up), GFLOP/s = 2 rows cols n_tok / t and
 // GB/s = weight bytes / t. "matmul" is the public entry point (it picks the kernel); "per-token*"
@@ -13,6 +14,11 @@
 // head, SmolLM2's 3 KV heads x 3 query heads x 64) per KV element type: "hot" cycles the 30 layers of
 // one sequence (~3 MB, from cache), "cold" cycles sequences totalling >= 512 MiB (from DRAM), each
 // thread its own items; us per item (one sequence, one layer) and the cache bytes it reads per second.
+// --step-floor: the floor of one decode step of MODEL for --batch sequences at --context tokens each
+// (AVX-512 VNNI, --threads cores), from this machine's measured rates (the --floors numbers): the
+// products' vector ops at the vpdpbusd rate, the weights at the 1 GiB read bandwidth, attention's
+// fp32 FMAs at the FMA rate and its f16 K/V at the read bandwidth. See step_floor below for the
+// ops a product cannot avoid under the batch-invariance contract (kernels_internal.h).
 // "cold+mm" runs the cold items on one thread while the other runs a 16-token packed matmul (ffn_up,
 // Q4_1, cold weights): can a step overlap DRAM-bound attention with compute-bound products?
 #include <immintrin.h>
@@ -34,6 +40,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kernels_internal.h"
 #include "common/huge_buffer.h"
+#include "model/model.h"
 
 namespace {
 
@@ -195,6 +202,71 @@ __attribute__((target("avx512f,fma"))) double fma_peak() {
   return iters * 12.0 * 16 / t;
 }
 
+// ---- the floor of a decode step (--step-floor) ----
+// Vector ops a packed AVX-512 VNNI product needs per 64 int8 multiply-adds (one token, 16 rows), on
+// the pipes vpdpbusd uses (one zmm vpdpbusd per cycle and core, as vnni_peak measures; the float ops
+// and vpmulld counted on the same pipes). Only what the contract requires: the vpdpbusd, the integer
+// scaling of each sub-block (vpmulld + vpaddd), the min/offset term (vpdpwssd per 2 sub-blocks of 16
+// values) and the float step per block (cvt, the scale product, fma; Q4_1/Q5_1 one fma more for m).
+// Unpacking the weights, the broadcasts and the loads are left out: other ports may absorb them.
+double slots_per_64(DType t) {
+  switch (t) {
+    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::IQ4_NL: return (8 + 3) / 8.0;
+    case DType::Q4_1: case DType::Q5_1: return (8 + 4) / 8.0;
+    case DType::Q4_K: case DType::Q5_K: return (64 + 8 + 8 + 4 + 6) / 64.0;  // 8 sub-blocks, d and dmin steps
+    case DType::IQ4_XS: return (64 + 8 + 8 + 4 + 4) / 64.0;                 // 8 sub-blocks, offset term
+    case DType::Q6_K: case DType::Q3_K: return (64 + 16 + 16 + 8 + 4) / 64.0;  // 16 sub-blocks of 16
+    case DType::Q2_K: return (64 + 16 + 16 + 8 + 6) / 64.0;
+    default: return 0;  // not a packed type: no floor here
+  }
+}
+
+int step_floor(const std::string& path, int batch, int context, int threads, double min_time) {
+  ss::model::LoadOptions lo;
+  lo.load_tokenizer = false;
+  auto m = ss::model::load_model(path, lo);
+  if (!m) {
+    std::fprintf(stderr, "%s\n", m.error().message.c_str());
+    return 1;
+  }
+  const ss::model::ModelConfig& c = (*m)->config;
+  const ss::model::Weights& w = (*m)->weights;
+  std::vector<const ss::model::Tensor*> mats;
+  for (const auto& L : w.layers)
+    for (const ss::model::Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) mats.push_back(t);
+  mats.push_back(&w.output);
+  double macs = 0, slots = 0, wbytes = 0;
+  for (const ss::model::Tensor* t : mats) {
+    const double tm = static_cast<double>(t->rows()) * static_cast<double>(t->cols());
+    const double sp = slots_per_64(t->type);
+    if (sp == 0) {
+      std::fprintf(stderr, "%s: %s has no packed kernel type; no floor computed\n", path.c_str(), t->name.c_str());
+      return 1;
+    }
+    macs += tm;
+    slots += tm / 64 * sp;
+    wbytes += static_cast<double>(t->nbytes);
+  }
+  const double vnni = vnni_peak(), fma = fma_peak();  // per core: int8 MAC/s, fp32 FMA lanes/s
+  const double bw = read_bandwidth(size_t{1} << 30, threads, min_time) * 1e9;
+  const double kv_bytes = 2.0 * 2 * c.n_kv_heads * c.head_dim * c.n_layers * static_cast<double>(context) * batch;
+  const double attn_fma = 2.0 * c.n_heads * c.head_dim * c.n_layers * static_cast<double>(context) * batch;
+  const double t_mm = batch * slots * 64 / (vnni * threads), t_w = wbytes / bw;
+  const double t_af = attn_fma / (fma * threads), t_kv = kv_bytes / bw;
+  const double serial = std::max(t_mm, t_w) + std::max(t_af, t_kv), strict = std::max(t_mm + t_af, t_w + t_kv);
+  std::printf("model %s: %d layers, %.1f M int8 MACs a token in the products (%.2f vector ops per 64), %.1f MB of weights\n",
+              path.c_str(), c.n_layers, macs / 1e6, slots * 64 / macs, wbytes / 1e6);
+  std::printf("machine: %d threads, vpdpbusd %.1f G MAC/s and fp32 FMA %.1f G lanes/s a core, read %.1f GB/s (1 GiB)\n",
+              threads, vnni / 1e9, fma / 1e9, bw / 1e9);
+  std::printf("step of %d sequences at %d tokens: products %.3f ms of vector ops, %.3f ms of weight reads; "
+              "attention %.3f ms of FMAs, %.3f ms of f16 K/V reads (%.1f MB)\n",
+              batch, context, t_mm * 1e3, t_w * 1e3, t_af * 1e3, t_kv * 1e3, kv_bytes / 1e6);
+  std::printf("floor: %.3f ms (products, then attention, each at its own bound: %.0f tok/s); "
+              "with everything overlapped %.3f ms (%.0f tok/s)\n",
+              serial * 1e3, batch / serial, strict * 1e3, batch / strict);
+  return 0;
+}
+
 // ---- attention ----
 // A 16-token packed matmul over >= 512 MiB of weight copies (from DRAM), one call per run().
 struct ColdMatmul {
@@ -337,8 +409,8 @@ int main(int argc, char** argv) {
   std::vector<int> threads{1, 2}, ntoks{1, 512};
   double min_time = 0.3;
   bool floors = false, cold = false, attention = false;
-  int context = 130;
-  std::string type_override, shape_filter;
+  int context = 130, batch = 16;
+  std::string type_override, shape_filter, floor_model;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };
@@ -364,12 +436,23 @@ int main(int argc, char** argv) {
       attention = true;
     } else if (a == "--context") {
       context = std::max(1, std::atoi(next()));
+    } else if (a == "--step-floor") {
+      floor_model = next();
+    } else if (a == "--batch") {
+      batch = std::max(1, std::atoi(next()));
     } else {
       std::fprintf(stderr, "unknown argument %s (see the comment at the top of tools/bench_kernels.cpp)\n", argv[i]);
       return 2;
     }
   }
   if (isas.empty()) isas = {Isa::Avx2, Isa::Avx512};
+  if (!floor_model.empty()) {
+    if (ss::cpu::detected_isa() < Isa::Avx512) {
+      std::fprintf(stderr, "--step-floor models the AVX-512 VNNI kernels; this CPU has none\n");
+      return 1;
+    }
+    return step_floor(floor_model, batch, context, threads.size() == 1 ? threads[0] : 2, min_time);
+  }
   if (attention) {
     bench_attention(context, threads, min_time);
     return 0;
