@@ -34,8 +34,11 @@ B=build-gpu
 summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | tr '\n' ' '; }
 timeout 300 $B/test_gpu > "$RES/t-gpu.txt" 2>&1; stage "test_gpu rc=$? $(summary "$RES/t-gpu.txt")"
 timeout 420 $B/test_gpu_backend > "$RES/t-backend.txt" 2>&1; stage "test_gpu_backend rc=$? $(summary "$RES/t-backend.txt")"
+# Flash prefill against the references only: CudaGraphs and DeviceLoop compare two runs' exact tokens,
+# and flash (bf16 q and P) runs in host-scheduled prefill steps but never in captured graphs, so
+# their runs would differ with nothing wrong.
 SS_CUDA_PREFILL_ATTN=flash timeout 300 $B/test_gpu_backend \
-  --gtest_filter='*CudaForward*:*CudaGraphs*:*CudaNativeQuant*:*DeviceLoop*' > "$RES/t-backend-flash.txt" 2>&1
+  --gtest_filter='*CudaForward*:*CudaNativeQuant*' > "$RES/t-backend-flash.txt" 2>&1
 stage "test_gpu_backend with flash prefill rc=$? $(summary "$RES/t-backend-flash.txt")"
 
 M=/tmp/ssm
