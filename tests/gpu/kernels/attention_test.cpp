@@ -48,7 +48,11 @@ Paged make_paged(std::mt19937& rng, const std::vector<int>& seq_len, int n_kv, i
 }
 
 // out[h][d] for one query row over positions [0, ctx) of table row `seq`.
-std::vector<double> host_attention(const Paged& p, const float* q, int seq, int ctx, const Case& c, float scale) {
+// dev (optional), per output element: the spread sum_t p_t |v_t - out| that a relative error in the
+// weights p_t moves the output by, times the bound on that relative error from the scores' fp32 sums
+// (2 x their worst error: hd ulps of sum_d |q_d k_d| scale) plus fp32's own 1e-5.
+std::vector<double> host_attention(const Paged& p, const float* q, int seq, int ctx, const Case& c, float scale,
+                                   std::vector<double>* dev = nullptr, double p_rel = 0) {
   const int G = c.n_heads / c.n_kv;
   std::vector<double> out(static_cast<size_t>(c.n_heads) * c.hd, 0.0);
   std::vector<double> s(ctx);
@@ -57,19 +61,30 @@ std::vector<double> host_attention(const Paged& p, const float* q, int seq, int 
     return static_cast<double>(p.cache_f[((blk * 2 + kv) * c.n_kv + kvh) * kBlockTokens * c.hd +
                                          static_cast<size_t>(t % kBlockTokens) * c.hd + d]);
   };
+  if (dev) dev->assign(out.size(), 0.0);
   for (int h = 0; h < c.n_heads; ++h) {
     const int kvh = h / G;
-    double m = -INFINITY;
+    double m = -INFINITY, s_err = 0;
     for (int t = 0; t < ctx; ++t) {
-      double dot = 0;
-      for (int d = 0; d < c.hd; ++d) dot += static_cast<double>(q[h * c.hd + d]) * at(t, 0, kvh, d);
+      double dot = 0, mag = 0;
+      for (int d = 0; d < c.hd; ++d) {
+        dot += static_cast<double>(q[h * c.hd + d]) * at(t, 0, kvh, d);
+        mag += std::abs(static_cast<double>(q[h * c.hd + d]) * at(t, 0, kvh, d));
+      }
       s[t] = dot * scale;
+      s_err = std::max(s_err, c.hd * std::ldexp(mag * scale, -23));
       m = std::max(m, s[t]);
     }
     double l = 0;
     for (int t = 0; t < ctx; ++t) l += (s[t] = std::exp(s[t] - m));
     for (int t = 0; t < ctx; ++t)
       for (int d = 0; d < c.hd; ++d) out[h * c.hd + d] += s[t] / l * at(t, 1, kvh, d);
+    if (dev)
+      for (int d = 0; d < c.hd; ++d) {
+        double spread = 0;
+        for (int t = 0; t < ctx; ++t) spread += s[t] / l * std::abs(at(t, 1, kvh, d) - out[h * c.hd + d]);
+        (*dev)[h * c.hd + d] = spread * (p_rel + 2 * s_err + 1e-5);
+      }
   }
   return out;
 }
@@ -202,12 +217,16 @@ TEST(GpuAttention, RowResultDoesNotDependOnTheBatch) {
 // position 0, one after a cached prefix of 37, one a lone decode row) for several head shapes, against
 // the host softmax in double. The kernel rounds q to bf16 (the reference does the same) and each
 // softmax weight p to bf16 (8 significant bits: relative error <= 2^-8) with the sum taken over the
-// rounded weights, so an output moves by at most 2^-8 of max |v - out| <= 2^-7 (v in [-1, 1]) from
-// that, plus its own bf16 rounding (|out| / 256).
+// rounded weights, so an output moves by at most 2^-8 of sum_t p_t |v_t - out| from that (host_attention's
+// dev), plus the scores' fp32 sums (also in dev), its own bf16 rounding (|out| / 256) and the fp32 sum
+// over the keys (ctx ulps of sum_t p_t |v_t| <= 1). The last case's q in [-8, 8] makes the softmax
+// peaked, so a dropped or doubled key or a wrong rescale moves outputs far past that.
 TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(27);
-  for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}, Case{14, 2, 64}, Case{8, 8, 128}}) {
+  for (auto [c, q_max] : {std::pair{Case{9, 3, 64}, 2.0f}, std::pair{Case{32, 8, 128}, 2.0f},
+                          std::pair{Case{14, 2, 64}, 2.0f}, std::pair{Case{8, 8, 128}, 2.0f},
+                          std::pair{Case{9, 3, 64}, 8.0f}}) {
     // Rows: sequence 0 positions 0..149 (tiles of 64, 64, 22), sequence 2 the decode row at 300,
     // sequence 1 positions 37..106 after its cached prefix.
     const std::vector<int> seq_len = {150, 107, 301};
@@ -223,7 +242,7 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
     ASSERT_EQ(tiles.size(), 6u);  // 64 + 64 + 22, 1, 64 + 6
     const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
     const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
-    auto q = random_f32(rng, row * n_q, -2, 2);
+    auto q = random_f32(rng, row * n_q, -q_max, q_max);
     for (float& v : q) v = from_bf16(to_bf16(v));  // what the kernel multiplies
     DeviceBuf<float> dq(q);
     DeviceBuf<uint16_t> dcache(p.cache), dout(row * n_q);
@@ -238,10 +257,11 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
     CUDA_OK(cudaDeviceSynchronize());
     const auto out = dout.download();
     for (int i = 0; i < n_q; ++i) {
-      const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale);
+      std::vector<double> dev;
+      const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale, &dev, std::ldexp(1.0, -8) * 1.01);  // 2^-8 / (1 - 2^-8), rounded up
       for (size_t j = 0; j < ref.size(); ++j)
-        ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 256 + 1.0 / 128)
-            << "heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " row " << i << " (slot " << slot[i]
+        ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 256 + dev[j] + ctx[i] * std::ldexp(1.0, -22))
+            << "q in +-" << q_max << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " row " << i << " (slot " << slot[i]
             << ", position " << pos[i] << ") elem " << j;
     }
   }
