@@ -281,10 +281,21 @@ __global__ void __launch_bounds__(kSampleThreads) sample_draw_k(const float* log
     const int f = first_reaching(k, static_cast<double>(p.top_p) * total, false, w_at, sm);
     if (f >= 0) n = f + 1;
   }
-  if (p.min_p > 0.0f) {  // w is non-increasing along the sorted order: a count is the prefix
-    double cnt = 0.0;
-    for (int j = threadIdx.x; j < n; j += kSampleThreads) cnt += w_at(j) >= p.min_p ? 1.0 : 0.0;
-    n = max(1, static_cast<int>(block_sum_d(cnt, sm)));
+  if (p.min_p > 0.0f) {  // the host's prefix: up to the first candidate after the top one below min_p
+    // (not a count of those at or above it: candidates with one sort key but different logits, or
+    // exp_poly's last bit, can make the weights rise along the sorted order)
+    int first = n;
+    for (int j = 1 + threadIdx.x; j < n; j += kSampleThreads)
+      if (!(w_at(j) >= p.min_p)) {
+        first = j;
+        break;
+      }
+    __syncthreads();
+    if (threadIdx.x == 0) sm.found = n;
+    __syncthreads();
+    atomicMin(&sm.found, first);
+    __syncthreads();
+    n = sm.found;
   }
   part = 0.0;
   for (int j = threadIdx.x; j < n; j += kSampleThreads) part += w_at(j);
