@@ -325,7 +325,10 @@ __global__ void __launch_bounds__(kSampleThreads) logprobs_k(const float* logits
   for (int i = threadIdx.x; i < V; i += kSampleThreads) mx = fmaxf(mx, masked(logits, mask, words, row, V, i));
   mx = block_max_f(mx, sm);
   double part = 0.0;
-  for (int i = threadIdx.x; i < V; i += kSampleThreads) part += exp(static_cast<double>(masked(logits, mask, words, row, V, i)) - mx);
+  // The host's weights (row_logprobs: exp_poly(fma(x, 1, -max)) summed in double), so the
+  // log-probabilities differ from the host's only by the order of the double sum.
+  for (int i = threadIdx.x; i < V; i += kSampleThreads)
+    part += static_cast<double>(exp_poly(fmaf(masked(logits, mask, words, row, V, i), 1.0f, -mx)));
   const double lse = static_cast<double>(mx) + log(block_sum_d(part, sm));
   if (threadIdx.x == 0 && chosen)
     chosen_lp[row] = static_cast<float>(masked(logits, mask, words, row, V, chosen[row]) - lse);
