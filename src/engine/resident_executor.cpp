@@ -645,23 +645,24 @@ class SharedBackend final : public backend::Backend {
   const backend::KvCacheConfig& kv_config() const override { return kv_; }
   int vocab_size() const override { return in_.vocab_size(); }
   int max_slots() const override { return share_.slots; }
+  inline static const Status kNotRun = make_error("device loop: the host step did not run (the loop could not be paused)");
   Status step(const backend::StepBatch& batch, backend::StepOutput& out) override {
     b_ = batch;
     for (int32_t& slot : b_.seq_slot) slot += share_.first_slot;
     for (backend::TableEdit& e : b_.table_edits) e.slot += share_.first_slot;
     for (int32_t& blk : b_.edit_blocks) blk += share_.first_block;
-    Status st;
+    Status st = kNotRun;  // a runner that cannot stop its loop does not run fn
     loop_.run_on_loop([&] { st = in_.step(b_, out); });
     return st;
   }
   int64_t kv_block_bytes() const override { return in_.kv_block_bytes(); }
   Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
-    Status st;
+    Status st = kNotRun;
     loop_.run_on_loop([&] { st = in_.read_kv_block(block + share_.first_block, out); });
     return st;
   }
   Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
-    Status st;
+    Status st = kNotRun;
     loop_.run_on_loop([&] { st = in_.write_kv_block(block + share_.first_block, in); });
     return st;
   }

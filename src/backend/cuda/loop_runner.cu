@@ -200,6 +200,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   void run_on_loop(const std::function<void()>& fn) override {
     const bool was = running_;
     if (was) pause();
+    if (running_) return;  // the chain did not stop (err_ says so): fn must not share its stream
     fn();
     if (was && err_.ok()) resume();
   }
@@ -403,14 +404,24 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // Ends the chain after the step in flight is committed; returns when the GPU is idle. Completions
   // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
   // would otherwise never end.
+  // A chain that has not ended kPauseLimitNs after the stop flag is reported as an error instead of
+  // waited on for ever (DeviceLoopControl.CancelDeadlineAndHostFallback hung in a step on the H200,
+  // 2026-12-05: its 30 s loop guard never fired), and the runner stays unusable (running_ stays set).
+  static constexpr int64_t kPauseLimitNs = 10'000'000'000;
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
     resident::Completion c;
     cudaError_t e = query();
-    while (e == cudaErrorNotReady) {
+    for (const int64_t t0 = steady_ns(); e == cudaErrorNotReady; e = query()) {
       while (done_host_.try_pop(c)) stash_.push_back(c);
+      if (steady_ns() - t0 > kPauseLimitNs) {
+        if (err_.ok())
+          static_cast<void>(err_ = make_error("device loop: the scheduler's chain did not stop within 10 s of the "
+                                              "stop flag (device error word " +
+                                              std::to_string(__atomic_load_n(&ctl()->error, __ATOMIC_ACQUIRE)) + ")"));
+        return;
+      }
       std::this_thread::yield();
-      e = query();
     }
     while (done_host_.try_pop(c)) stash_.push_back(c);
     running_ = false;
