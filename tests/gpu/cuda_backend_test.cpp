@@ -79,6 +79,7 @@ std::unique_ptr<ss::model::Model> load(const std::string& path) {
 std::unique_ptr<Backend> cuda_backend(const ss::model::Model& m, bool native_quant = false) {
   BackendOptions o;
   o.gpu_native_quant = native_quant;
+  o.gpu_device_sampling = false;  // the host sampler (DeviceSamplingEqualsTheHostSampler turns it on)
   o.kv.num_blocks = 128;
   o.kv.block_size = 16;
   o.max_batch_tokens = 1024;  // two of the longest reference sequences (300 tokens) in one step

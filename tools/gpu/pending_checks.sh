@@ -6,9 +6,8 @@
 # BUDGET_S, so a short device budget still brings back the results of the steps before it.
 # The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
 #   1. build; test_gpu and test_gpu_backend in full (the defaults);
-#   2. the opt-in paths not yet run on a GPU: SS_CUDA_PREFILL_ATTN=flash (tensor-core prefill
-#      attention) through the forward tests against transformers, the device-loop tests and the
-#      graph tests; the device sampler (CudaSampling.DeviceSamplingEqualsTheHostSampler sets it);
+#   2. the row prefill kernel (SS_CUDA_PREFILL_ATTN=rows; flash is the default since 2026-12-05)
+#      through the forward tests against the references;
 #   3. A/B timings, interleaved: prefill attention rows vs flash (`bench offline` pp512 and pp4096 on
 #      Llama-3.2-1B and Llama-3-8B bf16), host vs device sampling (`bench decode --temperature 1`),
 #      native K-quant GEMVs vs the bf16 conversion (Llama-3.2-1B Q4_K and Q6_K, --gpu-native-quant);
@@ -34,12 +33,11 @@ B=build-gpu
 summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | tr '\n' ' '; }
 timeout 300 $B/test_gpu > "$RES/t-gpu.txt" 2>&1; stage "test_gpu rc=$? $(summary "$RES/t-gpu.txt")"
 timeout 420 $B/test_gpu_backend > "$RES/t-backend.txt" 2>&1; stage "test_gpu_backend rc=$? $(summary "$RES/t-backend.txt")"
-# Flash prefill against the references only: CudaGraphs and DeviceLoop compare two runs' exact tokens,
-# and flash (bf16 q and P) runs in host-scheduled prefill steps but never in captured graphs, so
-# their runs would differ with nothing wrong.
-SS_CUDA_PREFILL_ATTN=flash timeout 300 $B/test_gpu_backend \
+# The row prefill kernel (flash is the default) against the references only: CudaGraphs and DeviceLoop
+# compare two runs' exact tokens, so they stay on the default.
+SS_CUDA_PREFILL_ATTN=rows timeout 300 $B/test_gpu_backend \
   --gtest_filter='*CudaForward*:*CudaNativeQuant*' > "$RES/t-backend-flash.txt" 2>&1
-stage "test_gpu_backend with flash prefill rc=$? $(summary "$RES/t-backend-flash.txt")"
+stage "test_gpu_backend with the row prefill kernel rc=$? $(summary "$RES/t-backend-flash.txt")"
 
 M=/tmp/ssm
 mkdir -p $M
