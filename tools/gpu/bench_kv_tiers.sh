@@ -29,7 +29,7 @@ run_tier() {  # name port idle_s server flags...
   "$S" serve --model "$f" --device "$DEVICE" --port "$port" --kv-cache-ttl-ms 1000 --cpu-fallback off "$@" \
     > "$OUT/tiers-$name-server.log" 2>&1 &
   local pid=$!
-  ss_wait_healthy "$port"
+  ss_wait_healthy "$port" "$pid"
   timeout 240 "$S" bench serve --url "http://127.0.0.1:$port" --multi-turn --conversations "$CONV" --history-tokens "$HIST" --idle "$idle" \
     > "$OUT/tiers-$name.txt" 2>&1
   echo "tier $name rc=$?"

@@ -28,7 +28,7 @@ for round in 1 2; do
     "$S" serve --model "$f" --device "${DEVICE:-cuda}" --port "$port" --scheduling "$sch" --cpu-fallback off \
       > "$OUT/serve-$tag-server.log" 2>&1 &
     pid=$!
-    ss_wait_healthy "$port"
+    ss_wait_healthy "$port" "$pid"
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$OUT/serve-$tag-util.csv" 2>/dev/null &
     smi=$!
     timeout 300 "$S" bench serve --url "http://127.0.0.1:$port" --rate "$rates" --num-requests "$N" --duration 60 \

@@ -10,8 +10,12 @@ ss_model() {
 ss_get() {
   python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1" 2>/dev/null
 }
-# ss_wait_healthy PORT: until the server on PORT answers /health (at most 120 s).
+# ss_wait_healthy PORT [PID]: until the server on PORT answers /health (at most 120 s; at once when PID has exited).
 ss_wait_healthy() {
-  for _ in $(seq 600); do ss_get "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 0.2; done
+  for _ in $(seq 600); do
+    ss_get "http://127.0.0.1:$1/health" > /dev/null && return 0
+    [ -n "${2:-}" ] && ! kill -0 "$2" 2>/dev/null && return 1
+    sleep 0.2
+  done
   return 1
 }

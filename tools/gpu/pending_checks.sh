@@ -26,11 +26,16 @@ BUDGET_S=${BUDGET_S:-1380}
 want() { if [ $(($(date +%s) - T0 + $1)) -le "$BUDGET_S" ]; then return 0; fi; stage "skipped (budget): $2"; return 1; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --oneline; command -v nsys ncu; } > "$RES/env.txt" 2>&1
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$RES/build.log" 2>&1
-stage "build rc=$?"
-grep -E "error" "$RES/build.log" | head -20 >> "$RES/progress"
+rc=$?
+stage "build rc=$rc"
+grep -E "error|Error|FAILED:|undefined reference" "$RES/build.log" | grep -v -e '-Werror' | cut -c1-300 | head -20 >> "$RES/progress"
+[ "$rc" -eq 0 ] || { stage "build failed: nothing else runs (rm /tmp/ss-detached/pid to start again)"; exit 1; }
 source build-gpu/env.sh
 B=build-gpu
-summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | tr '\n' ' '; }
+summary() {  # gtest's totals and lists; after a crash or a timeout, the test that was running
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | grep -v ' ms)$' | tr '\n' ' '
+  grep -q '^\[==========\] .* ran\.' "$1" || echo "no gtest summary; last: $(grep -E '^\[ RUN +\]' "$1" | tail -1)"
+}
 timeout 300 $B/test_gpu > "$RES/t-gpu.txt" 2>&1; stage "test_gpu rc=$? $(summary "$RES/t-gpu.txt")"
 timeout 420 $B/test_gpu_backend > "$RES/t-backend.txt" 2>&1; stage "test_gpu_backend rc=$? $(summary "$RES/t-backend.txt")"
 # The row prefill kernel (flash is the default) against the references only: CudaGraphs and DeviceLoop
@@ -77,12 +82,12 @@ for sch in host persistent; do
 done
 # The new kernels under compute-sanitizer: memcheck on their tests, racecheck on the one with shared
 # memory traffic between warps (the prefill tiles).
-if want 200 "memcheck"; then
+if want 400 "memcheck"; then
   timeout 400 compute-sanitizer --tool memcheck --error-exitcode 1 $B/test_gpu \
     --gtest_filter='*Prefill*:GpuDecodePacked.*:GpuSampling.*' > "$RES/memcheck.txt" 2>&1
   stage "memcheck new kernels rc=$? $(grep -E 'ERROR SUMMARY' "$RES/memcheck.txt" | tail -1)"
 fi
-if want 120 "racecheck"; then
+if want 300 "racecheck"; then
   timeout 300 compute-sanitizer --tool racecheck --error-exitcode 1 $B/test_gpu \
     --gtest_filter='GpuAttention.PrefillTilesOnTensorCoresMatchHost' > "$RES/racecheck.txt" 2>&1
   stage "racecheck prefill rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$RES/racecheck.txt" | tail -1)"
