@@ -260,6 +260,12 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
     ASSERT_TRUE(st.ok()) << st.message();
   }
   EXPECT_EQ(fd, FinishReason::Length);
+  // The loop's chain stops first (the engine's runner pauses it when destroyed): the reference run's
+  // backend allocates and frees device and pinned memory, which synchronises the whole device and
+  // would wait for ever on a chain that only ends at its stop flag (the H200 run of 2026-12-05 hung
+  // here, after both loops above had passed).
+  rig.engine.reset();
+  rig.be.reset();
   const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});
   ASSERT_EQ(host.tokens.size(), 1u);
   EXPECT_EQ(again, host.tokens[0]);

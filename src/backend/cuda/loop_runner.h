@@ -3,6 +3,10 @@
 // started the GPU admits, plans, steps, samples, stops and streams with no host launch and
 // no host sync per token. The host only pushes into rings in pinned mapped memory and drains the
 // completion ring. loop_runner.cu has the design.
+// While the chain runs, nothing else in the process may allocate or free device or pinned memory
+// (cudaMalloc/cudaFree/cudaFreeHost synchronise the whole device, and the chain ends only at its
+// stop flag) or synchronise the device: such work goes through LoopRunner::run_on_loop, which
+// pauses the chain. A second backend on the same GPU counts (DeviceLoopControl hung on that).
 #pragma once
 #include <cuda_runtime_api.h>
 
