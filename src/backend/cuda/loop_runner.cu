@@ -418,8 +418,8 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
   // would otherwise never end.
   // A chain that has not ended kPauseLimitNs after the stop flag is reported as an error instead of
-  // waited on for ever (DeviceLoopControl.CancelDeadlineAndHostFallback hung in a step on the H200,
-  // 2026-12-05: its 30 s loop guard never fired), and the runner stays unusable (running_ stays set).
+  // waited on for ever, and the runner stays unusable (running_ stays set). (Teardown after that
+  // still synchronises the backend's stream: not handled.)
   static constexpr int64_t kPauseLimitNs = 10'000'000'000;
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
