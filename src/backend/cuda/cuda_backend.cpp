@@ -396,7 +396,8 @@ Status CudaBackend::init() {
                             padded(sizeof(cuda::kern::PrefillTile) * T);
   {
     const char* e = std::getenv("SS_CUDA_DEVICE_SAMPLING");
-    device_sampling_ = e && (std::string(e) == "0" || std::string(e) == "1") ? std::string(e) == "1" : opts_.gpu_device_sampling;
+    const std::string v = e ? e : "";
+    device_sampling_ = v == "1" || (v != "0" && opts_.gpu_device_sampling);
   }
   words_ = (V_ + 31) / 32;
   const int srows = std::min<int>(kSampleChunk, static_cast<int>(R));

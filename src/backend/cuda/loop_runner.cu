@@ -191,9 +191,9 @@ class DeviceLoopRunner final : public resident::LoopRunner {
       if (now - t0 < 200'000) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (pull()) break;
-      if (alive_check_due() && !check_alive(out)) break;
+      if (alive_check_due(now) && !check_alive(out)) break;
     }
-    if (out.size() == first && alive_check_due()) check_alive(out);
+    if (out.size() == first && alive_check_due(steady_ns())) check_alive(out);
     return out.size() - first;
   }
 
@@ -203,8 +203,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // chain is now noticed within 1 ms instead.
   static constexpr int64_t kAliveCheckNs = 1'000'000;
   int64_t last_alive_check_ns_ = 0;
-  bool alive_check_due() {
-    const int64_t now = steady_ns();
+  bool alive_check_due(int64_t now) {
     if (now - last_alive_check_ns_ < kAliveCheckNs) return false;
     last_alive_check_ns_ = now;
     return true;
