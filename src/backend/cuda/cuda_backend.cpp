@@ -799,20 +799,25 @@ void CudaBackend::reset_profile() {
 Status CudaBackend::forward(int T, int R) {
   if (fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch) return forward_fused(T, R);
   const float eps = c_.rms_norm_eps;
+  mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
+  mark(kEmbed);
   for (int l = 0; l < L_; ++l) {
     const Layer& d = layers_[static_cast<size_t>(l)];
     bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
     // The previous layer's FFN output joins the residual here (none before the first layer).
     cuda::add_rmsnorm(x_, l == 0 ? nullptr : tmp_, d.attn_norm, T, H_, eps, xn_, stream_);
+    mark(kNormQkvEtc);
     auto wqkv = bf16_of(d.wqkv, qd_ + 2 * kvd_, H_);
     if (!wqkv.ok()) return make_error(wqkv.message());
     SS_TRY(gemm(wqkv.value(), qd_ + 2 * kvd_, H_, xn_, T, qkv_));
+    mark(kQkv);
     cuda::QkvEpilogue e{qkv_, d.bqkv, d.bqkv ? d.bqkv + qd_ : nullptr, d.bqkv ? d.bqkv + qd_ + kvd_ : nullptr,
                         d.q_norm, d.k_norm, eps, rope_cs_, rope_dim_,
                         c_.rope_style == model::RopeStyle::Interleaved, 1.0f / std::sqrt(static_cast<float>(hd_)),
                         nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, q_, layer_cache};
     cuda::qkv_epilogue(e, T, stream_);
+    mark(kNormQkvEtc);
     if (n_tiles_ > 0) {
       const cuda::kern::PrefillAttention a{q_,     layer_cache, nh_,       nkv_,     hd_, 1.0f /* q is pre-scaled */,
                                            d_ctx_, d_tables_,   max_blocks_, d_tiles_, n_tiles_, att_};
@@ -826,22 +831,31 @@ Status CudaBackend::forward(int T, int R) {
       cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};
       cuda::attention(a, T, stream_);
     }
+    mark(kAttn);
     auto wo = bf16_of(d.wo, H_, qd_);
     if (!wo.ok()) return make_error(wo.message());
     SS_TRY(gemm(wo.value(), H_, qd_, att_, T, tmp_));
+    mark(kOProj);
     cuda::add_rmsnorm(x_, tmp_, d.ffn_norm, T, H_, eps, xn_, stream_);
+    mark(kNormQkvEtc);
     auto wgu = bf16_of(d.wgu, 2 * I_, H_);
     if (!wgu.ok()) return make_error(wgu.message());
     SS_TRY(gemm(wgu.value(), 2 * I_, H_, xn_, T, gu_));
+    mark(kGateUp);
     cuda::silu_mul(gu_, T, I_, act_, stream_);
+    mark(kNormQkvEtc);
     auto wdown = bf16_of(d.wdown, H_, I_);
     if (!wdown.ok()) return make_error(wdown.message());
     SS_TRY(gemm(wdown.value(), H_, I_, act_, T, tmp_));
+    mark(kDown);
   }
   if (R == 0) return {};
   cuda::add_rmsnorm(x_, tmp_, out_norm_, T, H_, eps, xn_, stream_);
   cuda::gather_rows(xn_, d_rows_, R, H_, xr_, stream_);
-  return gemm(out_w_, V_, H_, xr_, R, logits_);
+  mark(kNormQkvEtc);
+  SS_TRY(gemm(out_w_, V_, H_, xr_, R, logits_));
+  mark(kLmHead);
+  return {};
 }
 
 namespace {
