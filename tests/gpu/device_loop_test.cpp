@@ -253,6 +253,7 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   ss::engine::Request d;
   d.prompt = ids[0];
   d.max_tokens = 10;
+  d.sampling.temperature = 0.0f;  // greedy (the default is 1)
   d.on_event = sink(&again, &fd);
   ASSERT_TRUE(e.add_request(std::move(d)).ok());
   while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) {
@@ -269,6 +270,72 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});
   ASSERT_EQ(host.tokens.size(), 1u);
   EXPECT_EQ(again, host.tokens[0]);
+}
+
+}  // namespace
+
+namespace {
+
+// After each way a sequence can end in the loop (its length, a cancel, a deadline, a request that ran
+// on the host executor between the loop's steps), the next greedy request on the same engine gets the
+// host scheduling's tokens: the ended sequence's slot, blocks and sampling state are all let go of.
+TEST(DeviceLoopControl, ServesAGreedyRequestAfterEachKindOfEnd) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  const auto ids = ref_prompts("llama3-tiny");
+  const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});  // before any loop runs
+  ASSERT_EQ(host.tokens.size(), 1u);
+  for (const char* how : {"length", "abort", "timeout", "host", "none"}) {
+    Rig rig = make_rig(*model, true);
+    ASSERT_NE(rig.engine, nullptr);
+    auto& e = *rig.engine;
+    std::vector<int32_t> first;
+    FinishReason ff = FinishReason::None;
+    ss::engine::Request a;
+    a.prompt = ids[1];
+    a.max_tokens = std::string(how) == "length" ? 7 : 600;
+    if (std::string(how) == "timeout") a.deadline = ss::backend::Clock::now() + std::chrono::milliseconds(3);
+    if (std::string(how) == "host") {
+      a.max_tokens = 12;
+      a.sampling.temperature = 0.8f;
+      a.sampling.seed = 3;
+      a.sampling.repetition_penalty = 1.1f;
+    }
+    a.on_event = [&](const ss::engine::TokenEvent& ev) {
+      if (ev.token >= 0) first.push_back(ev.token);
+      if (ev.finish != FinishReason::None) ff = ev.finish;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    if (std::string(how) != "none") {
+      auto id = e.add_request(std::move(a));
+      ASSERT_TRUE(id.ok());
+      bool cancelled = false;
+      while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        ASSERT_TRUE(e.step().ok()) << how;
+        if (std::string(how) == "abort" && !cancelled && first.size() >= 5) {
+          e.abort(*id);
+          cancelled = true;
+        }
+      }
+      ASSERT_FALSE(e.has_work()) << how;
+      EXPECT_NE(ff, FinishReason::None) << how;
+    }
+    std::vector<int32_t> again;
+    FinishReason fd = FinishReason::None;
+    ss::engine::Request d;
+    d.prompt = ids[0];
+    d.max_tokens = 10;
+    d.sampling.temperature = 0.0f;  // greedy (the default is 1)
+    d.on_event = [&](const ss::engine::TokenEvent& ev) {
+      if (ev.token >= 0) again.push_back(ev.token);
+      if (ev.finish != FinishReason::None) fd = ev.finish;
+    };
+    ASSERT_TRUE(e.add_request(std::move(d)).ok());
+    while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) ASSERT_TRUE(e.step().ok()) << how;
+    EXPECT_EQ(fd, FinishReason::Length) << how;
+    EXPECT_EQ(again, host.tokens[0]) << "after a sequence that ended by " << how << " (" << first.size() << " tokens)";
+  }
 }
 
 }  // namespace
