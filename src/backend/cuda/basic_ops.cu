@@ -1,10 +1,11 @@
-// First versions of the forward pass's kernels: one CTA per token (or per token and head), fp32
+// First versions of the forward pass's kernels: a CTA per token (or per token and head group), fp32
 // arithmetic, bf16 storage. Correct and simple; tuned kernels replace them one by one, each held to
 // the same host references (tests/gpu).
 #include "backend/cuda/basic_ops.h"
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 
 namespace ss::cuda {
@@ -61,50 +62,45 @@ __device__ void rope_head(float* v, int rope_dim, const float* cs, bool interlea
   }
 }
 
-// One warp per head: per-head norm, then RoPE, in shared memory.
-__device__ void norm_rope_heads(float* base, int n, int hd, const float* norm_w, float eps, const float* cs,
-                                int rope_dim, bool interleaved) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int h = warp; h < n; h += nw) {
-    float* v = base + h * hd;
+// One warp per head of one token's [q | k | v] row, kEpiHeads heads a CTA (grid: tokens x head
+// groups, so a step of a few tokens still spreads over the SMs): bias, the per-head norm (q and k,
+// Qwen3), RoPE (q and k), then q pre-scaled to q_out and k / v into the token's cache slot.
+constexpr int kEpiHeads = 4;
+__global__ void qkv_epilogue_k(QkvEpilogue a) {
+  extern __shared__ float sm[];  // [kEpiHeads][hd]
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hh = blockIdx.y * kEpiHeads + warp;
+  if (hh >= a.n_heads + 2 * a.n_kv) return;  // no block-wide barrier below
+  const int qd = a.n_heads * a.hd, kvd = a.n_kv * a.hd, w = qd + 2 * kvd, off = hh * a.hd;
+  const bool is_q = hh < a.n_heads, is_k = !is_q && hh < a.n_heads + a.n_kv;
+  const float* src = a.qkv + static_cast<int64_t>(t) * w + off;
+  const float* bias = !a.bq ? nullptr : is_q ? a.bq + off : is_k ? a.bk + (off - qd) : a.bv + (off - qd - kvd);
+  float* v = sm + warp * a.hd;
+  for (int i = lane; i < a.hd; i += 32) v[i] = bias ? src[i] + bias[i] : src[i];
+  __syncwarp();
+  const int pos = a.positions[t];
+  if (is_q || is_k) {
+    const float* norm_w = is_q ? a.q_norm : a.k_norm;
     if (norm_w) {
       float ss = 0.0f;
-      for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+      for (int i = lane; i < a.hd; i += 32) ss += v[i] * v[i];
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv = rsqrtf(ss / static_cast<float>(hd) + eps);
-      for (int i = lane; i < hd; i += 32) v[i] = v[i] * inv * norm_w[i];
+      const float inv = rsqrtf(ss / static_cast<float>(a.hd) + a.norm_eps);
+      for (int i = lane; i < a.hd; i += 32) v[i] = v[i] * inv * norm_w[i];
       __syncwarp();
     }
-    rope_head(v, rope_dim, cs, interleaved, lane, 32);
+    rope_head(v, a.rope_dim, a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim, a.interleaved, lane, 32);
     __syncwarp();
   }
-}
-
-__global__ void qkv_epilogue_k(QkvEpilogue a) {
-  extern __shared__ float sm[];
-  const int t = blockIdx.x;
-  const int qd = a.n_heads * a.hd, kvd = a.n_kv * a.hd, w = qd + 2 * kvd;
-  const float* src = a.qkv + static_cast<int64_t>(t) * w;
-  for (int i = threadIdx.x; i < w; i += blockDim.x) {
-    float v = src[i];
-    if (a.bq) v += i < qd ? a.bq[i] : i < qd + kvd ? a.bk[i - qd] : a.bv[i - qd - kvd];
-    sm[i] = v;
+  if (is_q) {
+    for (int i = lane; i < a.hd; i += 32) a.q_out[static_cast<int64_t>(t) * qd + off + i] = v[i] * a.q_scale;
+    return;
   }
-  __syncthreads();
-  const int pos = a.positions[t];
-  const float* cs = a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim;
-  norm_rope_heads(sm, a.n_heads, a.hd, a.q_norm, a.norm_eps, cs, a.rope_dim, a.interleaved);
-  norm_rope_heads(sm + qd, a.n_kv, a.hd, a.k_norm, a.norm_eps, cs, a.rope_dim, a.interleaved);
-  __syncthreads();
-  for (int i = threadIdx.x; i < qd; i += blockDim.x) a.q_out[static_cast<int64_t>(t) * qd + i] = sm[i] * a.q_scale;
+  const int kv = is_k ? 0 : 1, head = hh - a.n_heads - kv * a.n_kv;
   const int block = a.tables[static_cast<int64_t>(a.token_table[t]) * a.max_blocks + pos / a.block_size];
-  const int slot = pos % a.block_size;
-  for (int i = threadIdx.x; i < 2 * kvd; i += blockDim.x) {
-    const int kv = i / kvd, r = i % kvd, head = r / a.hd, d = r % a.hd;
-    const int64_t at = ((static_cast<int64_t>(block) * 2 + kv) * a.n_kv + head) * a.block_size * a.hd +
-                       static_cast<int64_t>(slot) * a.hd + d;
-    a.layer_cache[at] = f2bf(sm[qd + i]);
-  }
+  bf16_bits* dst = a.layer_cache + ((static_cast<int64_t>(block) * 2 + kv) * a.n_kv + head) * a.block_size * a.hd +
+                   static_cast<int64_t>(pos % a.block_size) * a.hd;
+  for (int i = lane; i < a.hd; i += 32) dst[i] = f2bf(v[i]);
 }
 
 // One CTA of 128 threads per (token, head): keys in tiles of 128 (one per thread), online softmax;
@@ -171,10 +167,11 @@ __global__ void attention_k(Attention a) {
   }
 }
 
+// grid: tokens x chunks of the row (a few tokens still spread over the SMs).
 __global__ void silu_mul_k(const float* gu, int inter, bf16_bits* act) {
   const int64_t t = blockIdx.x;
   const float* g = gu + t * 2 * inter;
-  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < inter; i += gridDim.y * blockDim.x) {
     const float x = g[i];
     act[t * inter + i] = f2bf(x / (1.0f + expf(-x)) * g[inter + i]);
   }
@@ -230,18 +227,22 @@ void embed(const bf16_bits* table, const int32_t* tokens, int n_tok, int h, floa
 }
 void add_rmsnorm(float* x, const float* d, const float* w, int n_tok, int h, float eps, bf16_bits* out,
                  cudaStream_t s) {
-  if (n_tok > 0) add_rmsnorm_k<<<n_tok, 256, 0, s>>>(x, d, w, h, eps, out);
+  // A CTA per row: up to 1024 threads, ~4 elements each (a step of a few rows is all latency).
+  const int threads = std::min(1024, std::max(128, (h / 4 + 31) / 32 * 32));
+  if (n_tok > 0) add_rmsnorm_k<<<n_tok, threads, 0, s>>>(x, d, w, h, eps, out);
 }
 void qkv_epilogue(const QkvEpilogue& a, int n_tok, cudaStream_t s) {
-  const size_t smem = sizeof(float) * static_cast<size_t>((a.n_heads + 2 * a.n_kv) * a.hd);
-  if (n_tok > 0) qkv_epilogue_k<<<n_tok, 256, smem, s>>>(a);
+  const size_t smem = sizeof(float) * static_cast<size_t>(kEpiHeads * a.hd);
+  const int groups = (a.n_heads + 2 * a.n_kv + kEpiHeads - 1) / kEpiHeads;
+  if (n_tok > 0) qkv_epilogue_k<<<dim3(n_tok, groups), kEpiHeads * 32, smem, s>>>(a);
 }
 void attention(const Attention& a, int n_tok, cudaStream_t s) {
   const size_t smem = sizeof(float) * static_cast<size_t>(a.hd + kAttnThreads);
   if (n_tok > 0) attention_k<<<dim3(n_tok, a.n_heads), kAttnThreads, smem, s>>>(a);
 }
 void silu_mul(const float* gu, int n_tok, int inter, bf16_bits* act, cudaStream_t s) {
-  if (n_tok > 0) silu_mul_k<<<n_tok, 256, 0, s>>>(gu, inter, act);
+  const int chunks = std::min(64, (inter + 1023) / 1024);  // >= 4 elements a thread
+  if (n_tok > 0) silu_mul_k<<<dim3(n_tok, chunks), 256, 0, s>>>(gu, inter, act);
 }
 void gather_rows(const bf16_bits* src, const int32_t* rows, int n_rows, int h, bf16_bits* dst, cudaStream_t s) {
   if (n_rows > 0) gather_rows_k<<<n_rows, 256, 0, s>>>(src, rows, h, dst);
