@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/memory_options.h"
 #include "engine/engine.h"
+#include "engine/resident_executor.h"
 #include "server/server.h"
 #include "structured/structured.h"
 #include "telemetry/telemetry.h"
@@ -137,6 +138,8 @@ void run_serve(const ServeArgs& a) {
   }
   server->set_memory_mode_info(memory_mode_labels(*plan));
   backend::BackendOptions bo = plan->backend;
+  // Persistent scheduling: the loop's --max-num-seqs seats plus the host executor's reserve.
+  if (a.scheduling == "persistent") bo.max_slots = engine::persistent_backend_slots(a.mem.max_num_seqs);
   std::string device;
   auto be = make_backend(*model, bo, a.mem.device, &device);
   if (!be.ok()) {

@@ -747,14 +747,21 @@ class RoutingExecutor final : public backend::Executor {
 
 }  // namespace
 
+int persistent_host_seats(int max_num_seqs) { return std::max(1, max_num_seqs / 4); }
+int persistent_backend_slots(int max_num_seqs) { return max_num_seqs + persistent_host_seats(max_num_seqs); }
+
 Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
                                                                       std::function<Clock::time_point()> clock,
                                                                       const KvTierConfig& tiers, double resident_share,
                                                                       bool host_loop) {
   const int n = be.kv_config().num_blocks, slots = be.max_slots();
   const int rb = std::clamp(static_cast<int>(n * resident_share), 1, n - 1);
-  const int rs = std::clamp(std::min(cfg.max_num_seqs, slots / 2), 1, slots - 1);
   if (n < 2 || slots < 2) return make_error("--scheduling persistent needs at least 2 KV blocks and 2 slots");
+  // The loop's seats: all of max_num_seqs when the backend was sized for them and the host reserve
+  // (serve and bench do that); else half the slots, as a loop beside a busy host executor needs.
+  const int rs = slots >= persistent_backend_slots(cfg.max_num_seqs)
+                     ? cfg.max_num_seqs
+                     : std::clamp(std::min(cfg.max_num_seqs, slots / 2), 1, slots - 1);
   const int max_len = cfg.max_model_len > 0 ? cfg.max_model_len : rb * be.kv_config().block_size;
   SS_ASSIGN(auto runner, make_loop_runner(be, rs, std::max(1, cfg.max_num_batched_tokens), max_len,
                                           LoopShare{0, rb, 0, rs}, host_loop));

@@ -501,6 +501,38 @@ TEST(PersistentScheduling, RoutesWhatTheLoopCannotRunToTheHostExecutor) {
   }
 }
 
+// Seats: a backend sized by persistent_backend_slots gives the loop every one of --max-num-seqs (the
+// GPU serving run of 2026-12-05 saturated at half of them: 16 of 32), and the host executor its
+// reserve; a backend with fewer slots splits them. Counted as the largest step of greedy rows.
+TEST(PersistentScheduling, TheLoopGetsEveryConfiguredSeat) {
+  EXPECT_EQ(persistent_host_seats(32), 8);
+  EXPECT_EQ(persistent_backend_slots(32), 40);
+  EXPECT_EQ(persistent_backend_slots(1), 2);
+  for (const bool sized : {true, false}) {
+    std::mt19937 g(41);
+    FakeBackend be(256, 8, kVocab, sized ? persistent_backend_slots(8) : 8);
+    size_t widest = 0;
+    be.on_batch = [&](const backend::StepBatch& b) { widest = std::max(widest, b.seq_slot.size()); };
+    EngineConfig cfg;
+    cfg.scheduling = EngineConfig::Scheduling::Persistent;
+    cfg.scheduler.max_num_seqs = 8;
+    cfg.scheduler.max_num_batched_tokens = 64;
+    auto e = Engine::create(be, cfg);
+    ASSERT_TRUE(e.ok()) << e.message();
+    Collector c;
+    for (int i = 0; i < 8; ++i) {
+      Request r = make_request(spec(random_tokens(g, 3, kVocab), 24, 0.0f, 900 + i), nullptr);
+      r.on_event = c.callback();
+      ASSERT_TRUE((*e)->add_request(std::move(r)).ok());
+    }
+    run_all(**e);
+    EXPECT_EQ(c.out.size(), 8u);
+    for (const auto& [id, o] : c.out) EXPECT_EQ(o.tokens.size(), 24u) << id;
+    if (sized) EXPECT_EQ(widest, 8u) << "the loop ran fewer than its 8 seats at once";
+    else EXPECT_EQ(widest, 4u) << "8 slots: the loop's half";
+  }
+}
+
 // The GPU test DeviceLoopControl.CancelDeadlineAndHostFallback on the host loop: under --scheduling
 // persistent a request cancelled after five tokens, one whose deadline passes mid-stream and a
 // sampled one with a repetition penalty (the host executor's, stepped between the loop's steps) run
