@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
   // batch). On by default (SS_CUDA_PREFILL_ATTN=rows: the row kernel): on the H200 (2026-12-05) it passed
   // its tests and made 1B prefill 2.7x (pp512) to 11.5x (pp4096) and 8B 2.0x / 4.4x (pp512 / pp2048) faster.
   bool flash_prefill_ = false;
+  bool group_tiles_ = false;  // SS_CUDA_GROUP_TILES=1: tiles with the KV group's heads packed, decode rows too
   // Sampling on the device (BackendOptions::gpu_device_sampling; SS_CUDA_DEVICE_SAMPLING=0/1 overrides): rows
   // other than plain greedy are drawn by kern::sample after their bias, penalties and bans are applied
   // in place (kern::edit_logits), kSampleChunk rows a call; only ids (and asked-for logprobs) come back.
@@ -455,6 +456,8 @@ Status CudaBackend::init() {
   {
     const char* e = std::getenv("SS_CUDA_PREFILL_ATTN");
     flash_prefill_ = split_attention_ && (hd_ == 64 || hd_ == 128) && !(e && std::string(e) == "rows");
+    const char* g = std::getenv("SS_CUDA_GROUP_TILES");
+    group_tiles_ = flash_prefill_ && g && std::string(g) == "1" && nh_ / nkv_ <= cuda::kern::kPrefillTileRows;
   }
   if (device_sampling_) {
     d_sample_scratch_ = scratch_.take<uint8_t>(sample_scratch_bytes_);
@@ -819,8 +822,9 @@ Status CudaBackend::forward(int T, int R) {
     cuda::qkv_epilogue(e, T, stream_);
     mark(kNormQkvEtc);
     if (n_tiles_ > 0) {
-      const cuda::kern::PrefillAttention a{q_,     layer_cache, nh_,       nkv_,     hd_, 1.0f /* q is pre-scaled */,
-                                           d_ctx_, d_tables_,   max_blocks_, d_tiles_, n_tiles_, att_};
+      cuda::kern::PrefillAttention a{q_,     layer_cache, nh_,       nkv_,     hd_, 1.0f /* q is pre-scaled */,
+                                     d_ctx_, d_tables_,   max_blocks_, d_tiles_, n_tiles_, att_};
+      a.pack_group = group_tiles_;
       SS_TRY(cuda::kern::prefill_attention(a, stream_));
     } else if (split_attention_) {
       const int splits = cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_);
@@ -947,6 +951,11 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
     in[3 * C + i] = in[C + i] + 1;
     in[4 * C + i] = i;
   }
+  // Steps past the fused path's batch run the attention as packed-group tiles when asked: a tile a
+  // row, rewritten before every replay like the inputs above.
+  const bool tiles = group_tiles_ && !(fused_ && B <= kFusedMaxBatch);
+  if (tiles)
+    for (int i = 0; i < B; ++i) h_tiles_[i] = cuda::kern::PrefillTile{i, 1, in[2 * C + i], 0};
   cudaGraphExec_t& g = graphs_[static_cast<size_t>(lg)];
   if (!g) {
     SS_CUDA(cudaStreamSynchronize(stream_));  // the table edits are not part of the graph
@@ -960,7 +969,12 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
     rec(cudaMemcpyAsync(d_tok_table_, in + 2 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
     rec(cudaMemcpyAsync(d_ctx_, in + 3 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
     rec(cudaMemcpyAsync(d_rows_, in + 4 * C, 4 * B, cudaMemcpyHostToDevice, stream_), "graph inputs");
+    if (tiles)
+      rec(cudaMemcpyAsync(d_tiles_, h_tiles_, sizeof(cuda::kern::PrefillTile) * B, cudaMemcpyHostToDevice, stream_),
+          "graph inputs");
+    n_tiles_ = tiles ? B : 0;
     if (st.ok()) st = forward(B, B);
+    n_tiles_ = 0;
     if (st.ok()) cuda::argmax_rows(logits_, B, V_, d_ids_, stream_);
     rec(cudaMemcpyAsync(h_ids_, d_ids_, 4 * B, cudaMemcpyDeviceToHost, stream_), "graph outputs");
     cudaGraph_t graph = nullptr;
@@ -1075,9 +1089,13 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   n_tiles_ = 0;
   if (flash_prefill_ && !(fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch)) {
     // Tensor-core tiles pay off when rows come in runs (prompt chunks); a step of mostly decode rows
-    // (one row a tile) keeps the row kernel and its splits along long contexts.
-    const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_);
-    if (n * 8 <= T) {
+    // (one row a tile) keeps the row kernel and its splits along long contexts. With the group's
+    // heads packed into a tile (SS_CUDA_GROUP_TILES=1) every step of this path takes the tiles: a
+    // decode row fills G rows of a CTA that reads its K/V once for the group.
+    const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_,
+                                            group_tiles_ ? cuda::kern::kPrefillTileRows / (nh_ / nkv_)
+                                                         : cuda::kern::kPrefillTileRows);
+    if (group_tiles_ || n * 8 <= T) {
       SS_CUDA(cudaMemcpyAsync(d_tiles_, h_tiles_, sizeof(cuda::kern::PrefillTile) * n, cudaMemcpyHostToDevice, stream_));
       n_tiles_ = n;
     }

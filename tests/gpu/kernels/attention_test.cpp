@@ -237,32 +237,39 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
     const int n_q = static_cast<int>(slot.size());
     std::vector<int32_t> ctx(n_q);
     for (int i = 0; i < n_q; ++i) ctx[i] = pos[i] + 1;
-    std::vector<PrefillTile> tiles(n_q);
-    tiles.resize(prefill_tiles(slot.data(), pos.data(), n_q, tiles.data()));
-    ASSERT_EQ(tiles.size(), 6u);  // 64 + 64 + 22, 1, 64 + 6
     const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
-    const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
-    auto q = random_f32(rng, row * n_q, -q_max, q_max);
-    for (float& v : q) v = from_bf16(to_bf16(v));  // what the kernel multiplies
-    DeviceBuf<float> dq(q);
-    DeviceBuf<uint16_t> dcache(p.cache), dout(row * n_q);
-    DeviceBuf<int32_t> dctx(ctx), dtab(p.tables);
-    DeviceBuf<PrefillTile> dtiles(tiles);
-    ASSERT_TRUE(dq.ok() && dcache.ok() && dout.ok() && dtiles.ok());
-    dout.poison();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    const PrefillAttention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dtab.get(),
-                             p.max_blocks, dtiles.get(), static_cast<int>(tiles.size()), dout.get()};
-    LAUNCH_OK(prefill_attention(a, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto out = dout.download();
-    for (int i = 0; i < n_q; ++i) {
-      std::vector<double> dev;
-      const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale, &dev, std::ldexp(1.0, -8) * 1.01);  // 2^-8 / (1 - 2^-8), rounded up
-      for (size_t j = 0; j < ref.size(); ++j)
-        ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 256 + dev[j] + ctx[i] * std::ldexp(1.0, -22))
-            << "q in +-" << q_max << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " row " << i << " (slot " << slot[i]
-            << ", position " << pos[i] << ") elem " << j;
+    // One query head a CTA, then the group's heads packed into the tile's rows (pack_group).
+    for (const bool pack : {false, true}) {
+      const int G = c.n_heads / c.n_kv;
+      std::vector<PrefillTile> tiles(n_q);
+      tiles.resize(prefill_tiles(slot.data(), pos.data(), n_q, tiles.data(), pack ? kPrefillTileRows / G : kPrefillTileRows));
+      if (!pack) {
+        ASSERT_EQ(tiles.size(), 6u);  // 64 + 64 + 22, 1, 64 + 6
+      }
+      const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
+      auto q = random_f32(rng, row * n_q, -q_max, q_max);
+      for (float& v : q) v = from_bf16(to_bf16(v));  // what the kernel multiplies
+      DeviceBuf<float> dq(q);
+      DeviceBuf<uint16_t> dcache(p.cache), dout(row * n_q);
+      DeviceBuf<int32_t> dctx(ctx), dtab(p.tables);
+      DeviceBuf<PrefillTile> dtiles(tiles);
+      ASSERT_TRUE(dq.ok() && dcache.ok() && dout.ok() && dtiles.ok());
+      dout.poison();
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+      PrefillAttention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dtab.get(),
+                         p.max_blocks, dtiles.get(), static_cast<int>(tiles.size()), dout.get()};
+      a.pack_group = pack;
+      LAUNCH_OK(prefill_attention(a, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto out = dout.download();
+      for (int i = 0; i < n_q; ++i) {
+        std::vector<double> dev;
+        const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale, &dev, std::ldexp(1.0, -8) * 1.01);  // 2^-8 / (1 - 2^-8), rounded up
+        for (size_t j = 0; j < ref.size(); ++j)
+          ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 256 + dev[j] + ctx[i] * std::ldexp(1.0, -22))
+              << (pack ? "packed groups, " : "") << "q in +-" << q_max << " heads " << c.n_heads << "/" << c.n_kv << " hd "
+              << c.hd << " row " << i << " (slot " << slot[i] << ", position " << pos[i] << ") elem " << j;
+      }
     }
   }
 }
@@ -289,6 +296,17 @@ TEST(GpuAttention, PrefillTilesFollowRunsOfOneSequence) {
   for (const PrefillTile& x : t200) {
     EXPECT_EQ(x.row0, covered);
     EXPECT_LE(x.n_rows, kPrefillTileRows);
+    covered += x.n_rows;
+  }
+  EXPECT_EQ(covered, 200);
+  // Packed groups (pack_group): at most max_rows positions a tile, e.g. 64 / 4 heads a group.
+  t200.assign(200, PrefillTile{});
+  t200.resize(prefill_tiles(s200.data(), p200.data(), 200, t200.data(), kPrefillTileRows / 4));
+  ASSERT_EQ(t200.size(), 13u);  // 12 x 16 + 8
+  covered = 0;
+  for (const PrefillTile& x : t200) {
+    EXPECT_EQ(x.row0, covered);
+    EXPECT_LE(x.n_rows, kPrefillTileRows / 4);
     covered += x.n_rows;
   }
   EXPECT_EQ(covered, 200);

@@ -211,6 +211,10 @@ Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
 // online softmax in registers. q (fp32) and P are rounded to bf16 for the tensor cores; the row
 // kernel above keeps q in fp32, so the two differ by that rounding (at most 2^-8 of a score's terms).
 // Head dims 64 and 128.
+// pack_group: a CTA takes one KV head and every query head of its group, row r of the tile being
+// position r / G and head r % G of the group (tiles of at most kPrefillTileRows / G positions:
+// prefill_tiles' max_rows), so each K/V tile is read once for the whole group instead of once a
+// head. A decode row (one position) then fills G of the 64 rows; the CTA count is n_kv x tiles.
 constexpr int kPrefillTileRows = 64;
 struct PrefillTile {
   int32_t row0, n_rows;  // rows row0 .. row0 + n_rows - 1 of the step, positions consecutive
@@ -218,12 +222,13 @@ struct PrefillTile {
   int32_t pad;
 };
 // Splits the T rows of a step into tiles: a tile ends where the table row changes, the position is not
-// the previous one's + 1, or kPrefillTileRows rows are reached. out has room for T; returns the count.
-inline int prefill_tiles(const int32_t* slot_of_row, const int32_t* pos_of_row, int T, PrefillTile* out) {
+// the previous one's + 1, or max_rows rows are reached. out has room for T; returns the count.
+inline int prefill_tiles(const int32_t* slot_of_row, const int32_t* pos_of_row, int T, PrefillTile* out,
+                         int max_rows = kPrefillTileRows) {
   int n = 0;
   for (int i = 0; i < T;) {
     int j = i + 1;
-    while (j < T && j - i < kPrefillTileRows && slot_of_row[j] == slot_of_row[i] && pos_of_row[j] == pos_of_row[j - 1] + 1)
+    while (j < T && j - i < max_rows && slot_of_row[j] == slot_of_row[i] && pos_of_row[j] == pos_of_row[j - 1] + 1)
       ++j;
     out[n++] = PrefillTile{i, j - i, slot_of_row[i], 0};
     i = j;
@@ -241,6 +246,7 @@ struct PrefillAttention {
   const PrefillTile* tiles;  // [n_tiles], device
   int n_tiles;
   bf16_bits* out;            // [T][n_heads][hd]
+  bool pack_group = false;   // tiles of at most kPrefillTileRows / (n_heads / n_kv) positions
 };
 Status prefill_attention(const PrefillAttention& a, cudaStream_t s);
 

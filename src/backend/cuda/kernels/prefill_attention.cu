@@ -1,7 +1,8 @@
 // Causal prefill attention on tensor cores (kernels.h, "prefill attention on tensor cores").
 //
 // A CTA: one tile of up to 64 query rows (one sequence, consecutive positions) and one query head;
-// four warps, sixteen rows each. Q is rounded to bf16 into shared memory once and held as mma A
+// four warps, sixteen rows each. With pack_group the CTA takes a KV head instead, and its rows are
+// (position, query head of the group) pairs, so the group reads each K/V tile once. Q is rounded to bf16 into shared memory once and held as mma A
 // fragments. The sequence's keys are walked in tiles of 64 (four 16-token pages of the paged cache):
 // K and V of the next tile are copied into the other half of a double buffer with cp.async while the
 // current one is multiplied. Per key tile a warp computes S = Q K^T (16 x 64, fp32), masks the keys
@@ -69,9 +70,14 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   auto sK = [&](int b) { return sKV + b * 2 * kKeys * HD; };
   auto sV = [&](int b) { return sKV + (b * 2 + 1) * kKeys * HD; };
 
-  const int h = blockIdx.x;
   const PrefillTile tl = a.tiles[gridDim.y - 1 - blockIdx.y];
-  const int G = a.n_heads / a.n_kv, kvh = h / G;
+  const int G = a.n_heads / a.n_kv;
+  // Tile row r is position r / rpp of the tile and query head head_of(r): one head (blockIdx.x) per
+  // CTA, or with pack_group the G heads of KV head blockIdx.x, position-major.
+  const int rpp = a.pack_group ? G : 1;
+  const int kvh = a.pack_group ? blockIdx.x : blockIdx.x / G;
+  auto head_of = [&](int r) { return a.pack_group ? kvh * G + r % G : static_cast<int>(blockIdx.x); };
+  const int tile_rows = tl.n_rows * rpp;  // valid rows of the 64
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int32_t* table = a.tables + static_cast<int64_t>(tl.slot) * a.max_blocks;
@@ -85,9 +91,9 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   for (int i = threadIdx.x; i < kRows * CPR; i += kWarps * 32) {
     const int r = i / CPR, c = i % CPR;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < tl.n_rows) {
+    if (r < tile_rows) {
       const float4* p = reinterpret_cast<const float4*>(
-          a.q + (static_cast<int64_t>(tl.row0 + r) * a.n_heads + h) * HD + c * 8);
+          a.q + (static_cast<int64_t>(tl.row0 + r / rpp) * a.n_heads + head_of(r)) * HD + c * 8);
       const float4 x = p[0], y = p[1];
       v.x = pack_bf2(x.x, x.y), v.y = pack_bf2(x.z, x.w), v.z = pack_bf2(y.x, y.y), v.w = pack_bf2(y.z, y.w);
     }
@@ -104,8 +110,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   // This thread's two rows (g and g + 8 of the warp's sixteen) and the keys they see; padding rows
   // see every key (their q is zero, their output is not written).
   const int rA = warp * 16 + g, rB = rA + 8;
-  const int ctxA = rA < tl.n_rows ? a.ctx_len[tl.row0 + rA] : kend;
-  const int ctxB = rB < tl.n_rows ? a.ctx_len[tl.row0 + rB] : kend;
+  const int ctxA = rA < tile_rows ? a.ctx_len[tl.row0 + rA / rpp] : kend;
+  const int ctxB = rB < tile_rows ? a.ctx_len[tl.row0 + rB / rpp] : kend;
   const int ctx_min = a.ctx_len[tl.row0];  // the first row sees the fewest
   const float sl2 = a.scale * kLog2e;
 
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
     const uint16_t* K = sK(buf);
     const uint16_t* V = sV(buf);
     // A warp whose sixteen rows are all padding (a short tile) only helps load and waits.
-    if (warp * 16 < tl.n_rows) {
+    if (warp * 16 < tile_rows) {
 
       float s[kKeys / 8][4];
   #pragma unroll
@@ -211,11 +217,11 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
 #pragma unroll
   for (int d = 0; d < DT; ++d) {
     const int col = d * 8 + tq * 2;
-    if (rA < tl.n_rows)
-      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rA) * a.n_heads + h) * HD + col) =
+    if (rA < tile_rows)
+      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rA / rpp) * a.n_heads + head_of(rA)) * HD + col) =
           pack_bf2(o[d][0] * iA, o[d][1] * iA);
-    if (rB < tl.n_rows)
-      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rB) * a.n_heads + h) * HD + col) =
+    if (rB < tile_rows)
+      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rB / rpp) * a.n_heads + head_of(rB)) * HD + col) =
           pack_bf2(o[d][2] * iB, o[d][3] * iB);
   }
 }
@@ -226,7 +232,7 @@ Status launch_prefill(const PrefillAttention& a, cudaStream_t s) {
   static_assert(smem <= 227 * 1024, "shared memory");
   if (smem > 48 * 1024)
     SS_CUDA_TRY(cudaFuncSetAttribute(prefill_attn_k<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  prefill_attn_k<HD><<<dim3(a.n_heads, a.n_tiles), kWarps * 32, smem, s>>>(a);
+  prefill_attn_k<HD><<<dim3(a.pack_group ? a.n_kv : a.n_heads, a.n_tiles), kWarps * 32, smem, s>>>(a);
   SS_CUDA_LAUNCHED();
   return {};
 }
@@ -242,6 +248,9 @@ Status prefill_attention(const PrefillAttention& a, cudaStream_t s) {
   if (a.n_tiles < 0 || a.n_tiles > 65535 || a.n_heads > 65535)
     return make_error("prefill attention: " + std::to_string(a.n_tiles) + " tiles of " + std::to_string(a.n_heads) +
                       " heads do not fit the grid");
+  if (a.pack_group && a.n_heads / a.n_kv > kRows)
+    return make_error("prefill attention: a group of " + std::to_string(a.n_heads / a.n_kv) +
+                      " query heads does not fit a tile of " + std::to_string(kRows) + " rows");
   if (a.n_tiles == 0) return {};
   return a.hd == 64 ? launch_prefill<64>(a, s) : launch_prefill<128>(a, s);
 }
