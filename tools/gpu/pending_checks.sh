@@ -6,15 +6,17 @@
 # BUDGET_S, so a short device budget still brings back the results of the steps before it.
 # The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
 #   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried:
-#      tools/gpu/fetch_llamacpp.sh); test_gpu and test_gpu_backend in full (the defaults);
-#   2. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling);
-#   3. Llama-3-8B bf16: the stage profile at batch 16/64 (SS_CUDA_PROFILE=1, the cuBLAS path), the
-#      graph-replayed step at batch 1/16/64, then llama.cpp on the same file in the same run
-#      (llama-bench tg128, llama-batched-bench -npl 1,16,64);
-#   4. experiment C (bench_serving.sh), bench_go, the KV tiers at 8B (bench_kv_tiers.sh, CONV=3);
-#   5. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row prefill kernel through the
-#      forward tests, A/B timings rows vs flash prefill, host vs device sampling, native K-quants,
-#      compute-sanitizer on the new kernels, an nsys kernel profile of the 1B prefill.
+#      tools/gpu/fetch_llamacpp.sh); test_gpu and test_gpu_backend in full (the defaults; the
+#      device-loop tests one at a time); the forward tests again with SS_CUDA_GROUP_TILES=1;
+#   2. packed-group attention tiles vs the row kernel (SS_CUDA_GROUP_TILES, a0fd603): 8B bf16 decode
+#      at batch 16/64 and prefill pp512/pp2048, interleaved; ncu on the row kernel at batch 64;
+#   3. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling);
+#   4. Llama-3-8B bf16: the stage profile at batch 1/16/64 (SS_CUDA_PROFILE=1), the graph-replayed
+#      step, then llama.cpp on the same file in the same run (llama-bench, llama-batched-bench);
+#   5. experiment C (bench_serving.sh; the loop's seats since db8f099);
+#   6. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): bench_go, the KV tiers at 8B, the row
+#      prefill kernel through the forward tests, A/B timings rows vs flash prefill, host vs device
+#      sampling, native K-quants, compute-sanitizer on the new kernels, nsys of the 1B prefill.
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,6 +60,10 @@ for t in DeviceLoopControl.CancelDeadlineAndHostFallback 'TinyModels/DeviceLoop.
   stage "test_gpu_backend $t rc=$? $(summary "$f")"
 done
 
+SS_CUDA_GROUP_TILES=1 timeout 180 $B/test_gpu_backend --gtest_filter='*CudaForward*:CudaGraphs.*:CudaNativeQuant.*' \
+  > "$RES/t-backend-group.txt" 2>&1
+stage "test_gpu_backend forward tests with SS_CUDA_GROUP_TILES=1 rc=$? $(summary "$RES/t-backend-group.txt")"
+
 M=/tmp/ssm
 mkdir -p $M
 synth() {  # synth SHAPE DTYPE
@@ -66,6 +72,31 @@ synth() {  # synth SHAPE DTYPE
 }
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
+# Packed-group tiles (SS_CUDA_GROUP_TILES=1) against the row kernel, interleaved: 8B decode at batch
+# 16/64 (graphs) and prefill. Predicted: batch 64 attention from ~6 ms to ~1.5 ms a step (H200).
+if want 300 "group tiles A/B"; then
+  synth llama3-8b bf16
+  for gt in 0 1 0 1; do
+    SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
+      --batch 16,64 --context 512 --steps 32 --reps 3 > "$RES/gt-decode-$gt.txt" 2>&1
+    stage "group tiles=$gt 8B decode rc=$? $(rowsof "$RES/gt-decode-$gt.txt")"
+  done
+  for gt in 0 1; do
+    for pp in 512 2048; do
+      SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench offline --model $M/llama3-8b-bf16.gguf --device cuda \
+        --threads 16 --prompt-tokens $pp --gen-tokens 16 --reps 3 > "$RES/gt-pp-$gt-$pp.txt" 2>&1
+      stage "group tiles=$gt 8B pp$pp rc=$? $(rowsof "$RES/gt-pp-$gt-$pp.txt")"
+    done
+  done
+fi
+# Why the row kernel takes ~6 ms at 8B batch 64: one launch of it under ncu.
+if want 150 "ncu attn_split_k"; then
+  timeout 150 ncu --kernel-name regex:attn_split_k --launch-skip 200 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+    $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 64 --context 512 \
+    --steps 8 --reps 1 > "$RES/ncu-attn-b64.txt" 2>&1
+  stage "ncu attn_split_k b64 rc=$? $(grep -E 'Duration|Memory Throughput|Achieved Occupancy' "$RES/ncu-attn-b64.txt" | tr -s ' ' | head -4 | tr '\n' ';')"
+fi
 # Host CUDA calls per decoded token (issue 17: zero launches and syncs per token in the device loop):
 # the CUPTI counts at exit of two runs that differ by 128 generated tokens, host vs persistent.
 for sch in host persistent; do
@@ -115,6 +146,8 @@ if want 300 "experiment C"; then
   OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
   stage "experiment C rc=$?"
 fi
+[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
+
 # Issue 19 on a machine with idle cores: the Go SDK against the C++ engine and the C ABI, CUDA backend,
 # with a benchdecode binary built where Go is (tools/bench_go.sh says how) and carried in .gobench.
 if [ -x .gobench/benchdecode ] && want 300 "bench_go"; then
@@ -130,7 +163,6 @@ if want 400 "KV tiers"; then
   OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
   stage "KV tiers rc=$?"
 fi
-[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
 
 # --- AB=1: the checks and A/B timings of 2026-12-05 (docs/perf/gpu.md "The pending pipeline's first run")
 # The row prefill kernel (flash is the default) against the references only: CudaGraphs and DeviceLoop
