@@ -138,6 +138,9 @@ class CudaBackend final : public Backend {
   Status forward(int n_tok, int n_rows);
   // Batch <= 8 (decode, small prefill chunks): the fused PDL-chained layer of kernels/decode.cu.
   Status forward_fused(int n_tok, int n_rows);
+  // forward() inside the device loop's graphs: with SS_CUDA_GROUP_TILES=1 a step past the fused path
+  // makes its attention tiles on the device first (the rows are the scheduler kernel's).
+  Status loop_forward(int n_tok, int n_rows);
   // The step as a graph replay, when it is a decode step a graph can run; *done false otherwise.
   Status decode_graph(const StepBatch& b, StepOutput& out, bool* done);
   Status upload_table_edits(const StepBatch& b);
@@ -221,6 +224,8 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> edit_of_;  // per token: its edit's index in this row, -1 (reset after each row)
   cuda::kern::PrefillTile *h_tiles_ = nullptr, *d_tiles_ = nullptr;
   int n_tiles_ = 0;
+  int32_t* d_n_tiles_ = nullptr;  // the count build_tiles wrote (the device loop's graphs)
+  bool tiles_on_device_ = false;  // n_tiles_ is a bound, the count is *d_n_tiles_
   // Profiling (SS_CUDA_PROFILE=1): events in stream order and the stage each interval ends.
   bool profile_env_ = false, profiling_ = false;
   std::vector<cudaEvent_t> events_;
@@ -394,7 +399,7 @@ Status CudaBackend::init() {
   }
   const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T) +
                             padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_) +
-                            padded(sizeof(cuda::kern::PrefillTile) * T);
+                            padded(sizeof(cuda::kern::PrefillTile) * T) + padded(4);
   {
     const char* e = std::getenv("SS_CUDA_DEVICE_SAMPLING");
     const std::string v = e ? e : "";
@@ -472,7 +477,8 @@ Status CudaBackend::init() {
   }
   if (flash_prefill_) {
     d_tiles_ = scratch_.take<cuda::kern::PrefillTile>(T);
-    if (!d_tiles_) return make_error("cuda backend: scratch estimate too small (a bug)");
+    d_n_tiles_ = scratch_.take<int32_t>(1);
+    if (!d_tiles_ || !d_n_tiles_) return make_error("cuda backend: scratch estimate too small (a bug)");
   }
   if (!rope_cs_) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
@@ -825,6 +831,7 @@ Status CudaBackend::forward(int T, int R) {
       cuda::kern::PrefillAttention a{q_,     layer_cache, nh_,       nkv_,     hd_, 1.0f /* q is pre-scaled */,
                                      d_ctx_, d_tables_,   max_blocks_, d_tiles_, n_tiles_, att_};
       a.pack_group = group_tiles_;
+      a.n_tiles_dev = tiles_on_device_ ? d_n_tiles_ : nullptr;
       SS_TRY(cuda::kern::prefill_attention(a, stream_));
     } else if (split_attention_) {
       const int splits = cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_);
@@ -999,6 +1006,16 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
   return {};
 }
 
+Status CudaBackend::loop_forward(int T, int R) {
+  if (!group_tiles_ || (fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch)) return forward(T, R);
+  SS_TRY(cuda::kern::build_tiles(d_tok_table_, d_pos_, T, cuda::kern::kPrefillTileRows / (nh_ / nkv_), d_tiles_,
+                                 d_n_tiles_, stream_));
+  n_tiles_ = T, tiles_on_device_ = true;
+  const Status st = forward(T, R);
+  n_tiles_ = 0, tiles_on_device_ = false;
+  return st;
+}
+
 // The device loop's graphs: the step over T tokens (inputs already in d_tokens_ .. d_rows_, written
 // by the scheduler kernel) and the argmax of R rows into d_ids_; no copies in or out.
 Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(const resident::Geometry& g,
@@ -1021,14 +1038,14 @@ Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(co
   h.cap_rows = cap_rows_;
   h.record_step = [this](int T, int R, bool pdl) {
     pdl_ = pdl;
-    Status st = forward(T, R);
+    Status st = loop_forward(T, R);
     pdl_ = true;
     if (st.ok()) cuda::argmax_rows(logits_, R, V_, d_ids_, stream_);
     return st;
   };
   h.record_sample_step = [this](int T, int R, bool pdl, const void* params, void* scratch, size_t bytes) {
     pdl_ = pdl;
-    Status st = forward(T, R);
+    Status st = loop_forward(T, R);
     pdl_ = true;
     if (st.ok())
       st = cuda::kern::sample(logits_, R, V_, static_cast<const cuda::kern::RowSampling*>(params), nullptr, 0, scratch,

@@ -312,6 +312,44 @@ TEST(GpuAttention, PrefillTilesFollowRunsOfOneSequence) {
   EXPECT_EQ(covered, 200);
 }
 
+// build_tiles (the device loop's graphs make their tiles on the GPU) gives prefill_tiles' tiles, on
+// rows in runs of random lengths (a run breaks where the slot changes or a position is skipped) at
+// sizes around the warp's 32 rows and several tile limits.
+TEST(GpuAttention, DeviceTilesEqualTheHostRule) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(29);
+  for (int T : {1, 2, 31, 32, 33, 64, 100, 1000}) {
+    for (int max_rows : {1, 3, 16, 21, 64}) {
+      std::vector<int32_t> slot, pos;
+      while (static_cast<int>(slot.size()) < T) {
+        const int s = static_cast<int>(rng() % 4), len = 1 + static_cast<int>(rng() % 90), p0 = static_cast<int>(rng() % 50);
+        for (int i = 0; i < len && static_cast<int>(slot.size()) < T; ++i) {
+          slot.push_back(s);
+          pos.push_back(p0 + i + (rng() % 23 == 0 ? 1 : 0));  // now and then a skipped position
+        }
+      }
+      std::vector<PrefillTile> want(T);
+      want.resize(prefill_tiles(slot.data(), pos.data(), T, want.data(), max_rows));
+      DeviceBuf<int32_t> dslot(slot), dpos(pos), dcount(1);
+      DeviceBuf<PrefillTile> dtiles(static_cast<size_t>(T));
+      ASSERT_TRUE(dslot.ok() && dpos.ok() && dcount.ok() && dtiles.ok());
+      dtiles.poison();
+      LAUNCH_OK(build_tiles(dslot.get(), dpos.get(), T, max_rows, dtiles.get(), dcount.get(), nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto count = dcount.download();
+      const auto got = dtiles.download();
+      ASSERT_EQ(count[0], static_cast<int32_t>(want.size())) << "T " << T << " max_rows " << max_rows;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got[i].row0, want[i].row0) << "T " << T << " max_rows " << max_rows << " tile " << i;
+        EXPECT_EQ(got[i].n_rows, want[i].n_rows) << "T " << T << " max_rows " << max_rows << " tile " << i;
+        EXPECT_EQ(got[i].slot, want[i].slot) << "T " << T << " max_rows " << max_rows << " tile " << i;
+      }
+    }
+  }
+  EXPECT_FALSE(build_tiles(nullptr, nullptr, 70000, 64, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(build_tiles(nullptr, nullptr, 10, 0, nullptr, nullptr, nullptr).ok());
+}
+
 TEST(GpuAttention, PrefillRejectsUnsupportedShapes) {
   PrefillAttention a{};
   a.n_heads = 32, a.n_kv = 8, a.hd = 256, a.n_tiles = 1;

@@ -247,8 +247,15 @@ struct PrefillAttention {
   int n_tiles;
   bf16_bits* out;            // [T][n_heads][hd]
   bool pack_group = false;   // tiles of at most kPrefillTileRows / (n_heads / n_kv) positions
+  // Where the tiles were made on the device (build_tiles, inside a graph): their count, read by the
+  // kernel; n_tiles is then only the grid's bound (the step's rows), the CTAs past the count exit.
+  const int32_t* n_tiles_dev = nullptr;
 };
 Status prefill_attention(const PrefillAttention& a, cudaStream_t s);
+// prefill_tiles on the device (for steps whose rows the GPU wrote, the device loop's): the same
+// tiles of the T rows into tiles[0 .. *n_tiles). One warp; T <= 65535.
+Status build_tiles(const int32_t* slot_of_row, const int32_t* pos_of_row, int T, int max_rows, PrefillTile* tiles,
+                   int32_t* n_tiles, cudaStream_t s);
 
 // --- sampling -------------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (V floats); ties: the lowest id; NaNs never win (an all-NaN row: 0).

@@ -70,7 +70,9 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   auto sK = [&](int b) { return sKV + b * 2 * kKeys * HD; };
   auto sV = [&](int b) { return sKV + (b * 2 + 1) * kKeys * HD; };
 
-  const PrefillTile tl = a.tiles[gridDim.y - 1 - blockIdx.y];
+  const int n_tiles = a.n_tiles_dev ? *a.n_tiles_dev : static_cast<int>(gridDim.y);
+  if (static_cast<int>(blockIdx.y) >= n_tiles) return;  // a grid sized for the step's rows
+  const PrefillTile tl = a.tiles[n_tiles - 1 - blockIdx.y];
   const int G = a.n_heads / a.n_kv;
   // Tile row r is position r / rpp of the tile and query head head_of(r): one head (blockIdx.x) per
   // CTA, or with pack_group the G heads of KV head blockIdx.x, position-major.
@@ -226,6 +228,31 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   }
 }
 
+// prefill_tiles' rule, 32 rows at a time: a row starts a run where the slot changes or the position
+// is not the previous one's + 1, and a tile where a run starts or max_rows rows of the run have gone.
+__global__ void build_tiles_k(const int32_t* slot, const int32_t* pos, int T, int max_rows, PrefillTile* tiles,
+                              int32_t* n_tiles) {
+  const int lane = threadIdx.x;
+  int run0 = 0, count = 0;  // the current run's first row, tiles so far
+  for (int base = 0; base < T; base += 32) {
+    const int i = base + lane;
+    const bool in = i < T;
+    const bool brk = in && (i == 0 || slot[i] != slot[i - 1] || pos[i] != pos[i - 1] + 1);
+    const unsigned breaks = __ballot_sync(0xffffffffu, brk);
+    const unsigned upto = breaks & (0xffffffffu >> (31 - lane));  // breaks at lanes <= this one
+    const int my_run0 = upto ? base + 31 - __clz(upto) : run0;
+    const bool start = in && (brk || (i - my_run0) % max_rows == 0);
+    const unsigned starts = __ballot_sync(0xffffffffu, start);
+    if (start) tiles[count + __popc(starts & ((1u << lane) - 1))] = PrefillTile{i, 0, slot[i], 0};
+    count += __popc(starts);
+    run0 = breaks ? base + 31 - __clz(breaks) : run0;
+  }
+  __syncwarp();
+  // Each tile runs to the next one's first row (the last to T).
+  for (int t = lane; t < count; t += 32) tiles[t].n_rows = (t + 1 < count ? tiles[t + 1].row0 : T) - tiles[t].row0;
+  if (lane == 0) *n_tiles = count;
+}
+
 template <int HD>
 Status launch_prefill(const PrefillAttention& a, cudaStream_t s) {
   constexpr int smem = smem_bytes<HD>();
@@ -238,6 +265,16 @@ Status launch_prefill(const PrefillAttention& a, cudaStream_t s) {
 }
 
 }  // namespace
+
+Status build_tiles(const int32_t* slot_of_row, const int32_t* pos_of_row, int T, int max_rows, PrefillTile* tiles,
+                   int32_t* n_tiles, cudaStream_t s) {
+  if (T < 0 || T > 65535 || max_rows < 1)
+    return make_error("build_tiles: " + std::to_string(T) + " rows (at most 65535), " + std::to_string(max_rows) +
+                      " rows a tile (at least 1)");
+  build_tiles_k<<<1, 32, 0, s>>>(slot_of_row, pos_of_row, T, max_rows, tiles, n_tiles);
+  SS_CUDA_LAUNCHED();
+  return {};
+}
 
 Status prefill_attention(const PrefillAttention& a, cudaStream_t s) {
   if (a.n_kv <= 0 || a.n_heads % a.n_kv != 0)
