@@ -75,7 +75,7 @@ rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
 # Packed-group tiles (SS_CUDA_GROUP_TILES=1) against the row kernel, interleaved: 8B decode at batch
 # 16/64 (graphs) and prefill. Predicted: batch 64 attention from ~6 ms to ~1.5 ms a step (H200).
-if want 300 "group tiles A/B"; then
+if want 360 "group tiles A/B"; then
   synth llama3-8b bf16
   for gt in 0 1 0 1; do
     SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \

@@ -1112,7 +1112,7 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
     const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_,
                                             group_tiles_ ? cuda::kern::kPrefillTileRows / (nh_ / nkv_)
                                                          : cuda::kern::kPrefillTileRows);
-    if (group_tiles_ || n * 8 <= T) {
+    if ((group_tiles_ || n * 8 <= T) && n <= 65535) {  // the grid's y; more tiles keep the row kernel
       SS_CUDA(cudaMemcpyAsync(d_tiles_, h_tiles_, sizeof(cuda::kern::PrefillTile) * n, cudaMemcpyHostToDevice, stream_));
       n_tiles_ = n;
     }
