@@ -13,7 +13,8 @@
 #   3. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling);
 #   4. Llama-3-8B bf16: the stage profile at batch 1/16/64 (SS_CUDA_PROFILE=1), the graph-replayed
 #      step, then llama.cpp on the same file in the same run (llama-bench, llama-batched-bench);
-#   5. experiment C (bench_serving.sh; the loop's seats since db8f099);
+#   5. selfserve serve beside llama-server on the 1B file (bench_serve_vs_llamaserver.sh); experiment
+#      C (bench_serving.sh; the loop's seats since db8f099);
 #   6. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): bench_go, the KV tiers at 8B, the row
 #      prefill kernel through the forward tests, A/B timings rows vs flash prefill, host vs device
 #      sampling, native K-quants, compute-sanitizer on the new kernels, nsys of the 1B prefill.
@@ -34,8 +35,10 @@ if [ -f .lcp/llama.cpp.tgz ]; then
   mkdir -p $LW && tar xzf .lcp/llama.cpp.tgz -C $LW
   (cmake -S $LW/llama.cpp -B $LB -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
      -DLLAMA_OPENSSL=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_COMMIT=0c1e57098 &&
-   nice cmake --build $LB -j 10 --target llama-bench llama-batched-bench) > "$RES/lcp-build.log" 2>&1 &
+     -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DCMAKE_BUILD_TYPE=Release \
+     -DLLAMA_BUILD_COMMIT=0c1e57098 &&
+   nice cmake --build $LB -j 10 --target llama-bench llama-batched-bench &&
+   nice cmake --build $LB -j 10 --target llama-server) > "$RES/lcp-build.log" 2>&1 &
   LPID=$!
 fi
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$RES/build.log" 2>&1
@@ -123,15 +126,13 @@ if want 200 "8B"; then
     stage "8B batch 1/16/64 graphs rc=$? $(rowsof "$RES/b64-graphs.txt")"
   fi
   if [ -n "$LPID" ] && want 240 "llama.cpp 8B"; then
-    for _ in $(seq 150); do kill -0 $LPID 2> /dev/null || break; sleep 2; done  # at most 300 s more
-    kill -0 $LPID 2> /dev/null && kill $LPID
-    wait $LPID
-    stage "llama.cpp build rc=$? $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
-    LPID=
+    # The benches first (llama-server builds after them): at most 300 s more.
+    for _ in $(seq 150); do [ -x $LB/bin/llama-batched-bench ] && break; kill -0 $LPID 2> /dev/null || break; sleep 2; done
+    stage "llama.cpp benches built: $([ -x $LB/bin/llama-batched-bench ] && echo yes || echo no) $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
     if [ -x $LB/bin/llama-bench ]; then
       timeout 200 $LB/bin/llama-bench -m $M/llama3-8b-bf16.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md \
         > "$RES/lb-8b.md" 2> "$RES/lb-8b.log"
-      stage "llama-bench 8B bf16 rc=$? $(grep -E 'pp512|tg128' "$RES/lb-8b.md" | tr -s ' ' | cut -d'|' -f7,8 | tr '\n' ';')"
+      stage "llama-bench 8B bf16 rc=$? $(grep -E 'pp512|tg128' "$RES/lb-8b.md" | tr -s ' ' | cut -d'|' -f8,9 | tr '\n' ';')"
       timeout 200 $LB/bin/llama-batched-bench -m $M/llama3-8b-bf16.gguf -c 65536 -b 2048 -ub 512 -ngl 99 -fa on \
         -npp 512 -ntg 128 -npl 1,16,64 > "$RES/bb-8b.txt" 2>&1
       stage "llama-batched-bench 8B bf16 rc=$? $(grep -E '^\| +512' "$RES/bb-8b.txt" | tr -s ' ' | tr '\n' ';')"
@@ -142,7 +143,19 @@ if want 200 "8B"; then
     fi
   fi
 fi
-[ -n "$LPID" ] && kill $LPID 2> /dev/null
+if [ -n "$LPID" ]; then  # llama-server: at most 240 s more
+  for _ in $(seq 120); do kill -0 $LPID 2> /dev/null || break; sleep 2; done
+  kill $LPID 2> /dev/null
+  wait $LPID
+  stage "llama.cpp build done rc=$? $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
+fi
+# Issue 16's serving comparison: selfserve serve beside llama-server (built above, no web UI) on the
+# same 1B file, the default prompt mix, one round of a closed-loop sweep.
+if [ -x $LB/bin/llama-server ] && want 300 "serve vs llama-server"; then
+  OUT=$RES/serve-vs N=48 ROUNDS=1 timeout 600 tools/gpu/bench_serve_vs_llamaserver.sh $LB/bin/llama-server \
+    $M/llama32-1b-bf16.gguf 1,8,32 > "$RES/serve-vs.log" 2>&1
+  stage "serve vs llama-server rc=$? $(grep -E '^c=|rc=' "$RES/serve-vs.log" | tr -s ' ' | tr '\n' ';' | cut -c1-600)"
+fi
 if want 300 "experiment C"; then
   OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
   stage "experiment C rc=$?"
