@@ -8,8 +8,9 @@
 #   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried:
 #      tools/gpu/fetch_llamacpp.sh); test_gpu and test_gpu_backend in full (the defaults; the
 #      device-loop tests one at a time); test_gpu_backend again with SS_CUDA_GROUP_TILES=1;
-#   2. packed-group attention tiles vs the row kernel (SS_CUDA_GROUP_TILES, a0fd603): 8B bf16 decode
-#      at batch 16/64 and prefill pp512/pp2048, interleaved; ncu on the row kernel at batch 64;
+#   2. the 8B bf16 decode step at batch 1/16/64 with the row kernel's L2 prefetch always on (as
+#      before), bounded by L2 (the default), and with packed-group tiles (SS_CUDA_GROUP_TILES, a0fd603),
+#      interleaved; prefill pp512/pp2048 rows vs tiles; ncu on the row kernel at batch 64;
 #   3. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling);
 #   4. Llama-3-8B bf16: the stage profile at batch 1/16/64 (SS_CUDA_PROFILE=1), the graph-replayed
 #      step, then llama.cpp on the same file in the same run (llama-bench, llama-batched-bench);
@@ -78,12 +79,18 @@ rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
 # Packed-group tiles (SS_CUDA_GROUP_TILES=1) against the row kernel, interleaved: 8B decode at batch
 # 16/64 (graphs) and prefill. Predicted: batch 64 attention from ~6 ms to ~1.5 ms a step (H200).
-if want 360 "group tiles A/B"; then
+if want 420 "group tiles A/B"; then
   synth llama3-8b bf16
-  for gt in 0 1 0 1; do
-    SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
-      --batch 16,64 --context 512 --steps 32 --reps 3 > "$RES/gt-decode-$gt.txt" 2>&1
-    stage "group tiles=$gt 8B decode rc=$? $(rowsof "$RES/gt-decode-$gt.txt")"
+  # rows-l2: the row kernel prefetching to L2 at every batch (before 2026-12-05); rows: the default
+  # (no prefetch once a step's K/V passes half of L2); tiles: packed-group tiles.
+  for cfg in rows-l2 rows tiles rows-l2 rows tiles; do
+    gt=0 pf=
+    [ $cfg = tiles ] && gt=1
+    [ $cfg = rows-l2 ] && pf=1000000
+    SS_CUDA_GROUP_TILES=$gt SS_CUDA_ATTN_L2_PREFETCH_MB=$pf timeout 200 $B/selfserve bench decode \
+      --model $M/llama3-8b-bf16.gguf --device cuda --batch 1,16,64 --context 512 --steps 32 --reps 3 \
+      > "$RES/gt-decode-$cfg.txt" 2>&1
+    stage "attention $cfg 8B decode rc=$? $(rowsof "$RES/gt-decode-$cfg.txt")"
   done
   for gt in 0 1; do
     for pp in 512 2048; do

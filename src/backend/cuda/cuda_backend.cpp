@@ -193,6 +193,7 @@ class CudaBackend final : public Backend {
   // blocks, head_dim 64/128/256, GQA group <= 8), else basic_ops' one CTA per (token, head).
   bool split_attention_ = false;
   int sm_count_ = 0, max_splits_ = 64;
+  int64_t l2_prefetch_bytes_ = 0;  // kern::Attention::l2_prefetch_bytes
   bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
   size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;
@@ -273,6 +274,11 @@ Status CudaBackend::init() {
   const char* pe = std::getenv("SS_CUDA_PROFILE");
   profile_env_ = pe && std::string(pe) == "1";
   sm_count_ = prop.multiProcessorCount;
+  // The row attention's L2 prefetch stays on while a step's K/V fits half of L2;
+  // SS_CUDA_ATTN_L2_PREFETCH_MB=<MiB> moves that bound (a large number: always, as before 2026-12-05).
+  l2_prefetch_bytes_ = static_cast<int64_t>(prop.l2CacheSize) / 2;
+  if (const char* e = std::getenv("SS_CUDA_ATTN_L2_PREFETCH_MB"); e && *e)
+    l2_prefetch_bytes_ = static_cast<int64_t>(std::strtod(e, nullptr) * (1 << 20));
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
   SS_CUBLAS(cublasSetStream(blas_, stream_));
@@ -732,6 +738,7 @@ Status CudaBackend::forward_fused(int T, int R) {
                    d_ctx_,   d_tok_table_,   d_tables_,   max_blocks_, att_, attn_ws_,
                    max_splits_, attn_counters_};
     a.pdl = pdl;
+    a.l2_prefetch_bytes = l2_prefetch_bytes_;
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
     if (on('a')) SS_TRY(k::attention(a, T, max_splits_, stream_));
@@ -835,8 +842,9 @@ Status CudaBackend::forward(int T, int R) {
       SS_TRY(cuda::kern::prefill_attention(a, stream_));
     } else if (split_attention_) {
       const int splits = cuda::kern::attention_splits(T, nkv_, sm_count_, max_splits_);
-      const cuda::kern::Attention a{q_,  layer_cache, nh_,  nkv_,     hd_,     1.0f /* q is pre-scaled */,
-                                    d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, splits, nullptr};
+      cuda::kern::Attention a{q_,  layer_cache, nh_,  nkv_,     hd_,     1.0f /* q is pre-scaled */,
+                              d_ctx_, d_tok_table_, d_tables_, max_blocks_, att_, attn_ws_, splits, nullptr};
+      a.l2_prefetch_bytes = l2_prefetch_bytes_;
       SS_TRY(cuda::kern::attention(a, T, splits, stream_));
     } else {
       cuda::Attention a{q_, layer_cache, nh_, nkv_, hd_, kv_.block_size, max_blocks_, d_pos_, d_tok_table_, d_tables_, att_};

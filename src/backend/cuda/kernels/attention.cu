@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int begin = split * per, end = min(ctx, begin + per);
   const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
   const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
-  {
+  const int64_t step_bytes = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * (end - begin) * HD * 2 * 2;
+  if (step_bytes <= a.l2_prefetch_bytes) {
     constexpr int kLines = kBlockTokens * HD * 2 / 128;  // 128-byte lines of one head's K (or V) in a block
     const int b0 = begin / kBlockTokens, nb = (end - 1) / kBlockTokens - b0 + 1;
     for (int i = threadIdx.x; i < nb * 2 * kLines; i += blockDim.x) {

@@ -197,6 +197,10 @@ struct Attention {
   // Launched with programmatic dependent launch (see the decode layer below): the CTAs may start
   // while the previous kernel runs and wait for it before reading anything.
   bool pdl = false;
+  // A CTA prefetches its keys and values to L2 before the wait (see attention.cu) only when the step's
+  // K/V, estimated as every CTA reading as many keys as this one, fits in this many bytes: a batch
+  // whose K/V is larger than L2 would only evict what other CTAs are about to read.
+  int64_t l2_prefetch_bytes = INT64_MAX;
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
