@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -54,6 +55,11 @@ Status cublas_status(cublasStatus_t e, const char* what, const char* file, int l
 // One device allocation per memory class, handed out in aligned pieces.
 class Arena {
  public:
+  Arena() = default;
+  Arena(Arena&& o) noexcept
+      : base_(std::exchange(o.base_, nullptr)), cap_(std::exchange(o.cap_, 0)), used_(std::exchange(o.used_, 0)),
+        what_(o.what_) {}
+  Arena& operator=(Arena&&) = delete;
   ~Arena() {
     if (base_) cudaFree(base_);
   }
@@ -236,6 +242,9 @@ class CudaBackend final : public Backend {
   bool prof_active() const { return profile_env_ && profiling_; }
   bool pdl_ = true;  // fused kernels launched with programmatic dependent launch (overlap of prologues)
   bool loop_made_ = false;
+  // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
+  // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
+  bool wedged_ = false;
   // KV tier copies go through pinned staging: a host-to-device block is copied into a free stage
   // slot and its DMA left in flight (stream order puts it before the next step), device-to-host
   // lands in its own slot and is waited for. Taken at the first copy (a server without tiers never
@@ -251,6 +260,18 @@ class CudaBackend final : public Backend {
 };
 
 CudaBackend::~CudaBackend() {
+  if (wedged_) {
+    std::fprintf(stderr, "selfserve: the CUDA backend is not freed: its device loop's chain did not stop\n");
+    static_cast<void>(new Arena(std::move(weights_)));
+    static_cast<void>(new Arena(std::move(kv_mem_)));
+    static_cast<void>(new Arena(std::move(scratch_)));
+    blas_ = nullptr, blas_ws_ = nullptr, stream_ = nullptr;
+    pinned_.clear();
+    events_.clear();
+    graphs_.clear();
+    for (cudaEvent_t& e : kv_stage_ev_) e = nullptr;
+    return;
+  }
   if (stream_) cudaStreamSynchronize(stream_);  // staged KV copies may still be in flight
   if (cuda::start_api_counts()) std::fprintf(stderr, "%s\n", cuda::format_api_counts(cuda::api_counts()).c_str());
   for (cudaEvent_t e : kv_stage_ev_)
@@ -1060,7 +1081,10 @@ Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(co
                               bytes, d_ids_, stream_);
     return st;
   };
-  h.on_close = [this] { loop_made_ = false; };
+  h.on_close = [this](bool chain_stopped) {
+    loop_made_ = false;
+    if (!chain_stopped) wedged_ = true;
+  };
   SS_CUDA(cudaStreamSynchronize(stream_));
   SS_ASSIGN(auto r, cuda::make_device_loop_runner(h, g, share));
   loop_made_ = true;

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -143,12 +144,29 @@ class DeviceLoopRunner final : public resident::LoopRunner {
 
   ~DeviceLoopRunner() override {
     if (running_) pause();
+    if (running_) {
+      // The chain did not stop (pause() gave up): cudaFree / cudaFreeHost would synchronise with it
+      // and never return. Everything that owns device or mapped memory is moved into storage that
+      // is never freed; the process's exit reclaims it with the context.
+      std::fprintf(stderr, "selfserve: %s; its memory is left to the process's exit\n", err_.message().c_str());
+      static_cast<void>(new auto(std::move(submits_)));
+      static_cast<void>(new auto(std::move(blocks_)));
+      static_cast<void>(new auto(std::move(done_)));
+      static_cast<void>(new auto(std::move(ctl_)));
+      static_cast<void>(new auto(std::move(host_prompts_)));
+      static_cast<void>(new auto(std::move(host_tables_)));
+      for (queues::DeviceBuffer* b : {&dev_state_, &dev_slots_, &dev_tables_, &dev_prompts_, &dev_synced_, &dev_rows_,
+                                      &row_params_, &sample_scratch_})
+        static_cast<void>(new auto(std::move(*b)));
+      if (h_.on_close) h_.on_close(false);
+      return;
+    }
     for (cudaGraphExec_t e : graphs_)
       if (e) cudaGraphExecDestroy(e);
     for (cudaGraphExec_t e : sgraphs_)
       if (e) cudaGraphExecDestroy(e);
     if (sched_) cudaGraphExecDestroy(sched_);
-    if (h_.on_close) h_.on_close();
+    if (h_.on_close) h_.on_close(true);
   }
 
   std::string name() const override {
@@ -417,8 +435,8 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
   // would otherwise never end.
   // A chain that has not ended kPauseLimitNs after the stop flag is reported as an error instead of
-  // waited on for ever, and the runner stays unusable (running_ stays set). (Teardown after that
-  // still synchronises the backend's stream: not handled.)
+  // waited on for ever, and the runner stays unusable (running_ stays set). Teardown after that frees
+  // nothing on the device (the destructor and the backend's on_close(false)).
   static constexpr int64_t kPauseLimitNs = 10'000'000'000;
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);

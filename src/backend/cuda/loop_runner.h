@@ -39,7 +39,11 @@ struct LoopHooks {
   // the loop runs greedy sequences only.
   std::function<Status(int tokens, int rows, bool pdl, const void* params, void* scratch, size_t scratch_bytes)>
       record_sample_step;
-  std::function<void()> on_close;  // the runner is gone (the backend may make another)
+  // The runner is gone (the backend may make another). chain_stopped false: its chain ignored the
+  // stop flag, so the device is still busy with it and anything that synchronises or frees on it
+  // would wait for ever; the runner left its own memory to the process's exit, and the backend
+  // should do the same with its own.
+  std::function<void(bool chain_stopped)> on_close;
 };
 
 Expected<std::unique_ptr<resident::LoopRunner>> make_device_loop_runner(const LoopHooks& hooks,
