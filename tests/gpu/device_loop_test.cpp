@@ -136,6 +136,31 @@ std::vector<Req> mixed_batch(const std::vector<std::vector<int32_t>>& ids) {
   return reqs;
 }
 
+// A greedy request for 10 tokens of `prompt` (the API's default temperature is 1), run on e to its end.
+struct Followup {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::None;
+};
+Followup greedy_followup(ss::engine::Engine& e, const std::vector<int32_t>& prompt,
+                         std::chrono::steady_clock::time_point until) {
+  Followup f;
+  ss::engine::Request d;
+  d.prompt = prompt;
+  d.max_tokens = 10;
+  d.sampling.temperature = 0.0f;
+  d.on_event = [&f](const ss::engine::TokenEvent& ev) {
+    if (ev.token >= 0) f.tokens.push_back(ev.token);
+    if (ev.finish != FinishReason::None) f.finish = ev.finish;
+  };
+  EXPECT_TRUE(e.add_request(std::move(d)).ok());
+  while (e.has_work() && std::chrono::steady_clock::now() < until) {
+    const auto st = e.step();
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) break;
+  }
+  return f;
+}
+
 class DeviceLoop : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DeviceLoop, GreedyTokensAndFinishesEqualHostScheduling) {
@@ -248,19 +273,8 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   EXPECT_EQ(s.num_running, 0);
   ASSERT_TRUE(e.check_invariants().ok());
   // And the loop still serves: a greedy request after all that gets the host scheduling's tokens.
-  std::vector<int32_t> again;
-  FinishReason fd = FinishReason::None;
-  ss::engine::Request d;
-  d.prompt = ids[0];
-  d.max_tokens = 10;
-  d.sampling.temperature = 0.0f;  // greedy (the default is 1)
-  d.on_event = sink(&again, &fd);
-  ASSERT_TRUE(e.add_request(std::move(d)).ok());
-  while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) {
-    const auto st = e.step();
-    ASSERT_TRUE(st.ok()) << st.message();
-  }
-  EXPECT_EQ(fd, FinishReason::Length);
+  const Followup again = greedy_followup(e, ids[0], t0 + std::chrono::seconds(40));
+  EXPECT_EQ(again.finish, FinishReason::Length);
   // The loop's chain stops first (the engine's runner pauses it when destroyed): the reference run's
   // backend allocates and frees device and pinned memory, which synchronises the whole device and
   // would wait for ever on a chain that only ends at its stop flag (the H200 run of 2026-12-05 hung
@@ -269,7 +283,7 @@ TEST(DeviceLoopControl, CancelDeadlineAndHostFallback) {
   rig.be.reset();
   const Result host = run(*model, false, {{ids[0], 10, {}, 0.0f}});
   ASSERT_EQ(host.tokens.size(), 1u);
-  EXPECT_EQ(again, host.tokens[0]);
+  EXPECT_EQ(again.tokens, host.tokens[0]);
 }
 
 }  // namespace
@@ -321,20 +335,9 @@ TEST(DeviceLoopControl, ServesAGreedyRequestAfterEachKindOfEnd) {
       ASSERT_FALSE(e.has_work()) << how;
       EXPECT_NE(ff, FinishReason::None) << how;
     }
-    std::vector<int32_t> again;
-    FinishReason fd = FinishReason::None;
-    ss::engine::Request d;
-    d.prompt = ids[0];
-    d.max_tokens = 10;
-    d.sampling.temperature = 0.0f;  // greedy (the default is 1)
-    d.on_event = [&](const ss::engine::TokenEvent& ev) {
-      if (ev.token >= 0) again.push_back(ev.token);
-      if (ev.finish != FinishReason::None) fd = ev.finish;
-    };
-    ASSERT_TRUE(e.add_request(std::move(d)).ok());
-    while (e.has_work() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(40)) ASSERT_TRUE(e.step().ok()) << how;
-    EXPECT_EQ(fd, FinishReason::Length) << how;
-    EXPECT_EQ(again, host.tokens[0]) << "after a sequence that ended by " << how << " (" << first.size() << " tokens)";
+    const Followup again = greedy_followup(e, ids[0], t0 + std::chrono::seconds(40));
+    EXPECT_EQ(again.finish, FinishReason::Length) << how;
+    EXPECT_EQ(again.tokens, host.tokens[0]) << "after a sequence that ended by " << how << " (" << first.size() << " tokens)";
   }
 }
 
