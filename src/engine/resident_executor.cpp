@@ -758,7 +758,7 @@ Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::B
   const int rb = std::clamp(static_cast<int>(n * resident_share), 1, n - 1);
   if (n < 2 || slots < 2) return make_error("--scheduling persistent needs at least 2 KV blocks and 2 slots");
   // The loop's seats: all of max_num_seqs when the backend was sized for them and the host reserve
-  // (serve and bench do that); else half the slots, as a loop beside a busy host executor needs.
+  // (`serve --scheduling persistent` sizes it so); else about half the slots.
   const int rs = slots >= persistent_backend_slots(cfg.max_num_seqs)
                      ? cfg.max_num_seqs
                      : std::clamp(std::min(cfg.max_num_seqs, slots / 2), 1, slots - 1);

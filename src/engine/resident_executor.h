@@ -46,16 +46,16 @@ std::unique_ptr<LoopRunner> make_host_loop_runner(backend::Backend& be, int max_
 Expected<std::unique_ptr<LoopRunner>> make_loop_runner(backend::Backend& be, int max_slots, int max_rows, int max_len,
                                                        LoopShare share = {}, bool host_only = false);
 
+// The host executor's seats beside a loop of max_num_seqs: a quarter of them, at least 1.
+int persistent_host_seats(int max_num_seqs);
+// The backend slots that give the loop all of max_num_seqs and the host executor its reserve.
+int persistent_backend_slots(int max_num_seqs);
+
 // --scheduling persistent: the resident loop runs what it can (resident_blocks of the KV pool and
 // max_slots block tables), and a host executor the rest (penalties, grammars, logprobs, ...) over
 // the remaining blocks and slots, its steps run on the loop's thread between the loop's own.
 // Seats: where the backend has persistent_backend_slots(max_num_seqs) slots, the loop gets all of
 // max_num_seqs and the host executor the reserve beyond them; with fewer, each gets about half.
-
-// The host executor's seats beside a loop of max_num_seqs: a quarter of them, at least 1.
-int persistent_host_seats(int max_num_seqs);
-// The backend slots that give the loop all of max_num_seqs and the host executor its reserve.
-int persistent_backend_slots(int max_num_seqs);
 
 Expected<std::unique_ptr<backend::Executor>> make_persistent_executor(backend::Backend& be, const SchedulerConfig& cfg,
                                                                       std::function<backend::Clock::time_point()> clock,
