@@ -20,10 +20,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -144,6 +144,13 @@ class CudaBackend final : public Backend {
   Status forward(int n_tok, int n_rows);
   // Batch <= 8 (decode, small prefill chunks): the fused PDL-chained layer of kernels/decode.cu.
   Status forward_fused(int n_tok, int n_rows);
+  bool fused_step(int n_tok, int n_rows) const {
+    return fused_ && n_tok <= kFusedMaxBatch && n_rows <= kFusedMaxBatch;
+  }
+  // Positions a prefill tile holds: 64 rows, G of them a position with packed groups.
+  int tile_positions() const {
+    return group_tiles_ ? cuda::kern::kPrefillTileRows / (nh_ / nkv_) : cuda::kern::kPrefillTileRows;
+  }
   // forward() inside the device loop's graphs: with SS_CUDA_GROUP_TILES=1 a step past the fused path
   // makes its attention tiles on the device first (the rows are the scheduler kernel's).
   Status loop_forward(int n_tok, int n_rows);
@@ -210,8 +217,9 @@ class CudaBackend final : public Backend {
   static constexpr int kFusedMaxBatch = 8;
   // Prefill attention on tensor cores (kernels/prefill_attention.cu) for eager steps whose rows come in
   // prompt runs: the step's query tiles (pinned host mirror, device copy) and their count, 0 when the
-  // row kernel runs. Chosen per step in step(), never inside a captured graph (the tiles depend on the
-  // batch). On by default (SS_CUDA_PREFILL_ATTN=rows: the row kernel): on the H200 (2026-12-05) it passed
+  // row kernel runs. Chosen per step in step(); inside captured graphs only with packed groups
+  // (group_tiles_): decode_graph copies a tile a row, the device loop's graphs make them with
+  // build_tiles (d_n_tiles_, tiles_on_device_). On by default (SS_CUDA_PREFILL_ATTN=rows: the row kernel): on the H200 (2026-12-05) it passed
   // its tests and made 1B prefill 2.7x (pp512) to 11.5x (pp4096) and 8B 2.0x / 4.4x (pp512 / pp2048) faster.
   bool flash_prefill_ = false;
   bool group_tiles_ = false;  // SS_CUDA_GROUP_TILES=1: tiles with the KV group's heads packed, decode rows too
@@ -834,7 +842,7 @@ void CudaBackend::reset_profile() {
 }
 
 Status CudaBackend::forward(int T, int R) {
-  if (fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch) return forward_fused(T, R);
+  if (fused_step(T, R)) return forward_fused(T, R);
   const float eps = c_.rms_norm_eps;
   mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
@@ -989,7 +997,7 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
   }
   // Steps past the fused path's batch run the attention as packed-group tiles when asked: a tile a
   // row, rewritten before every replay like the inputs above.
-  const bool tiles = group_tiles_ && !(fused_ && B <= kFusedMaxBatch);
+  const bool tiles = group_tiles_ && !fused_step(B, B);
   if (tiles)
     for (int i = 0; i < B; ++i) h_tiles_[i] = cuda::kern::PrefillTile{i, 1, in[2 * C + i], 0};
   cudaGraphExec_t& g = graphs_[static_cast<size_t>(lg)];
@@ -1036,9 +1044,8 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
 }
 
 Status CudaBackend::loop_forward(int T, int R) {
-  if (!group_tiles_ || (fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch)) return forward(T, R);
-  SS_TRY(cuda::kern::build_tiles(d_tok_table_, d_pos_, T, cuda::kern::kPrefillTileRows / (nh_ / nkv_), d_tiles_,
-                                 d_n_tiles_, stream_));
+  if (!group_tiles_ || fused_step(T, R)) return forward(T, R);
+  SS_TRY(cuda::kern::build_tiles(d_tok_table_, d_pos_, T, tile_positions(), d_tiles_, d_n_tiles_, stream_));
   n_tiles_ = T, tiles_on_device_ = true;
   const Status st = forward(T, R);
   n_tiles_ = 0, tiles_on_device_ = false;
@@ -1136,14 +1143,12 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   SS_CUDA(cudaMemcpyAsync(d_ctx_, in + 3 * C, 4 * T, cudaMemcpyHostToDevice, stream_));
   if (R > 0) SS_CUDA(cudaMemcpyAsync(d_rows_, in + 4 * C, 4 * R, cudaMemcpyHostToDevice, stream_));
   n_tiles_ = 0;
-  if (flash_prefill_ && !(fused_ && T <= kFusedMaxBatch && R <= kFusedMaxBatch)) {
+  if (flash_prefill_ && !fused_step(T, R)) {
     // Tensor-core tiles pay off when rows come in runs (prompt chunks); a step of mostly decode rows
     // (one row a tile) keeps the row kernel and its splits along long contexts. With the group's
     // heads packed into a tile (SS_CUDA_GROUP_TILES=1) every step of this path takes the tiles: a
     // decode row fills G rows of a CTA that reads its K/V once for the group.
-    const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_,
-                                            group_tiles_ ? cuda::kern::kPrefillTileRows / (nh_ / nkv_)
-                                                         : cuda::kern::kPrefillTileRows);
+    const int n = cuda::kern::prefill_tiles(in + 2 * C, in + C, T, h_tiles_, tile_positions());
     if ((group_tiles_ || n * 8 <= T) && n <= 65535) {  // the grid's y; more tiles keep the row kernel
       SS_CUDA(cudaMemcpyAsync(d_tiles_, h_tiles_, sizeof(cuda::kern::PrefillTile) * n, cudaMemcpyHostToDevice, stream_));
       n_tiles_ = n;

@@ -287,29 +287,22 @@ TEST(GpuAttention, PrefillTilesFollowRunsOfOneSequence) {
     EXPECT_EQ(t[i].n_rows, want[i][1]) << "tile " << i;
     EXPECT_EQ(t[i].slot, want[i][2]) << "tile " << i;
   }
+  // One run of 200 positions: tiles of at most max_rows, back to back. 64 rows a tile, then packed
+  // groups (pack_group) at 64 / 4 heads a group.
   std::vector<int32_t> s200(200, 1), p200(200);
   std::iota(p200.begin(), p200.end(), 5);
-  std::vector<PrefillTile> t200(200);
-  t200.resize(prefill_tiles(s200.data(), p200.data(), 200, t200.data()));
-  ASSERT_EQ(t200.size(), 4u);
-  int covered = 0;
-  for (const PrefillTile& x : t200) {
-    EXPECT_EQ(x.row0, covered);
-    EXPECT_LE(x.n_rows, kPrefillTileRows);
-    covered += x.n_rows;
+  for (const auto& [max_rows, tiles] : {std::pair{kPrefillTileRows, 4u}, std::pair{kPrefillTileRows / 4, 13u}}) {
+    std::vector<PrefillTile> t200(200);
+    t200.resize(prefill_tiles(s200.data(), p200.data(), 200, t200.data(), max_rows));
+    ASSERT_EQ(t200.size(), tiles) << "max_rows " << max_rows;  // 3 x 64 + 8; 12 x 16 + 8
+    int covered = 0;
+    for (const PrefillTile& x : t200) {
+      EXPECT_EQ(x.row0, covered);
+      EXPECT_LE(x.n_rows, max_rows);
+      covered += x.n_rows;
+    }
+    EXPECT_EQ(covered, 200);
   }
-  EXPECT_EQ(covered, 200);
-  // Packed groups (pack_group): at most max_rows positions a tile, e.g. 64 / 4 heads a group.
-  t200.assign(200, PrefillTile{});
-  t200.resize(prefill_tiles(s200.data(), p200.data(), 200, t200.data(), kPrefillTileRows / 4));
-  ASSERT_EQ(t200.size(), 13u);  // 12 x 16 + 8
-  covered = 0;
-  for (const PrefillTile& x : t200) {
-    EXPECT_EQ(x.row0, covered);
-    EXPECT_LE(x.n_rows, kPrefillTileRows / 4);
-    covered += x.n_rows;
-  }
-  EXPECT_EQ(covered, 200);
 }
 
 // build_tiles (the device loop's graphs make their tiles on the GPU) gives prefill_tiles' tiles, on

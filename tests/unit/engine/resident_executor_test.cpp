@@ -454,6 +454,15 @@ TEST(ResidentLoop, ASequenceWithoutABlockWaitsAndResumes) {
   EXPECT_EQ(p.out[1].n_blocks, 1);
 }
 
+// An engine config for --scheduling persistent with these seats and step tokens.
+EngineConfig persistent_config(int max_num_seqs, int max_num_batched_tokens) {
+  EngineConfig cfg;
+  cfg.scheduling = EngineConfig::Scheduling::Persistent;
+  cfg.scheduler.max_num_seqs = max_num_seqs;
+  cfg.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  return cfg;
+}
+
 // --scheduling persistent: the loop takes what it can, a host executor beside it the rest (here:
 // repetition penalties), both over one backend (split blocks and slots, steps interleaved on the
 // loop's thread); every request's tokens equal its run alone on the host executor.
@@ -467,10 +476,7 @@ TEST(PersistentScheduling, RoutesWhatTheLoopCannotRunToTheHostExecutor) {
   std::vector<Request> reqs;
   for (int i = 0; i < 10; ++i) reqs.push_back(request(i));
   FakeBackend be(128, 8, kVocab, 32);
-  EngineConfig cfg;
-  cfg.scheduling = EngineConfig::Scheduling::Persistent;
-  cfg.scheduler.max_num_seqs = 8;
-  cfg.scheduler.max_num_batched_tokens = 32;
+  const EngineConfig cfg = persistent_config(8, 32);
   auto e = Engine::create(be, cfg);
   ASSERT_TRUE(e.ok()) << e.message();
   EXPECT_NE((*e)->executor_name().find("persistent"), std::string::npos);
@@ -513,10 +519,7 @@ TEST(PersistentScheduling, TheLoopGetsEveryConfiguredSeat) {
     FakeBackend be(256, 8, kVocab, sized ? persistent_backend_slots(8) : 8);
     size_t widest = 0;
     be.on_batch = [&](const backend::StepBatch& b) { widest = std::max(widest, b.seq_slot.size()); };
-    EngineConfig cfg;
-    cfg.scheduling = EngineConfig::Scheduling::Persistent;
-    cfg.scheduler.max_num_seqs = 8;
-    cfg.scheduler.max_num_batched_tokens = 64;
+    const EngineConfig cfg = persistent_config(8, 64);
     auto e = Engine::create(be, cfg);
     ASSERT_TRUE(e.ok()) << e.message();
     Collector c;
@@ -547,10 +550,7 @@ TEST(PersistentScheduling, CancelDeadlineAndHostFallbackTogether) {
     }
   };
   SlowBackend be(512, 8, kVocab, 32);
-  EngineConfig cfg;
-  cfg.scheduling = EngineConfig::Scheduling::Persistent;
-  cfg.scheduler.max_num_seqs = 8;
-  cfg.scheduler.max_num_batched_tokens = 32;
+  const EngineConfig cfg = persistent_config(8, 32);
   auto made = Engine::create(be, cfg);
   ASSERT_TRUE(made.ok()) << made.message();
   Engine& e = **made;

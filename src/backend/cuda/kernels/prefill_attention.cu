@@ -2,14 +2,14 @@
 //
 // A CTA: one tile of up to 64 query rows (one sequence, consecutive positions) and one query head;
 // four warps, sixteen rows each. With pack_group the CTA takes a KV head instead, and its rows are
-// (position, query head of the group) pairs, so the group reads each K/V tile once. Q is rounded to bf16 into shared memory once and held as mma A
-// fragments. The sequence's keys are walked in tiles of 64 (four 16-token pages of the paged cache):
-// K and V of the next tile are copied into the other half of a double buffer with cp.async while the
-// current one is multiplied. Per key tile a warp computes S = Q K^T (16 x 64, fp32), masks the keys
-// past each row's context, updates its rows' running max and sum, rounds P to bf16 (the S
-// accumulators are already laid out as the next mma's A fragments) and accumulates O += P V. Shared
-// rows are XOR-swizzled in 16-byte chunks (chunk c of row r at c ^ (r & 7)) so ldmatrix reads eight
-// rows of one chunk from eight different bank groups.
+// (position, query head of the group) pairs, so the group reads each K/V tile once. Q is rounded to
+// bf16 into shared memory once and held as mma A fragments. The sequence's keys are walked in tiles
+// of 64 (four 16-token pages of the paged cache): K and V of the next tile are copied into the other
+// half of a double buffer with cp.async while the current one is multiplied. Per key tile a warp
+// computes S = Q K^T (16 x 64, fp32), masks the keys past each row's context, updates its rows'
+// running max and sum, rounds P to bf16 (the S accumulators are already laid out as the next mma's
+// A fragments) and accumulates O += P V. Shared rows are XOR-swizzled in 16-byte chunks (chunk c of
+// row r at c ^ (r & 7)) so ldmatrix reads eight rows of one chunk from eight different bank groups.
 //
 // The longest tiles (the last rows of a prompt see the most keys) are scheduled first; the heads of
 // one KV group are neighbours in the grid, so the K/V tiles they share are read from L2.
@@ -220,11 +220,11 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_attn_k(PrefillAttention a
   for (int d = 0; d < DT; ++d) {
     const int col = d * 8 + tq * 2;
     if (rA < tile_rows)
-      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rA / rpp) * a.n_heads + head_of(rA)) * HD + col) =
-          pack_bf2(o[d][0] * iA, o[d][1] * iA);
+      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rA / rpp) * a.n_heads + head_of(rA)) * HD +
+                                   col) = pack_bf2(o[d][0] * iA, o[d][1] * iA);
     if (rB < tile_rows)
-      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rB / rpp) * a.n_heads + head_of(rB)) * HD + col) =
-          pack_bf2(o[d][2] * iB, o[d][3] * iB);
+      *reinterpret_cast<uint32_t*>(a.out + (static_cast<int64_t>(tl.row0 + rB / rpp) * a.n_heads + head_of(rB)) * HD +
+                                   col) = pack_bf2(o[d][2] * iB, o[d][3] * iB);
   }
 }
 
