@@ -33,6 +33,7 @@ struct ServeBenchArgs {
   double timeout_s = 300;
   int warmup = 1;
   bool no_ignore_eos = false, no_calibrate = false;
+  double tokens_per_word = 0;  // > 0: given, so two servers get the very same text (no /tokenize probe)
   std::string json_path, plot_path;
   std::string extra_body;
   bool multi_turn = false;
@@ -128,7 +129,10 @@ void run_serve_bench(const ServeBenchArgs& a) {
   mix.out_max = a.output_tokens[1];
   mix.max_context = a.max_context > 0 ? a.max_context : 8192;
   std::string tpw_source = "estimate";
-  if (!a.no_calibrate) {
+  if (a.tokens_per_word > 0) {
+    mix.tokens_per_word = a.tokens_per_word;
+    tpw_source = "given";
+  } else if (!a.no_calibrate) {
     if (auto p = bench::probe_tokenize(c, a.seed)) {
       mix.tokens_per_word = p->tokens_per_word;
       tpw_source = "measured by /tokenize";
@@ -255,6 +259,10 @@ void register_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   s->add_flag("--no-ignore-eos", a->no_ignore_eos, "Do not send ignore_eos (outputs may end early)");
   s->add_flag("--no-calibrate", a->no_calibrate, "Do not measure tokens per word with POST /tokenize");
+  s->add_option("--tokens-per-word", a->tokens_per_word,
+                "Size prompts with this many tokens a word instead of measuring it (the JSON report's "
+                "tokens_per_word of an earlier run sends the same text to another server)")
+      ->check(CLI::Range(0.05, 100.0));
   s->add_option("--extra-body", a->extra_body,
                 "JSON object merged into every request body (e.g. a response_format, sampling fields)");
   s->add_option("--json", a->json_path, "Write the report (with every request) as JSON");

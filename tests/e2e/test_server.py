@@ -1118,3 +1118,27 @@ def test_overload_then_recovery_then_graceful_shutdown(srv, tmp_path):
         assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
+
+
+def test_bench_serve_sends_the_same_text_with_a_given_tokens_per_word(srv, selfserve, tmp_path):
+    """`bench serve --tokens-per-word X` (X from an earlier run's JSON) sends the text that earlier run
+    sent, so two servers can be measured on the same prompts: the server's own prompt token counts
+    agree request by request; another X makes other prompts; a bad X is refused."""
+    def bench(name, *extra):
+        out = tmp_path / f"{name}.json"
+        selfserve("bench", "serve", "--url", srv.url, "--api-key", API_KEY, "--concurrency", "1",
+                  "--num-requests", "4", "--warmup", "0", "--seed", "5", "--mix", "1,0,0",
+                  "--output-tokens", "2,3", "--max-context", "256", "--json", str(out), *extra, timeout=300)
+        doc = json.loads(out.read_text())
+        return doc["mix"], [q["prompt_tokens"] for q in doc["levels"][0]["requests"]]
+
+    mix, measured = bench("calibrated")
+    assert mix["tokens_per_word_source"] == "measured by /tokenize"
+    given_mix, given = bench("given", "--tokens-per-word", repr(mix["tokens_per_word"]))
+    assert given_mix["tokens_per_word_source"] == "given"
+    assert len(measured) == 4 and all(n > 0 for n in measured)
+    assert given == measured
+    _, halved = bench("halved", "--tokens-per-word", repr(2 * mix["tokens_per_word"]))
+    assert sum(halved) < sum(measured)  # twice the tokens a word: about half the words
+    r = selfserve("bench", "serve", "--url", srv.url, "--tokens-per-word", "0", check=False)
+    assert r.returncode != 0 and b"--tokens-per-word" in r.stderr

@@ -5,7 +5,9 @@
 # two servers interleaved round by round. Throughput and TTFT / TPOT p50 / p99 per level.
 # Both servers get the same seats and context: selfserve --max-num-seqs SLOTS (host scheduling, or
 # SCHEDULING=persistent), llama-server -np SLOTS -c SLOTS*CTX with flash attention and every layer on
-# the GPU. Prompts are sized without /tokenize (--no-calibrate), so both see the very same text.
+# the GPU. The first selfserve run measures tokens per word with its /tokenize; every later run (and
+# llama-server) gets that number (--tokens-per-word), so both see the very same text. (Sized without
+# /tokenize at 1.3 tokens a word, a quarter of the prompts of the synthetic models passed 8192 tokens.)
 # usage: tools/gpu/bench_serve_vs_llamaserver.sh LLAMA_SERVER MODEL.gguf [concurrency]
 #   (default concurrency 1,8,32; N requests a level (64), ROUNDS (2), SLOTS (32), CTX (8192),
 #    DEVICE (cuda; cpu with NGL=0 tries it on a machine without a GPU), BUILD (build-gpu), OUT)
@@ -23,6 +25,7 @@ mkdir -p "$OUT"
 source tools/gpu/common.sh
 S=$B/selfserve
 port=18461
+TPW=
 for round in $(seq "$ROUNDS"); do
   for side in selfserve llama-server; do
     tag=$side-$round
@@ -41,9 +44,12 @@ for round in $(seq "$ROUNDS"); do
       continue
     fi
     timeout 900 "$S" bench serve --url "http://127.0.0.1:$port" --concurrency "$CONC" --num-requests "$N" --duration 120 \
-      --seed 7 --no-calibrate --max-context "$CTX" --extra-body '{"temperature": 0}' --json "$OUT/$tag.json" \
-      > "$OUT/$tag.txt" 2>&1
+      --seed 7 ${TPW:+--tokens-per-word "$TPW"} --max-context "$CTX" --extra-body '{"temperature": 0}' \
+      --json "$OUT/$tag.json" > "$OUT/$tag.txt" 2>&1
     echo "$tag rc=$?"
+    [ -n "$TPW" ] || TPW=$(python3 -c 'import json, sys; print(repr(json.load(open(sys.argv[1]))["mix"]["tokens_per_word"]))' \
+      "$OUT/$tag.json" 2> /dev/null)
+    [ -n "$TPW" ] || { echo "$tag: no tokens_per_word in $OUT/$tag.json; the comparison stops"; kill "$pid"; exit 1; }
     grep -E '^c=' "$OUT/$tag.txt"
     kill -TERM "$pid"
     wait "$pid" 2> /dev/null
