@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
 # On the GPU machine, through tools/gpu/detached.sh (it outlasts one call):
 #   tools/gpu/detached.sh 570 tools/gpu/pending_checks.sh   (then again within 30 s to keep waiting)
-# carrying .gpu-deps (tools/gpu/fetch_device_deps.sh) and .gobench (tools/bench_go.sh says how to make
-# it). The steps are in order of importance; each is skipped (and says so) once it would end past
-# BUDGET_S, so a short device budget still brings back the results of the steps before it.
-# The checks and measurements of CUDA code written on a machine without a GPU, in one pipeline:
-#   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried:
-#      tools/gpu/fetch_llamacpp.sh); test_gpu and test_gpu_backend in full (the defaults; the
-#      device-loop tests one at a time); test_gpu_backend again with SS_CUDA_GROUP_TILES=1;
-#   2. the 8B bf16 decode step at batch 1/16/64 with the row kernel's L2 prefetch always on (as
-#      before), bounded by L2 (the default), and with packed-group tiles (SS_CUDA_GROUP_TILES, a0fd603),
-#      interleaved; prefill pp512/pp2048 rows vs tiles; ncu on the row kernel at batch 64;
-#   3. the host's CUDA calls per decoded token (SS_CUDA_API_COUNTS, host vs persistent scheduling);
-#   4. Llama-3-8B bf16: the stage profile at batch 1/16/64 (SS_CUDA_PROFILE=1), the graph-replayed
-#      step, then llama.cpp on the same file in the same run (llama-bench, llama-batched-bench);
-#   5. selfserve serve beside llama-server on the 1B file (bench_serve_vs_llamaserver.sh); experiment
-#      C (bench_serving.sh; the loop's seats since db8f099);
-#   6. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): bench_go, the KV tiers at 8B, the row
-#      prefill kernel through the forward tests, A/B timings rows vs flash prefill, host vs device
-#      sampling, native K-quants, compute-sanitizer on the new kernels, nsys of the 1B prefill.
+# carrying .gpu-deps (tools/gpu/fetch_device_deps.sh), .lcp (tools/gpu/fetch_llamacpp.sh) and .gobench
+# (tools/bench_go.sh says how to make it). The steps are in order of importance; each is skipped (and
+# says so) once it would end past BUDGET_S, so a short device budget still brings back the results of
+# the steps before it:
+#   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried);
+#      test_gpu and test_gpu_backend in full at the defaults (packed-group tiles past the fused path;
+#      the device-loop tests one at a time), then test_gpu_backend with the row kernel
+#      (SS_CUDA_GROUP_TILES=0);
+#   2. the 8B bf16 decode step at contexts 4096 and 8192, tiles vs rows: the tiles do not split along
+#      the keys, the row kernel does;
+#   3. selfserve serve beside llama-server on the 1B file (bench_serve_vs_llamaserver.sh, the prompts
+#      sized by selfserve's /tokenize); llama-batched-bench at context 4096 beside step 2;
+#   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's L2 prefetch and the
+#      tiles at context 512, ncu on the row kernel, the host's CUDA calls per token, the 8B stage
+#      profile and llama.cpp at context 512, experiment C, bench_go, the KV tiers at 8B, the row
+#      prefill kernel, host vs device sampling, native K-quants, compute-sanitizer, nsys.
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +28,7 @@ stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$RES/progres
 BUDGET_S=${BUDGET_S:-1380}
 want() { if [ $(($(date +%s) - T0 + $1)) -le "$BUDGET_S" ]; then return 0; fi; stage "skipped (budget): $2"; return 1; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; git log -1 --oneline; command -v nsys ncu; } > "$RES/env.txt" 2>&1
-# llama.cpp's CUDA build (10 jobs, niced) runs beside everything up to its benchmarks.
+# llama.cpp's CUDA build (12 jobs, niced) runs beside everything up to its benchmarks.
 LW=/tmp/sslcp LB=/tmp/sslcp/build LPID=
 if [ -f .lcp/llama.cpp.tgz ]; then
   mkdir -p $LW && tar xzf .lcp/llama.cpp.tgz -C $LW
@@ -38,10 +36,17 @@ if [ -f .lcp/llama.cpp.tgz ]; then
      -DLLAMA_OPENSSL=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
      -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DCMAKE_BUILD_TYPE=Release \
      -DLLAMA_BUILD_COMMIT=0c1e57098 &&
-   nice cmake --build $LB -j 10 --target llama-bench llama-batched-bench &&
-   nice cmake --build $LB -j 10 --target llama-server) > "$RES/lcp-build.log" 2>&1 &
+   nice cmake --build $LB -j 12 --target llama-server llama-bench llama-batched-bench) > "$RES/lcp-build.log" 2>&1 &
   LPID=$!
 fi
+lcp_wait() {  # lcp_wait SECONDS: until llama.cpp's build ends (or SECONDS pass); true when llama-server is there
+  [ -n "$LPID" ] || return 1
+  for _ in $(seq $(($1 / 2))); do kill -0 $LPID 2> /dev/null || break; sleep 2; done
+  kill -0 $LPID 2> /dev/null && { stage "llama.cpp still building after $1 s"; return 1; }
+  stage "llama.cpp build done $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
+  [ -x $LB/bin/llama-server ]
+}
+
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$RES/build.log" 2>&1
 rc=$?
 stage "build rc=$rc"
@@ -64,10 +69,10 @@ for t in DeviceLoopControl.CancelDeadlineAndHostFallback 'TinyModels/DeviceLoop.
   stage "test_gpu_backend $t rc=$? $(summary "$f")"
 done
 
-# Packed-group tiles (opt-in) through every backend test: the forward tests against their
-# references, graphs vs eager, and the device loop (tiles made on the GPU by build_tiles) vs host.
-SS_CUDA_GROUP_TILES=1 timeout 240 $B/test_gpu_backend > "$RES/t-backend-group.txt" 2>&1
-stage "test_gpu_backend with SS_CUDA_GROUP_TILES=1 rc=$? $(summary "$RES/t-backend-group.txt")"
+# The row kernel (SS_CUDA_GROUP_TILES=0) through every backend test: the forward tests against their
+# references, graphs vs eager, and the device loop vs host.
+SS_CUDA_GROUP_TILES=0 timeout 240 $B/test_gpu_backend > "$RES/t-backend-rows-attn.txt" 2>&1
+stage "test_gpu_backend with SS_CUDA_GROUP_TILES=0 rc=$? $(summary "$RES/t-backend-rows-attn.txt")"
 
 M=/tmp/ssm
 mkdir -p $M
@@ -77,6 +82,36 @@ synth() {  # synth SHAPE DTYPE
 }
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
+# The tiles do not split a sequence's keys over CTAs (the row kernel does): tiles vs rows where that
+# could matter, the 8B step at contexts 4096 (batch 16/32/64) and 8192 (16/32).
+if want 240 "tiles vs rows at long contexts"; then
+  synth llama3-8b bf16
+  for ctx in 4096 8192; do
+    bs=16,32,64
+    [ $ctx = 8192 ] && bs=16,32
+    for gt in 0 1; do
+      SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
+        --batch $bs --context $ctx --steps 32 --reps 2 > "$RES/long-$ctx-$gt.txt" 2>&1
+      stage "8B decode context $ctx tiles=$gt rc=$? $(rowsof "$RES/long-$ctx-$gt.txt")"
+    done
+  done
+fi
+# Issue 16's serving comparison: selfserve serve beside llama-server (no web UI) on the same 1B file,
+# the default prompt mix, one round of a closed-loop sweep.
+if lcp_wait 420 && want 200 "serve vs llama-server"; then
+  OUT=$RES/serve-vs N=48 ROUNDS=1 timeout 600 tools/gpu/bench_serve_vs_llamaserver.sh $LB/bin/llama-server \
+    $M/llama32-1b-bf16.gguf 1,8,32 > "$RES/serve-vs.log" 2>&1
+  stage "serve vs llama-server rc=$? $(grep -hE '^c=|rc=|tokens/word' "$RES/serve-vs.log" "$RES"/serve-vs/*-1.txt | tr -s ' ' | tr '\n' ';' | cut -c1-900)"
+fi
+# llama.cpp's decode at context 4096 on the same 8B file, beside the long-context step above.
+if [ -x $LB/bin/llama-batched-bench ] && want 120 "llama-batched-bench 8B context 4096"; then
+  timeout 200 $LB/bin/llama-batched-bench -m $M/llama3-8b-bf16.gguf -c $((64 * 4160)) -b 2048 -ub 512 -ngl 99 -fa on \
+    -npp 4096 -ntg 32 -npl 16,32,64 > "$RES/bb-8b-4096.txt" 2>&1
+  stage "llama-batched-bench 8B bf16 context 4096 rc=$? $(grep -E '^\| +4096' "$RES/bb-8b-4096.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
+
+# --- AB=1: the checks and A/B timings of 2026-12-05 (docs/perf/gpu.md)
 # Packed-group tiles (SS_CUDA_GROUP_TILES=1) against the row kernel, interleaved: 8B decode at batch
 # 16/64 (graphs) and prefill. Predicted: batch 64 attention from ~6 ms to ~1.5 ms a step (H200).
 if want 420 "group tiles A/B"; then
@@ -156,18 +191,10 @@ if [ -n "$LPID" ]; then  # llama-server: at most 240 s more
   wait $LPID
   stage "llama.cpp build done rc=$? $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
 fi
-# Issue 16's serving comparison: selfserve serve beside llama-server (built above, no web UI) on the
-# same 1B file, the default prompt mix, one round of a closed-loop sweep.
-if [ -x $LB/bin/llama-server ] && want 300 "serve vs llama-server"; then
-  OUT=$RES/serve-vs N=48 ROUNDS=1 timeout 600 tools/gpu/bench_serve_vs_llamaserver.sh $LB/bin/llama-server \
-    $M/llama32-1b-bf16.gguf 1,8,32 > "$RES/serve-vs.log" 2>&1
-  stage "serve vs llama-server rc=$? $(grep -E '^c=|rc=' "$RES/serve-vs.log" | tr -s ' ' | tr '\n' ';' | cut -c1-600)"
-fi
 if want 300 "experiment C"; then
   OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
   stage "experiment C rc=$?"
 fi
-[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
 
 # Issue 19 on a machine with idle cores: the Go SDK against the C++ engine and the C ABI, CUDA backend,
 # with a benchdecode binary built where Go is (tools/bench_go.sh says how) and carried in .gobench.
