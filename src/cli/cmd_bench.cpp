@@ -121,6 +121,10 @@ void run_decode(const DecodeArgs& a) {
   if (!m.ok()) return fail(m.message());
   const model::Model& model = **m;
   const int vocab = model.config.vocab_size;
+  // The last step's position must be one the model has: a GPU backend sizes its block tables by it.
+  if (model.config.max_context > 0 && a.context + a.steps > model.config.max_context)
+    return fail("--context " + std::to_string(a.context) + " + --steps " + std::to_string(a.steps) +
+                " passes the model's context of " + std::to_string(model.config.max_context) + " tokens");
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
   const int bs = 16, per_seq = (a.context + a.steps + bs - 1) / bs + 1;
   backend::BackendOptions bo;

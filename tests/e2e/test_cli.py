@@ -115,6 +115,23 @@ def test_bench_decode_rejects_an_empty_batch(selfserve, default_model):
     assert b"--batch" in r.stderr
 
 
+def test_bench_decode_refuses_steps_past_the_models_context(selfserve, default_model):
+    """The last decode position must exist in the model (the GPU backend's block tables end there):
+    a clear error before any work, the context length read by the gguf package."""
+    import pytest
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(default_model)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n_ctx = int(r.fields[f"{arch}.context_length"].parts[-1][0])
+    bad = selfserve("bench", "decode", "--model", default_model, "--batch", "1", "--context", str(n_ctx - 1),
+                    "--steps", "2", "--reps", "1", check=False)
+    assert bad.returncode != 0
+    assert f"passes the model's context of {n_ctx} tokens".encode() in bad.stderr
+    ok = selfserve("bench", "decode", "--model", default_model, "--batch", "1", "--context", str(n_ctx - 2),
+                   "--steps", "2", "--reps", "1", check=False)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_generate_json_schema(selfserve, default_model, tmp_path):
     """llama.cpp's -j / --json-schema-file: the printed text parses and validates (jsonschema package)."""
     import pytest
