@@ -6,17 +6,17 @@
 # says so) once it would end past BUDGET_S, so a short device budget still brings back the results of
 # the steps before it:
 #   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried);
-#      test_gpu and test_gpu_backend in full at the defaults (packed-group tiles past the fused path;
-#      the device-loop tests one at a time), then test_gpu_backend with the row kernel
-#      (SS_CUDA_GROUP_TILES=0);
-#   2. the 8B bf16 decode step at contexts 4096 and 8192, tiles vs rows: the tiles do not split along
-#      the keys, the row kernel does;
-#   3. selfserve serve beside llama-server on the 1B file (bench_serve_vs_llamaserver.sh, the prompts
-#      sized by selfserve's /tokenize); llama-batched-bench at context 4096 beside step 2;
-#   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's L2 prefetch and the
-#      tiles at context 512, ncu on the row kernel, the host's CUDA calls per token, the 8B stage
-#      profile and llama.cpp at context 512, experiment C, bench_go, the KV tiers at 8B, the row
-#      prefill kernel, host vs device sampling, native K-quants, compute-sanitizer, nsys.
+#      test_gpu (the attention tiles with and without split keys among them) and test_gpu_backend in
+#      full at the defaults (the device-loop tests one at a time), then test_gpu_backend with
+#      SS_CUDA_SPLIT_KEYS=1;
+#   2. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
+#      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench;
+#   3. selfserve serve beside llama-server on the 8B file (bench_serve_vs_llamaserver.sh);
+#   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's tests, tiles vs rows
+#      at contexts 512 and 4096, serving at 1B, the row kernel's L2 prefetch, ncu on the row kernel,
+#      the host's CUDA calls per token, the 8B stage profile and llama.cpp at context 512, experiment
+#      C, bench_go, the KV tiers at 8B, the row prefill kernel, host vs device sampling, native
+#      K-quants, compute-sanitizer, nsys.
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,10 +69,11 @@ for t in DeviceLoopControl.CancelDeadlineAndHostFallback 'TinyModels/DeviceLoop.
   stage "test_gpu_backend $t rc=$? $(summary "$f")"
 done
 
-# The row kernel (SS_CUDA_GROUP_TILES=0) through every backend test: the forward tests against their
-# references, graphs vs eager, and the device loop vs host.
-SS_CUDA_GROUP_TILES=0 timeout 240 $B/test_gpu_backend > "$RES/t-backend-rows-attn.txt" 2>&1
-stage "test_gpu_backend with SS_CUDA_GROUP_TILES=0 rc=$? $(summary "$RES/t-backend-rows-attn.txt")"
+# Split keys (SS_CUDA_SPLIT_KEYS=1, written without a GPU): tiles of at most 16 rows (a decode row's
+# packed group) split every key tile over the CTA's four warps. Through every backend test: the
+# forward tests against their references, graphs vs eager, the device loop vs host.
+SS_CUDA_SPLIT_KEYS=1 timeout 240 $B/test_gpu_backend > "$RES/t-backend-split.txt" 2>&1
+stage "test_gpu_backend with SS_CUDA_SPLIT_KEYS=1 rc=$? $(summary "$RES/t-backend-split.txt")"
 
 M=/tmp/ssm
 mkdir -p $M
@@ -82,13 +83,57 @@ synth() {  # synth SHAPE DTYPE
 }
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
-# The tiles do not split a sequence's keys over CTAs (the row kernel does): tiles vs rows where that
-# could matter, the 8B step at contexts 4096 (batch 16/32/64) and 8192 (16/32).
-if want 240 "tiles vs rows at long contexts"; then
+# Split keys against one warp a decode tile, 8B decode, interleaved: context 512 (twice) and 4096.
+# Predicted on the H200: batch-64 attention ~2.0 -> ~1.2 ms, the step 7.02 -> ~6.2 ms at context 512;
+# at 4096 on the H100, batch 64 19.4 -> ~16 ms.
+if want 300 "split keys A/B"; then
   synth llama3-8b bf16
-  for ctx in 4096 8192; do
+  for run in 512:0 512:1 512:0 512:1 4096:0 4096:1; do
+    ctx=${run%:*} sk=${run#*:}
+    want 80 "split keys $run" || continue
+    SS_CUDA_SPLIT_KEYS=$sk timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
+      --batch 16,64 --context $ctx --steps 32 --reps 2 > "$RES/split-$ctx-$sk-$SECONDS.txt" 2>&1
+    stage "8B decode context $ctx split_keys=$sk rc=$? $(rowsof "$(ls -t "$RES"/split-$ctx-$sk-*.txt | head -1)")"
+  done
+fi
+# Context 8160 + 32 steps (the model's 8192): rows, tiles, tiles with split keys; llama.cpp below.
+if want 260 "8B context 8160"; then
+  for cfg in rows tiles split; do
+    gt=1 sk=0
+    [ $cfg = rows ] && gt=0
+    [ $cfg = split ] && sk=1
+    SS_CUDA_GROUP_TILES=$gt SS_CUDA_SPLIT_KEYS=$sk timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf \
+      --device cuda --batch 16,32 --context 8160 --steps 32 --reps 2 > "$RES/long-8160-$cfg.txt" 2>&1
+    stage "8B decode context 8160 $cfg rc=$? $(rowsof "$RES/long-8160-$cfg.txt")"
+  done
+fi
+# Issue 16's serving comparison at 8B: selfserve serve beside llama-server (no web UI) on the same
+# file, the default prompt mix, one round of a closed-loop sweep (1B measured 2026-12-05).
+if lcp_wait 420 && want 300 "serve vs llama-server 8B"; then
+  OUT=$RES/serve-vs-8b N=48 ROUNDS=1 timeout 600 tools/gpu/bench_serve_vs_llamaserver.sh $LB/bin/llama-server \
+    $M/llama3-8b-bf16.gguf 1,8,32 > "$RES/serve-vs-8b.log" 2>&1
+  stage "serve vs llama-server 8B rc=$? $(grep -hE '^c=|rc=|tokens/word' "$RES/serve-vs-8b.log" "$RES"/serve-vs-8b/*-1.txt | tr -s ' ' | tr '\n' ';' | cut -c1-900)"
+fi
+# llama.cpp's decode at context 8160 on the same 8B file.
+if [ -x $LB/bin/llama-batched-bench ] && want 150 "llama-batched-bench 8B context 8160"; then
+  timeout 240 $LB/bin/llama-batched-bench -m $M/llama3-8b-bf16.gguf -c $((32 * 8192)) -b 2048 -ub 512 -ngl 99 -fa on \
+    -npp 8160 -ntg 32 -npl 16,32 > "$RES/bb-8b-8160.txt" 2>&1
+  stage "llama-batched-bench 8B bf16 context 8160 rc=$? $(grep -E '^\| +8160' "$RES/bb-8b-8160.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
+
+# --- AB=1: the checks and A/B timings of 2026-12-05 (docs/perf/gpu.md)
+# The row kernel (SS_CUDA_GROUP_TILES=0) through every backend test: the forward tests against their
+# references, graphs vs eager, and the device loop vs host.
+SS_CUDA_GROUP_TILES=0 timeout 240 $B/test_gpu_backend > "$RES/t-backend-rows-attn.txt" 2>&1
+stage "test_gpu_backend with SS_CUDA_GROUP_TILES=0 rc=$? $(summary "$RES/t-backend-rows-attn.txt")"
+
+# The tiles do not split a sequence's keys over CTAs (the row kernel does): tiles vs rows where that
+# could matter, the 8B step at context 4096 (batch 16/32/64).
+if want 160 "tiles vs rows at context 4096"; then
+  synth llama3-8b bf16
+  for ctx in 4096; do
     bs=16,32,64
-    [ $ctx = 8192 ] && bs=16,32
     for gt in 0 1; do
       SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
         --batch $bs --context $ctx --steps 32 --reps 2 > "$RES/long-$ctx-$gt.txt" 2>&1
@@ -96,12 +141,10 @@ if want 240 "tiles vs rows at long contexts"; then
     done
   done
 fi
-# Issue 16's serving comparison: selfserve serve beside llama-server (no web UI) on the same 1B file,
-# the default prompt mix, one round of a closed-loop sweep.
-if lcp_wait 420 && want 200 "serve vs llama-server"; then
+if lcp_wait 420 && want 200 "serve vs llama-server 1B"; then
   OUT=$RES/serve-vs N=48 ROUNDS=1 timeout 600 tools/gpu/bench_serve_vs_llamaserver.sh $LB/bin/llama-server \
     $M/llama32-1b-bf16.gguf 1,8,32 > "$RES/serve-vs.log" 2>&1
-  stage "serve vs llama-server rc=$? $(grep -hE '^c=|rc=|tokens/word' "$RES/serve-vs.log" "$RES"/serve-vs/*-1.txt | tr -s ' ' | tr '\n' ';' | cut -c1-900)"
+  stage "serve vs llama-server 1B rc=$? $(grep -hE '^c=|rc=' "$RES/serve-vs.log" | tr -s ' ' | tr '\n' ';' | cut -c1-900)"
 fi
 # llama.cpp's decode at context 4096 on the same 8B file, beside the long-context step above.
 if [ -x $LB/bin/llama-batched-bench ] && want 120 "llama-batched-bench 8B context 4096"; then
@@ -109,9 +152,6 @@ if [ -x $LB/bin/llama-batched-bench ] && want 120 "llama-batched-bench 8B contex
     -npp 4096 -ntg 32 -npl 16,32,64 > "$RES/bb-8b-4096.txt" 2>&1
   stage "llama-batched-bench 8B bf16 context 4096 rc=$? $(grep -E '^\| +4096' "$RES/bb-8b-4096.txt" | tr -s ' ' | tr '\n' ';')"
 fi
-[ "${AB:-0}" = 1 ] || { stage done; exit 0; }
-
-# --- AB=1: the checks and A/B timings of 2026-12-05 (docs/perf/gpu.md)
 # Packed-group tiles (SS_CUDA_GROUP_TILES=1) against the row kernel, interleaved: 8B decode at batch
 # 16/64 (graphs) and prefill. Predicted: batch 64 attention from ~6 ms to ~1.5 ms a step (H200).
 if want 420 "group tiles A/B"; then

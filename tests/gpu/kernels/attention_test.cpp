@@ -228,23 +228,28 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
                           std::pair{Case{14, 2, 64}, 2.0f}, std::pair{Case{8, 8, 128}, 2.0f},
                           std::pair{Case{9, 3, 64}, 8.0f}}) {
     // Rows: sequence 0 positions 0..149 (tiles of 64, 64, 22), sequence 2 the decode row at 300,
-    // sequence 1 positions 37..106 after its cached prefix.
-    const std::vector<int> seq_len = {150, 107, 301};
+    // sequence 1 positions 37..106 after its cached prefix, then decode rows of sequences 3-5 at
+    // contexts 1, 17 and 65 (tiles of at most 16 rows split their keys over the four warps; at
+    // context 1 three of them see no key).
+    const std::vector<int> seq_len = {150, 107, 301, 1, 17, 65};
     std::vector<int32_t> slot, pos;
     for (int i = 0; i < 150; ++i) slot.push_back(0), pos.push_back(i);
     slot.push_back(2), pos.push_back(300);
     for (int i = 37; i < 107; ++i) slot.push_back(1), pos.push_back(i);
+    for (int s : {3, 4, 5}) slot.push_back(s), pos.push_back(seq_len[static_cast<size_t>(s)] - 1);
     const int n_q = static_cast<int>(slot.size());
     std::vector<int32_t> ctx(n_q);
     for (int i = 0; i < n_q; ++i) ctx[i] = pos[i] + 1;
     const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
-    // One query head a CTA, then the group's heads packed into the tile's rows (pack_group).
-    for (const bool pack : {false, true}) {
+    // One query head a CTA, then the group's heads packed into the tile's rows (pack_group); each
+    // with tiles of at most 16 rows run by one warp, then split over four (split_keys).
+    for (const auto& [pack, split] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true},
+                                     std::pair{true, true}}) {
       const int G = c.n_heads / c.n_kv;
       std::vector<PrefillTile> tiles(n_q);
       tiles.resize(prefill_tiles(slot.data(), pos.data(), n_q, tiles.data(), pack ? kPrefillTileRows / G : kPrefillTileRows));
       if (!pack) {
-        ASSERT_EQ(tiles.size(), 6u);  // 64 + 64 + 22, 1, 64 + 6
+        ASSERT_EQ(tiles.size(), 9u);  // 64 + 64 + 22, 1, 64 + 6, 1, 1, 1
       }
       const size_t row = static_cast<size_t>(c.n_heads) * c.hd;
       auto q = random_f32(rng, row * n_q, -q_max, q_max);
@@ -259,6 +264,7 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
       PrefillAttention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dtab.get(),
                          p.max_blocks, dtiles.get(), static_cast<int>(tiles.size()), dout.get()};
       a.pack_group = pack;
+      a.split_keys = split;
       LAUNCH_OK(prefill_attention(a, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const auto out = dout.download();
@@ -267,7 +273,7 @@ TEST(GpuAttention, PrefillTilesOnTensorCoresMatchHost) {
         const auto ref = host_attention(p, q.data() + row * i, slot[i], ctx[i], c, scale, &dev, std::ldexp(1.0, -8) * 1.01);  // 2^-8 / (1 - 2^-8), rounded up
         for (size_t j = 0; j < ref.size(); ++j)
           ASSERT_NEAR(from_bf16(out[row * i + j]), ref[j], std::abs(ref[j]) / 256 + dev[j] + ctx[i] * std::ldexp(1.0, -22))
-              << (pack ? "packed groups, " : "") << "q in +-" << q_max << " heads " << c.n_heads << "/" << c.n_kv << " hd "
+              << (pack ? "packed groups, " : "") << (split ? "split keys, " : "") << "q in +-" << q_max << " heads " << c.n_heads << "/" << c.n_kv << " hd "
               << c.hd << " row " << i << " (slot " << slot[i] << ", position " << pos[i] << ") elem " << j;
       }
     }

@@ -251,6 +251,9 @@ struct PrefillAttention {
   int n_tiles;
   bf16_bits* out;            // [T][n_heads][hd]
   bool pack_group = false;   // tiles of at most kPrefillTileRows / (n_heads / n_kv) positions
+  // Tiles of at most 16 rows (a decode row's G rows with pack_group) split each key tile over the
+  // CTA's four warps, 16 keys each, merged at the end; otherwise one warp computes, three wait.
+  bool split_keys = false;
   // Where the tiles were made on the device (build_tiles, inside a graph): their count, read by the
   // kernel; n_tiles is then only the grid's bound (the step's rows), the CTAs past the count exit.
   const int32_t* n_tiles_dev = nullptr;
