@@ -11,7 +11,9 @@
 #      SS_CUDA_SPLIT_KEYS=1;
 #   2. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
 #      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench;
-#   3. selfserve serve beside llama-server on the 8B file (bench_serve_vs_llamaserver.sh);
+#   3. tests/e2e against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
+#      calls before this one: tools/gpu/fetch_e2e_deps.sh); selfserve serve beside llama-server on
+#      the 8B file (bench_serve_vs_llamaserver.sh);
 #   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's tests, tiles vs rows
 #      at contexts 512 and 4096, serving at 1B, the row kernel's L2 prefetch, ncu on the row kernel,
 #      the host's CUDA calls per token, the 8B stage profile and llama.cpp at context 512, experiment
@@ -106,6 +108,13 @@ if want 260 "8B context 8160"; then
       --device cuda --batch 16,32 --context 8160 --steps 32 --reps 2 > "$RES/long-8160-$cfg.txt" 2>&1
     stage "8B decode context 8160 $cfg rc=$? $(rowsof "$RES/long-8160-$cfg.txt")"
   done
+fi
+# Issue 16: the whole OpenAI server on the GPU through the same e2e tests (build-gpu/selfserve
+# defaults to the GPU there). Needs the default model's pieces from two earlier calls and
+# .gpu-e2e-c carried now (tools/gpu/fetch_e2e_deps.sh).
+if [ -d .gpu-e2e-c ] && want 420 "e2e on the GPU"; then
+  timeout 600 tools/gpu/e2e_on_device.sh > "$RES/e2e.txt" 2>&1
+  stage "e2e on the GPU rc=$? $(tail -1 "$RES/e2e.txt") $(grep -E '^(FAILED|ERROR) ' "$RES/e2e.txt" | cut -c1-150 | head -12 | tr '\n' ';')"
 fi
 # Issue 16's serving comparison at 8B: selfserve serve beside llama-server (no web UI) on the same
 # file, the default prompt mix, one round of a closed-loop sweep (1B measured 2026-12-05).
