@@ -179,6 +179,13 @@ class Backend {
   virtual Status write_kv_block(int32_t /*block*/, std::span<const uint8_t> /*in*/) {
     return make_error("backend " + name() + " cannot copy KV blocks in");
   }
+  // Host memory that KV blocks are copied out of and into (the tiers' arena, allocated once): a
+  // backend whose copies can use it in place registers it (CUDA: page-locked, so a block moves by
+  // DMA with no staging copy); the default does nothing. Registering is an optimisation: a backend
+  // that cannot register says why on stderr and copies as before. unregister_host_memory(p) before
+  // the memory goes. Not concurrent with the block copies.
+  virtual void register_host_memory(void* /*p*/, size_t /*bytes*/) {}
+  virtual void unregister_host_memory(void* /*p*/) {}
 
   // Bytes held per memory class (BackendMemory); a backend that cannot tell reports zeros. Called
   // on the executor's thread (scratch may grow during a step).

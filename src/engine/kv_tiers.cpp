@@ -131,6 +131,11 @@ Expected<std::unique_ptr<KvTiers>> KvTiers::create(const KvTierConfig& cfg, back
     SS_ASSIGN(t->arena_, HostArena::create(bytes, chunk));
   }
   t->raw_.resize(static_cast<size_t>(bb));  // zero-filled: faulted in now, not at the first demotion
+  // The arena and raw_ are where blocks are copied out of and into the backend: registered, a GPU
+  // moves them by DMA in place instead of through its staging buffers.
+  if (t->arena_) be.register_host_memory(const_cast<uint8_t*>(t->arena_->begin()), static_cast<size_t>(t->arena_->bytes()));
+  be.register_host_memory(t->raw_.data(), t->raw_.size());
+  t->registered_ = true;
   if (cfg.host_compress) {
     t->packed_.resize(ZSTD_compressBound(static_cast<size_t>(bb)));
     t->cctx_ = ZSTD_createCCtx();
@@ -162,6 +167,10 @@ KvTiers::~KvTiers() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  if (registered_) {
+    if (arena_) be_.unregister_host_memory(const_cast<uint8_t*>(arena_->begin()));
+    be_.unregister_host_memory(raw_.data());
+  }
   ZSTD_freeCCtx(cctx_);
   ZSTD_freeDCtx(dctx_);
   ZSTD_freeDCtx(loader_dctx_);

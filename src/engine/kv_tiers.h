@@ -242,6 +242,7 @@ class KvTiers {
   std::shared_ptr<HostArena> arena_;  // null only without any tier memory (no host, no disk)
   // Engine-thread scratch, sized at start-up: a block, its compressed form, zstd's contexts.
   std::vector<uint8_t> raw_, packed_;
+  bool registered_ = false;  // arena_ and raw_ registered with the backend (register_host_memory)
   ::ZSTD_CCtx_s* cctx_ = nullptr;
   ::ZSTD_DCtx_s* dctx_ = nullptr;
   ::ZSTD_DCtx_s* loader_dctx_ = nullptr;  // the loader thread's

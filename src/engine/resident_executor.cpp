@@ -666,6 +666,9 @@ class SharedBackend final : public backend::Backend {
     loop_.run_on_loop([&] { st = in_.write_kv_block(block + share_.first_block, in); });
     return st;
   }
+  // Host-side only (the loop never touches that memory): no pause.
+  void register_host_memory(void* p, size_t bytes) override { in_.register_host_memory(p, bytes); }
+  void unregister_host_memory(void* p) override { in_.unregister_host_memory(p); }
 
  private:
   backend::Backend& in_;

@@ -11,13 +11,14 @@
 #      SS_CUDA_SPLIT_KEYS=1;
 #   2. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
 #      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench;
-#   3. tests/e2e against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
+#   3. the KV tiers' returning-turn TTFT at 8B (the arena registered: copies in place); tests/e2e
+#      against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
 #      calls before this one: tools/gpu/fetch_e2e_deps.sh); selfserve serve beside llama-server on
 #      the 8B file (bench_serve_vs_llamaserver.sh);
 #   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's tests, tiles vs rows
 #      at contexts 512 and 4096, serving at 1B, the row kernel's L2 prefetch, ncu on the row kernel,
 #      the host's CUDA calls per token, the 8B stage profile and llama.cpp at context 512, experiment
-#      C, bench_go, the KV tiers at 8B, the row prefill kernel, host vs device sampling, native
+#      C, bench_go, the row prefill kernel, host vs device sampling, native
 #      K-quants, compute-sanitizer, nsys.
 # Results under $RES (detached.sh sets it): progress, logs, the benches' outputs.
 set -uo pipefail
@@ -115,6 +116,13 @@ fi
 if [ -d .gpu-e2e-c ] && want 420 "e2e on the GPU"; then
   timeout 600 tools/gpu/e2e_on_device.sh > "$RES/e2e.txt" 2>&1
   stage "e2e on the GPU rc=$? $(tail -1 "$RES/e2e.txt") $(grep -E '^(FAILED|ERROR) ' "$RES/e2e.txt" | cut -c1-150 | head -12 | tr '\n' ';')"
+fi
+# Issue 18: returning-turn TTFT from the host and disk tiers at 8B, the tiers' arena now registered
+# with the CUDA backend (copies by DMA in place). Predicted (H100): host 0.099 -> ~0.035 s, 1.5x -> ~4x.
+if want 400 "KV tiers"; then
+  synth llama3-8b bf16
+  OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
+  stage "KV tiers rc=$? $(grep -hE 'reused|ratio|page-lock' "$RES/tiers.log" "$RES"/tiers/*.txt 2> /dev/null | tr -s ' ' | head -6 | tr '\n' ';' | cut -c1-600)"
 fi
 # Issue 16's serving comparison at 8B: selfserve serve beside llama-server (no web UI) on the same
 # file, the default prompt mix, one round of a closed-loop sweep (1B measured 2026-12-05).
@@ -255,10 +263,6 @@ if [ -x .gobench/benchdecode ] && want 300 "bench_go"; then
     LD_LIBRARY_PATH=$PWD/build-gpu/install/lib:${LD_LIBRARY_PATH:-} timeout 400 tools/bench_go.sh 3 128 2 \
     > "$RES/bench_go.txt" 2>&1
   stage "bench_go rc=$? $(grep -E 'median' "$RES/bench_go.txt" | tr -s ' ' | head -8 | tr '\n' ';')"
-fi
-if want 400 "KV tiers"; then
-  OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
-  stage "KV tiers rc=$?"
 fi
 
 # --- AB=1: the checks and A/B timings of 2026-12-05 (docs/perf/gpu.md "The pending pipeline's first run")

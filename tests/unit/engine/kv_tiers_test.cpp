@@ -91,6 +91,70 @@ KvTierConfig disk_config(const std::string& dir, int64_t host = 1 << 20) {
 }
 }  // namespace
 
+// A backend that page-locks what the tiers register (as the CUDA backend does) and notes whether each
+// block copy's host bytes lie in registered memory.
+class RegisteringBackend : public FakeBackend {
+ public:
+  using FakeBackend::FakeBackend;
+  std::vector<std::pair<const uint8_t*, size_t>> live;  // registered, not yet unregistered
+  int registered = 0, copies = 0, copies_in_place = 0;
+  void register_host_memory(void* p, size_t bytes) override {
+    live.emplace_back(static_cast<const uint8_t*>(p), bytes);
+    ++registered;
+  }
+  void unregister_host_memory(void* p) override {
+    std::erase_if(live, [p](const auto& r) { return r.first == p; });
+  }
+  void note(const uint8_t* p, size_t n) {
+    ++copies;
+    for (const auto& [b, len] : live)
+      if (p >= b && p + n <= b + len) return static_cast<void>(++copies_in_place);
+  }
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
+    note(out.data(), out.size());
+    return FakeBackend::read_kv_block(block, out);
+  }
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
+    note(in.data(), in.size());
+    return FakeBackend::write_kv_block(block, in);
+  }
+};
+
+// The tiers register the memory they copy blocks through (the arena, their block buffer) and let it
+// go when they end: every copy of a plain or compressed host tier, demotion and restore, uses memory
+// the backend has registered, and nothing stays registered after them.
+TEST(KvTiers, BlockCopiesUseRegisteredMemoryAndTheTiersUnregisterIt) {
+  std::mt19937 g(11);
+  for (bool compress : {false, true}) {
+    RegisteringBackend be(8, 16, kVocab);
+    std::vector<uint8_t> bytes(static_cast<size_t>(be.kv_block_bytes())), back(bytes.size());
+    for (auto& b : bytes) b = static_cast<uint8_t>(g());
+    ASSERT_TRUE(be.write_kv_block(2, bytes).ok());
+    const int outside = be.copies;  // the test's own copies, from unregistered memory
+    KvTierConfig tc = host_config();
+    tc.host_compress = compress;
+    {
+      auto t = KvTiers::create(tc, be);
+      ASSERT_TRUE(t.ok()) << t.message();
+      ASSERT_EQ(be.live.size(), 2u);  // the arena and the block buffer
+      const auto [a0, a1] = (*t)->arena_range();
+      EXPECT_TRUE(std::any_of(be.live.begin(), be.live.end(), [&](const auto& r) {
+        return r.first == a0 && r.first + r.second == a1;
+      }));
+      const auto tokens = random_tokens(g, 16, kVocab);
+      const BlockHash hash = hash_block(kRootBlockHash, tokens);
+      (*t)->demote(2, hash, kRootBlockHash, tokens, KvTiers::Why::Evicted);
+      ASSERT_TRUE((*t)->restore(hash, kRootBlockHash, tokens, 5));
+      EXPECT_EQ(be.copies - outside, 2);  // one out, one back in
+      EXPECT_EQ(be.copies_in_place, 2) << (compress ? "compressed" : "plain");
+    }
+    EXPECT_TRUE(be.live.empty());
+    EXPECT_EQ(be.registered, 2);
+    ASSERT_TRUE(be.read_kv_block(5, back).ok());
+    EXPECT_EQ(back, bytes);
+  }
+}
+
 // Bytes in, the same bytes out, from host (plain and zstd) and from disk after a restart.
 TEST(KvTiers, BlockRoundTripIsBitExactThroughEveryTier) {
   std::mt19937 g(7);
