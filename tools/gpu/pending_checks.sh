@@ -99,6 +99,16 @@ if want 300 "split keys A/B"; then
     stage "8B decode context $ctx split_keys=$sk rc=$? $(rowsof "$(ls -t "$RES"/split-$ctx-$sk-*.txt | head -1)")"
   done
 fi
+# The split-keys merge passes data between warps through shared memory: racecheck on the tile test
+# (every (pack, split) pair), memcheck on it too.
+if want 300 "racecheck split keys"; then
+  timeout 300 compute-sanitizer --tool racecheck --error-exitcode 1 $B/test_gpu \
+    --gtest_filter='GpuAttention.PrefillTilesOnTensorCoresMatchHost' > "$RES/racecheck-split.txt" 2>&1
+  stage "racecheck prefill tiles rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$RES/racecheck-split.txt" | tail -1)"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $B/test_gpu \
+    --gtest_filter='GpuAttention.PrefillTiles*:GpuAttention.DeviceTiles*' > "$RES/memcheck-split.txt" 2>&1
+  stage "memcheck prefill tiles rc=$? $(grep -E 'ERROR SUMMARY' "$RES/memcheck-split.txt" | tail -1)"
+fi
 # Context 8160 + 32 steps (the model's 8192): rows, tiles, tiles with split keys; llama.cpp below.
 if want 260 "8B context 8160"; then
   for cfg in rows tiles split; do
