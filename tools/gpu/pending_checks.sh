@@ -109,6 +109,15 @@ if want 300 "racecheck split keys"; then
     --gtest_filter='GpuAttention.PrefillTiles*:GpuAttention.DeviceTiles*' > "$RES/memcheck-split.txt" 2>&1
   stage "memcheck prefill tiles rc=$? $(grep -E 'ERROR SUMMARY' "$RES/memcheck-split.txt" | tail -1)"
 fi
+# Where the 8B batch-1 step (5.03 ms, H200; target 4.3, floor 3.74 at 4.3 TB/s) loses to the weight
+# reads: one layer's fused kernels (dec_k: QKV, o_proj, gate/up, down) under ncu, each alone.
+if want 150 "ncu dec_k b1"; then
+  timeout 150 ncu --kernel-name regex:dec_k --launch-skip 400 --launch-count 4 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats $B/selfserve bench decode \
+    --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 1 --context 512 --steps 8 --reps 1 \
+    > "$RES/ncu-dec-b1.txt" 2>&1
+  stage "ncu dec_k b1 rc=$? $(grep -E 'Duration|DRAM Throughput|Achieved Occupancy' "$RES/ncu-dec-b1.txt" | tr -s ' ' | head -12 | tr '\n' ';')"
+fi
 # Context 8160 + 32 steps (the model's 8192): rows, tiles, tiles with split keys; llama.cpp below.
 if want 260 "8B context 8160"; then
   for cfg in rows tiles split; do
