@@ -132,6 +132,7 @@ struct BackendMemory {
   int64_t kv_pool_bytes = 0;
   int64_t scratch_bytes = 0;
   std::string where = "host";
+  int64_t host_registered_bytes = 0;  // host memory page-locked for KV block copies (register_host_memory)
 };
 
 struct BackendOptions {

@@ -666,9 +666,13 @@ class SharedBackend final : public backend::Backend {
     loop_.run_on_loop([&] { st = in_.write_kv_block(block + share_.first_block, in); });
     return st;
   }
-  // Host-side only (the loop never touches that memory): no pause.
-  void register_host_memory(void* p, size_t bytes) override { in_.register_host_memory(p, bytes); }
-  void unregister_host_memory(void* p) override { in_.unregister_host_memory(p); }
+  // Between the loop's steps too: page-locking must not meet a running chain or a graph capture.
+  void register_host_memory(void* p, size_t bytes) override {
+    loop_.run_on_loop([&] { in_.register_host_memory(p, bytes); });
+  }
+  void unregister_host_memory(void* p) override {
+    loop_.run_on_loop([&] { in_.unregister_host_memory(p); });
+  }
 
  private:
   backend::Backend& in_;

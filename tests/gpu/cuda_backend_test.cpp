@@ -670,6 +670,8 @@ TEST(CudaKvBlocks, RegisteredHostMemoryCopiesInPlaceExactly) {
   const std::vector<uint8_t> want(arena.begin(), arena.begin() + static_cast<std::ptrdiff_t>(bytes * kBlocks));
   for (int round = 0; round < 2; ++round) {
     be->register_host_memory(arena.data(), bytes * kBlocks);
+    ASSERT_EQ(be->memory().host_registered_bytes, static_cast<int64_t>(bytes * kBlocks))
+        << "not page-locked: the in-place path would not run";
     for (int i = 0; i < kBlocks; ++i) {  // even blocks from the arena, odd ones staged from a copy
       const uint8_t* src = arena.data() + bytes * static_cast<size_t>(i);
       if (i % 2) {
@@ -690,6 +692,7 @@ TEST(CudaKvBlocks, RegisteredHostMemoryCopiesInPlaceExactly) {
       EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + static_cast<std::ptrdiff_t>(bytes * i))) << "block " << i;
     }
     be->unregister_host_memory(arena.data());
+    EXPECT_EQ(be->memory().host_registered_bytes, 0);
     std::copy(want.begin(), want.end(), arena.begin());
   }
 }

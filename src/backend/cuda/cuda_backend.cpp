@@ -120,8 +120,10 @@ class CudaBackend final : public Backend {
     return copy_kv_block(block, const_cast<uint8_t*>(in.data()), in.size(), false);
   }
   BackendMemory memory() const override {  // the three device arenas, as reserved at start-up
-    return {static_cast<int64_t>(weights_.capacity()), static_cast<int64_t>(kv_mem_.capacity()),
-            static_cast<int64_t>(scratch_.capacity()), "device"};
+    BackendMemory m{static_cast<int64_t>(weights_.capacity()), static_cast<int64_t>(kv_mem_.capacity()),
+                    static_cast<int64_t>(scratch_.capacity()), "device"};
+    for (const auto& r : registered_) m.host_registered_bytes += static_cast<int64_t>(r.second);
+    return m;
   }
   // Stage times for bench decode, only with SS_CUDA_PROFILE=1 in the environment: the step then
   // runs eagerly with an event after every kernel (no graphs, no PDL overlap across the events), so
@@ -983,8 +985,7 @@ void CudaBackend::register_host_memory(void* p, size_t bytes) {
 
 void CudaBackend::unregister_host_memory(void* p) {
   for (auto it = registered_.begin(); it != registered_.end(); ++it)
-    if (it->first == p) {
-      if (stream_) cudaStreamSynchronize(stream_);  // no copy of it in flight (in-place copies are waited for)
+    if (it->first == p) {  // no copy of it is in flight: in-place copies are waited for, staged ones never use it
       cudaHostUnregister(p);
       registered_.erase(it);
       return;

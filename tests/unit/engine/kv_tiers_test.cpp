@@ -121,37 +121,42 @@ class RegisteringBackend : public FakeBackend {
 };
 
 // The tiers register the memory they copy blocks through (the arena, their block buffer) and let it
-// go when they end: every copy of a plain or compressed host tier, demotion and restore, uses memory
-// the backend has registered, and nothing stays registered after them.
+// go when they end. Through the engine (TTL demotions, then the returning turn's restores by the
+// loader): a plain host tier's every copy uses registered memory; a compressed one's demotions do
+// (through the block buffer), its restores not (the loader unpacks into its own buffer).
 TEST(KvTiers, BlockCopiesUseRegisteredMemoryAndTheTiersUnregisterIt) {
-  std::mt19937 g(11);
   for (bool compress : {false, true}) {
-    RegisteringBackend be(8, 16, kVocab);
-    std::vector<uint8_t> bytes(static_cast<size_t>(be.kv_block_bytes())), back(bytes.size());
-    for (auto& b : bytes) b = static_cast<uint8_t>(g());
-    ASSERT_TRUE(be.write_kv_block(2, bytes).ok());
-    const int outside = be.copies;  // the test's own copies, from unregistered memory
+    std::mt19937 g(11);
+    TestClock clock;
+    RegisteringBackend be(64, 16, kVocab);
     KvTierConfig tc = host_config();
+    tc.ttl_ms = 1000;
     tc.host_compress = compress;
     {
-      auto t = KvTiers::create(tc, be);
-      ASSERT_TRUE(t.ok()) << t.message();
+      auto e = tier_engine(be, tc, clock.fn());
+      ASSERT_NE(e, nullptr);
       ASSERT_EQ(be.live.size(), 2u);  // the arena and the block buffer
-      const auto [a0, a1] = (*t)->arena_range();
-      EXPECT_TRUE(std::any_of(be.live.begin(), be.live.end(), [&](const auto& r) {
-        return r.first == a0 && r.first + r.second == a1;
-      }));
-      const auto tokens = random_tokens(g, 16, kVocab);
-      const BlockHash hash = hash_block(kRootBlockHash, tokens);
-      (*t)->demote(2, hash, kRootBlockHash, tokens, KvTiers::Why::Evicted);
-      ASSERT_TRUE((*t)->restore(hash, kRootBlockHash, tokens, 5));
-      EXPECT_EQ(be.copies - outside, 2);  // one out, one back in
-      EXPECT_EQ(be.copies_in_place, 2) << (compress ? "compressed" : "plain");
+      ASSERT_EQ(be.copies, 0);
+      const Spec t1 = spec(random_tokens(g, 70, kVocab), 10);
+      const Outcome o1 = run_one(*e, t1);
+      clock.now += std::chrono::seconds(2);
+      ASSERT_TRUE(e->step().ok());  // an idle step: every cached block leaves for the host tier
+      const int demoted = static_cast<int>(e->stats().kv_demoted_idle);
+      ASSERT_GT(demoted, 0);
+      EXPECT_EQ(be.copies, demoted);
+      EXPECT_EQ(be.copies_in_place, demoted) << (compress ? "compressed" : "plain");
+      Spec t2 = t1;
+      t2.prompt.insert(t2.prompt.end(), o1.tokens.begin(), o1.tokens.end());
+      const auto msg = random_tokens(g, 20, kVocab);
+      t2.prompt.insert(t2.prompt.end(), msg.begin(), msg.end());
+      EXPECT_EQ(run_one(*e, t2).tokens, run_alone(t2, kVocab).tokens);
+      const int restored = static_cast<int>(e->stats().kv_restored_host);
+      ASSERT_EQ(restored, demoted);
+      EXPECT_EQ(be.copies, demoted + restored);
+      EXPECT_EQ(be.copies_in_place, compress ? demoted : demoted + restored);
     }
-    EXPECT_TRUE(be.live.empty());
+    EXPECT_TRUE(be.live.empty()) << "still registered after the engine ended";
     EXPECT_EQ(be.registered, 2);
-    ASSERT_TRUE(be.read_kv_block(5, back).ok());
-    EXPECT_EQ(back, bytes);
   }
 }
 
