@@ -1,8 +1,10 @@
-"""--scheduling persistent on the real server and the default model (CPU backend): the resident loop
-runs what it can and a host executor beside it the rest; greedy text equals --scheduling host for
-concurrent requests, a request with a repetition penalty (routed to the host executor) included,
-and a streamed request can be cancelled mid-stream with the server still serving."""
+"""--scheduling persistent on the real server and the default model (the CPU backend here; on a GPU
+machine the CUDA backend and its device loop): the resident loop runs what it can and a host
+executor beside it the rest; greedy text equals --scheduling host for concurrent requests, a request
+with a repetition penalty (routed to the host executor) included, and a streamed request can be
+cancelled mid-stream with the server still serving."""
 import concurrent.futures as cf
+import re
 import time
 
 import requests
@@ -29,7 +31,8 @@ def test_persistent_scheduling_gives_the_host_schedulings_greedy_text(default_mo
     assert expect[-1] != expect[0]  # the penalty changes the text: the routed request is really penalised
     s = Server(tmp_path, "persistent", "--model", default_model, "--api-key", API_KEY, "--scheduling", "persistent")
     try:
-        assert "scheduling: persistent (resident (host loop" in s.log_text()
+        # The resident loop on the host (CPU backend) or on the GPU (the device loop, CUDA backend).
+        assert re.search(r"scheduling: persistent \(resident \((host|device) loop", s.log_text()), s.log_text()
         assert _run(s) == expect
         # A stream closed after a few chunks: the request ends, the server goes on serving.
         with requests.post(s.url + "/v1/completions", stream=True, timeout=60,
