@@ -12,10 +12,10 @@
 // row r at c ^ (r & 7)) so ldmatrix reads eight rows of one chunk from eight different bank groups.
 //
 // A tile of at most 16 rows (a decode row's G rows with pack_group, a prompt's short tail) keeps
-// one warp of four busy. With split_keys the four warps split every key tile instead, 16 keys each, each
-// with its own running max, sum and output for the same 16 rows, merged through shared memory at
-// the end in a fixed order (warp 0, 1, 2, 3). The KV read is the same; each warp's multiplies and
-// shared-memory reads a key tile fall to a quarter.
+// one warp of four busy. With split_keys the four warps split every key tile instead, 16 keys
+// each, each with its own running max, sum and output for the same 16 rows, merged through shared
+// memory at the end in a fixed order (warp 0, 1, 2, 3). The KV read is the same; each warp's
+// multiplies and shared-memory reads a key tile fall to a quarter.
 //
 // The longest tiles (the last rows of a prompt see the most keys) are scheduled first; the heads of
 // one KV group are neighbours in the grid, so the K/V tiles they share are read from L2.
