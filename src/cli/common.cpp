@@ -106,7 +106,8 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", d->gpu_memory_utilization,
-                  "CUDA: share of the GPU's memory to take for weights, KV cache and scratch")
+                  "CUDA: this process's share of the GPU's memory for weights, KV cache and scratch (as vLLM: "
+                  "servers sharing a card each take their own share of it)")
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
   cmd->add_option("--weight-chunk-mb", d->weight_chunk_mb, "CUDA: size of each pinned buffer weights are uploaded through")

@@ -35,6 +35,10 @@ class Server:
     def __init__(self, tmp_path, name, *args):
         self.log_path = tmp_path / f"{name}.log"
         self.log = open(self.log_path, "wb")
+        # On a GPU machine several servers of one test share the card: SELFSERVE_E2E_GPU_MEMORY gives
+        # each that share of its memory (tools/gpu/e2e_on_device.sh) instead of the default 0.9.
+        if os.environ.get("SELFSERVE_E2E_GPU_MEMORY") and "--gpu-memory-utilization" not in args:
+            args = (*args, "--gpu-memory-utilization", os.environ["SELFSERVE_E2E_GPU_MEMORY"])
         self.proc = subprocess.Popen([_exe(), "serve", "--port", "0", "--host", "127.0.0.1", "--quiet", *args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.url = None

@@ -31,6 +31,7 @@
 #include "backend/cuda/basic_ops.h"
 #include "backend/cuda/loop_runner.h"
 #include "backend/cuda/kernels/kernels.h"
+#include "backend/cuda/memory_budget.h"
 #include "backend/rope.h"
 #include "model/model.h"
 
@@ -258,6 +259,7 @@ class CudaBackend final : public Backend {
   // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
   // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
   bool wedged_ = false;
+  size_t free_at_start_ = 0;  // the card's free memory when init() began (the KV share's baseline)
   // KV tier copies go through pinned staging: a host-to-device block is copied into a free stage
   // slot and its DMA left in flight (stream order puts it before the next step), device-to-host
   // lands in its own slot and is waited for. Taken at the first copy (a server without tiers never
@@ -312,6 +314,10 @@ CudaBackend::~CudaBackend() {
 Status CudaBackend::init() {
   int dev = 0;
   SS_CUDA(cudaGetDevice(&dev));
+  {  // before this backend allocates anything: its KV share counts what it takes from here (memory_budget.h)
+    size_t total = 0;
+    SS_CUDA(cudaMemGetInfo(&free_at_start_, &total));
+  }
   cudaDeviceProp prop{};
   SS_CUDA(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
@@ -463,13 +469,13 @@ Status CudaBackend::init() {
                              padded(sizeof(cuda::kern::LogitEdit) * kEditCap) + padded(4 * static_cast<size_t>(srows) * words_) +
                              padded(4 * R * (1 + kMaxTopLogprobs)) + padded(4 * R * kMaxTopLogprobs)
                        : 0;
-  if (kv_.num_blocks <= 0) {
-    const double budget = static_cast<double>(total_b) * util - static_cast<double>(total_b - free_b) -
-                          static_cast<double>(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_));
-    if (budget < static_cast<double>(block_bytes))
-      return make_error("cuda backend: no room for the KV cache (" + std::to_string(free_b >> 20) + " MiB free of " +
-                        std::to_string(total_b >> 20) + " MiB; --gpu-memory-utilization " + std::to_string(util) + ")");
-    kv_.num_blocks = static_cast<int>(std::min<double>(budget / static_cast<double>(block_bytes), 1 << 22));
+  if (kv_.num_blocks <= 0) {  // this process's share of the card (vLLM's meaning), less what it holds
+    SS_ASSIGN(const int64_t blocks,
+              cuda::kv_blocks_for_budget(static_cast<int64_t>(total_b), static_cast<int64_t>(free_at_start_),
+                                         static_cast<int64_t>(free_b), util,
+                                         static_cast<int64_t>(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_)),
+                                         block_bytes, 1 << 22));
+    kv_.num_blocks = static_cast<int>(blocks);
   }
   kv_.dtype = KvCacheConfig::DType::F16;  // reported as 16-bit; the GPU cache holds bf16
   // One spare block beyond the engine's, written by graph padding rows only.
