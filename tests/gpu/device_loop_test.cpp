@@ -341,4 +341,38 @@ TEST(DeviceLoopControl, ServesAGreedyRequestAfterEachKindOfEnd) {
   }
 }
 
+// A chain that does not stop when asked (SS_CUDA_LOOP_PAUSE_LIMIT_MS=0: pause() gives up at once, as
+// after a wedged chain's 10 s): the engine's teardown returns in bounded time, leaves the runner's
+// and the backend's device memory to the process's exit and says so, instead of waiting on the
+// chain for ever. The chain, its stop flag set, ends by itself afterwards.
+TEST(DeviceLoopControl, TeardownAfterAChainThatDoesNotStopLeaksInsteadOfHanging) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  const auto ids = ref_prompts("llama3-tiny");
+  Rig rig = make_rig(*model, true);
+  ASSERT_NE(rig.engine, nullptr);
+  ASSERT_NE(rig.engine->executor_name().find("device loop"), std::string::npos) << rig.engine->executor_name();
+  const Followup f = greedy_followup(*rig.engine, ids[0], std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_EQ(f.finish, FinishReason::Length);  // the loop served before
+  ::setenv("SS_CUDA_LOOP_PAUSE_LIMIT_MS", "0", 1);
+  ::testing::internal::CaptureStderr();
+  const auto t0 = std::chrono::steady_clock::now();
+  rig.engine.reset();
+  rig.be.reset();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ::unsetenv("SS_CUDA_LOOP_PAUSE_LIMIT_MS");
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_NE(err.find("did not stop within 0 ms of the stop flag"), std::string::npos) << err;
+  EXPECT_NE(err.find("its memory is left to the process's exit"), std::string::npos) << err;
+  EXPECT_NE(err.find("the CUDA backend is not freed"), std::string::npos) << err;
+  // A fresh backend and loop still serve the same tokens (the old chain has ended by now or ends
+  // soon: its stop flag is set).
+  Rig again = make_rig(*model, true);
+  ASSERT_NE(again.engine, nullptr);
+  const Followup g = greedy_followup(*again.engine, ids[0], std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_EQ(g.tokens, f.tokens);
+}
+
 }  // namespace

@@ -66,7 +66,9 @@ timeout 180 $B/test_gpu_backend --gtest_filter='-*DeviceLoop*' > "$RES/t-backend
 stage "test_gpu_backend but the device loop rc=$? $(summary "$RES/t-backend.txt")"
 # The device-loop tests one at a time (the control test hung once, 2026-12-05): a hang costs 90 s and
 # names itself, and the others still run.
-for t in DeviceLoopControl.CancelDeadlineAndHostFallback 'TinyModels/DeviceLoop.Greedy*' 'TinyModels/DeviceLoop.Sampled*'; do
+for t in DeviceLoopControl.CancelDeadlineAndHostFallback DeviceLoopControl.ServesAGreedyRequestAfterEachKindOfEnd \
+  DeviceLoopControl.TeardownAfterAChainThatDoesNotStopLeaksInsteadOfHanging 'TinyModels/DeviceLoop.Greedy*' \
+  'TinyModels/DeviceLoop.Sampled*'; do
   f="$RES/t-loop-$(echo "$t" | tr -c 'A-Za-z0-9\n' '_').txt"
   timeout 90 $B/test_gpu_backend --gtest_filter="$t" > "$f" 2>&1
   stage "test_gpu_backend $t rc=$? $(summary "$f")"

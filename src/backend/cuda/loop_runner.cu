@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -434,20 +435,26 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   // Ends the chain after the step in flight is committed; returns when the GPU is idle. Completions
   // are drained meanwhile (kept for the next drain()): a kernel waiting for room in a full ring
   // would otherwise never end.
-  // A chain that has not ended kPauseLimitNs after the stop flag is reported as an error instead of
-  // waited on for ever, and the runner stays unusable (running_ stays set). Teardown after that frees
-  // nothing on the device (the destructor and the backend's on_close(false)).
+  // A chain that has not ended 10 s (SS_CUDA_LOOP_PAUSE_LIMIT_MS: the tests' wedged chain) after the
+  // stop flag is reported as an error instead of waited on for ever, and the runner stays unusable
+  // (running_ stays set). Teardown after that frees nothing on the device (the destructor and the
+  // backend's on_close(false)).
   static constexpr int64_t kPauseLimitNs = 10'000'000'000;
+  static int64_t pause_limit_ns() {
+    const char* e = std::getenv("SS_CUDA_LOOP_PAUSE_LIMIT_MS");
+    return e && *e ? static_cast<int64_t>(std::strtod(e, nullptr) * 1e6) : kPauseLimitNs;
+  }
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
     resident::Completion c;
     cudaError_t e = query();
+    const int64_t limit = pause_limit_ns();
     for (const int64_t t0 = steady_ns(); e == cudaErrorNotReady; e = query()) {
       while (done_host_.try_pop(c)) stash_.push_back(c);
-      if (steady_ns() - t0 > kPauseLimitNs) {
+      if (steady_ns() - t0 > limit) {
         if (err_.ok())
-          static_cast<void>(err_ = make_error("device loop: the scheduler's chain did not stop within 10 s of the "
-                                              "stop flag (device error word " +
+          static_cast<void>(err_ = make_error("device loop: the scheduler's chain did not stop within " +
+                                              std::to_string(limit / 1'000'000) + " ms of the stop flag (device error word " +
                                               std::to_string(__atomic_load_n(&ctl()->error, __ATOMIC_ACQUIRE)) + ")"));
         return;
       }
