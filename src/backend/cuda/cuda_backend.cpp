@@ -259,7 +259,7 @@ class CudaBackend final : public Backend {
   // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
   // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
   bool wedged_ = false;
-  size_t free_at_start_ = 0;  // the card's free memory when init() began (the KV share's baseline)
+
   // KV tier copies go through pinned staging: a host-to-device block is copied into a free stage
   // slot and its DMA left in flight (stream order puts it before the next step), device-to-host
   // lands in its own slot and is waited for. Taken at the first copy (a server without tiers never
@@ -314,10 +314,6 @@ CudaBackend::~CudaBackend() {
 Status CudaBackend::init() {
   int dev = 0;
   SS_CUDA(cudaGetDevice(&dev));
-  {  // before this backend allocates anything: its KV share counts what it takes from here (memory_budget.h)
-    size_t total = 0;
-    SS_CUDA(cudaMemGetInfo(&free_at_start_, &total));
-  }
   cudaDeviceProp prop{};
   SS_CUDA(cudaGetDeviceProperties(&prop, dev));
   device_name_ = prop.name;
@@ -471,8 +467,8 @@ Status CudaBackend::init() {
                        : 0;
   if (kv_.num_blocks <= 0) {  // this process's share of the card (vLLM's meaning), less what it holds
     SS_ASSIGN(const int64_t blocks,
-              cuda::kv_blocks_for_budget(static_cast<int64_t>(total_b), static_cast<int64_t>(free_at_start_),
-                                         static_cast<int64_t>(free_b), util,
+              cuda::kv_blocks_for_budget(static_cast<int64_t>(total_b), static_cast<int64_t>(free_b),
+                                         static_cast<int64_t>(weights_.capacity() + kBlasWorkspace), util,
                                          static_cast<int64_t>(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_)),
                                          block_bytes, 1 << 22));
     kv_.num_blocks = static_cast<int>(blocks);

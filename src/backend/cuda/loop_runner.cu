@@ -442,16 +442,22 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   static constexpr int64_t kPauseLimitNs = 10'000'000'000;
   static int64_t pause_limit_ns() {
     const char* e = std::getenv("SS_CUDA_LOOP_PAUSE_LIMIT_MS");
-    return e && *e ? static_cast<int64_t>(std::strtod(e, nullptr) * 1e6) : kPauseLimitNs;
+    char* end = nullptr;
+    const double ms = e ? std::strtod(e, &end) : 0.0;
+    if (!e || end == e || !(ms >= 0.0)) return kPauseLimitNs;  // unset or not a number
+    return static_cast<int64_t>(std::min(ms, 1e9) * 1e6);
   }
   void pause() {
     __atomic_store_n(&ctl()->stop, 1u, __ATOMIC_RELEASE);
     resident::Completion c;
-    cudaError_t e = query();
-    const int64_t limit = pause_limit_ns();
+    // Once a pause has given up, later ones (host steps, teardown) look once and do not wait again.
+    const int64_t limit = gave_up_ ? 0 : pause_limit_ns();
+    // SS_CUDA_LOOP_PAUSE_LIMIT_MS=0 (the tests): as if the chain ignored the flag, without a look.
+    cudaError_t e = limit > 0 || gave_up_ ? query() : cudaErrorNotReady;
     for (const int64_t t0 = steady_ns(); e == cudaErrorNotReady; e = query()) {
       while (done_host_.try_pop(c)) stash_.push_back(c);
-      if (steady_ns() - t0 > limit) {
+      if (steady_ns() - t0 >= limit) {
+        gave_up_ = true;
         if (err_.ok())
           static_cast<void>(err_ = make_error("device loop: the scheduler's chain did not stop within " +
                                               std::to_string(limit / 1'000'000) + " ms of the stop flag (device error word " +
@@ -509,6 +515,7 @@ class DeviceLoopRunner final : public resident::LoopRunner {
   std::string no_sampling_;
   cudaGraphExec_t sched_ = nullptr;
   bool pdl_ = true, running_ = false;
+  bool gave_up_ = false;  // a pause() gave up on the chain: later ones do not wait again
   std::string first_capture_error_;
   std::vector<resident::Completion> stash_;
   int64_t clock_offset_ = 0;
