@@ -259,7 +259,6 @@ class CudaBackend final : public Backend {
   // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
   // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
   bool wedged_ = false;
-
   // KV tier copies go through pinned staging: a host-to-device block is copied into a free stage
   // slot and its DMA left in flight (stream order puts it before the next step), device-to-host
   // lands in its own slot and is waited for. Taken at the first copy (a server without tiers never
