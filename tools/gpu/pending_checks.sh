@@ -93,12 +93,13 @@ synth llama32-1b bf16
 # at 4096 on the H100, batch 64 19.4 -> ~16 ms.
 if want 300 "split keys A/B"; then
   synth llama3-8b bf16
+  i=0
   for run in 512:0 512:1 512:0 512:1 4096:0 4096:1; do
-    ctx=${run%:*} sk=${run#*:}
+    ctx=${run%:*} sk=${run#*:} i=$((i + 1)) f="$RES/split-$i-$ctx-$sk.txt"
     want 80 "split keys $run" || continue
     SS_CUDA_SPLIT_KEYS=$sk timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
-      --batch 16,64 --context $ctx --steps 32 --reps 2 > "$RES/split-$ctx-$sk-$SECONDS.txt" 2>&1
-    stage "8B decode context $ctx split_keys=$sk rc=$? $(rowsof "$(ls -t "$RES"/split-$ctx-$sk-*.txt | head -1)")"
+      --batch 16,64 --context $ctx --steps 32 --reps 2 > "$f" 2>&1
+    stage "8B decode context $ctx split_keys=$sk rc=$? $(rowsof "$f")"
   done
 fi
 # The split-keys merge passes data between warps through shared memory: racecheck on the tile test
@@ -170,13 +171,10 @@ stage "test_gpu_backend with SS_CUDA_GROUP_TILES=0 rc=$? $(summary "$RES/t-backe
 # could matter, the 8B step at context 4096 (batch 16/32/64).
 if want 160 "tiles vs rows at context 4096"; then
   synth llama3-8b bf16
-  for ctx in 4096; do
-    bs=16,32,64
-    for gt in 0 1; do
-      SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
-        --batch $bs --context $ctx --steps 32 --reps 2 > "$RES/long-$ctx-$gt.txt" 2>&1
-      stage "8B decode context $ctx tiles=$gt rc=$? $(rowsof "$RES/long-$ctx-$gt.txt")"
-    done
+  for gt in 0 1; do
+    SS_CUDA_GROUP_TILES=$gt timeout 200 $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda \
+      --batch 16,32,64 --context 4096 --steps 32 --reps 2 > "$RES/long-4096-$gt.txt" 2>&1
+    stage "8B decode context 4096 tiles=$gt rc=$? $(rowsof "$RES/long-4096-$gt.txt")"
   done
 fi
 if lcp_wait 420 && want 200 "serve vs llama-server 1B"; then
@@ -245,10 +243,7 @@ if want 200 "8B"; then
       --steps 32 --reps 3 > "$RES/b64-graphs.txt" 2>&1
     stage "8B batch 1/16/64 graphs rc=$? $(rowsof "$RES/b64-graphs.txt")"
   fi
-  if [ -n "$LPID" ] && want 240 "llama.cpp 8B"; then
-    # The benches first (llama-server builds after them): at most 300 s more.
-    for _ in $(seq 150); do [ -x $LB/bin/llama-batched-bench ] && break; kill -0 $LPID 2> /dev/null || break; sleep 2; done
-    stage "llama.cpp benches built: $([ -x $LB/bin/llama-batched-bench ] && echo yes || echo no) $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
+  if lcp_wait 300 && want 240 "llama.cpp 8B"; then
     if [ -x $LB/bin/llama-bench ]; then
       timeout 200 $LB/bin/llama-bench -m $M/llama3-8b-bf16.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md \
         > "$RES/lb-8b.md" 2> "$RES/lb-8b.log"
@@ -262,12 +257,6 @@ if want 200 "8B"; then
       stage "8B batch 1/16/64 graphs again rc=$? $(rowsof "$RES/b64-graphs-2.txt")"
     fi
   fi
-fi
-if [ -n "$LPID" ]; then  # llama-server: at most 240 s more
-  for _ in $(seq 120); do kill -0 $LPID 2> /dev/null || break; sleep 2; done
-  kill $LPID 2> /dev/null
-  wait $LPID
-  stage "llama.cpp build done rc=$? $(tail -1 "$RES/lcp-build.log" | cut -c1-120)"
 fi
 if want 300 "experiment C"; then
   OUT=$RES/serving MODELS=$M timeout 420 tools/gpu/bench_serving.sh llama32-1b 4,16,64 > "$RES/serving.log" 2>&1
