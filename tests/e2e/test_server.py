@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -985,13 +986,25 @@ def test_http_edge_reproductions(srv):
 # --- a tiny KV cache: preemption, and every request still completes with the right text -------
 
 def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
+    # Each request needs 7 blocks of 16 by its end (~14 prompt tokens + 96), the pool holds 16: any
+    # three that overlap run out. The clients are made first and the requests leave together from
+    # a barrier, so a slow machine staggering their starts cannot let them run one after another.
     prompts = [f"Story {i}: the little robot walked into the forest and" for i in range(6)]
-    expect = [greedy_completion(srv, p, 40) for p in prompts]
-    tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "20",
+    expect = [greedy_completion(srv, p, 96) for p in prompts]
+    tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "16",
                   "--max-num-seqs", "8", "--max-num-batched-tokens", "256")
     try:
-        with cf.ThreadPoolExecutor(6) as ex:
-            got = list(ex.map(lambda p: greedy_completion(tiny, p, 40), prompts))
+        clients = [tiny.client() for _ in prompts]
+        start = threading.Barrier(len(prompts))
+
+        def one(i):
+            start.wait()
+            r = clients[i].completions.create(model=tiny.model, prompt=prompts[i], max_tokens=96, temperature=0,
+                                              extra_body={"ignore_eos": True})
+            return r.choices[0].text
+
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:
+            got = list(ex.map(one, range(len(prompts))))
         assert got == expect
         assert tiny.metric("selfserve_preemptions_total") > 0
         assert tiny.metric("selfserve_kv_cache_blocks_used") == 0
