@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/side_prefetch.h"
+
 namespace ss::cpu::detail {
 
 struct QActs {
@@ -24,6 +26,9 @@ struct QActs {
   float* s = nullptr;       // d * sum(q): the min term of Q4_1/Q5_1
   int32_t* corr = nullptr;  // C * sum(q): undoes a weight encoding stored as w + C (unsigned for VNNI)
   int16_t* bsum = nullptr;  // sum(q) per 16 values (K types; group 1 only)
+  // Not about the activations: the lines this call's thread prefetches for a later operation as it
+  // goes (side_prefetch.h; packed kernels only; null: none).
+  SideCursor* side = nullptr;
 
   int64_t nb() const { return cols / qblock; }
   int n_pad() const { return (n_tok + group - 1) / group * group; }

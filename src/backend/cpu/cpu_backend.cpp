@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numbers>
+#include <string_view>
 #include <thread>
 
 #include <time.h>
@@ -97,7 +98,9 @@ class Stopwatch {
 
 
 CpuBackend::CpuBackend(const model::Model& model, const BackendOptions& opts, int threads)
-    : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads), tables_(std::max(1, opts.max_slots)) {}
+    : model_(model), cfg_(model.config), opts_(opts), kv_(opts.kv), pool_(threads), tables_(std::max(1, opts.max_slots)) {
+  if (const char* e = std::getenv("SS_CPU_KV_PREFETCH"); e && std::string_view(e) == "0") kv_prefetch_ = false;
+}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -285,7 +288,7 @@ void CpuBackend::ensure_rope(int len) {
 
 void CpuBackend::matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx,
                         float* y, int64_t ldy) {
-  cpu::MatmulScratch s{mm_scratch_.data(), mm_scratch_.size()};
+  cpu::MatmulScratch s{mm_scratch_.data(), mm_scratch_.size(), side_};
   cpu::matmul(W, P, x, n, ldx, y, ldy, s, pool_);
 }
 
@@ -347,6 +350,8 @@ void CpuBackend::plan_attention(const StepBatch& b) {
   for (int s = 0; s < S; ++s) seq_start_[s + 1] = seq_start_[s] + seq_count_[s];
   for (int s = 0; s < S; ++s) seq_count_[s] = seq_start_[s];  // reuse as fill cursor
   for (int i = 0; i < T; ++i) order_[seq_count_[b.seq_index[i]]++] = i;
+  seq_max_pos_.assign(S, 0);
+  for (int i = 0; i < T; ++i) seq_max_pos_[b.seq_index[i]] = std::max(seq_max_pos_[b.seq_index[i]], b.positions[i]);
 
   tiles_.clear();
   for (int s = 0; s < S; ++s) {
@@ -380,6 +385,51 @@ void CpuBackend::plan_attention(const StepBatch& b) {
     }
     for (int h = 0; h < nh_; h += tile.n == 1 ? n_rep : 1) items_.push_back(t * nh_ + h);
   }
+}
+
+void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
+  side_ = nullptr;
+  if (!kv_prefetch_ || layer <= 0 || layer >= cfg_.n_layers) return;
+  const int bs = kv_.block_size;
+  const char* base = reinterpret_cast<const char*>(kv_cache_.data()) + 2 * layer * kv_layer_bytes_;
+  const int64_t block_bytes = kv_block_bytes();
+  const int64_t lines = (2 * kv_layer_bytes_ + 63) / 64;  // the layer's K, then its V
+  // Only the K/V lines that fit in the products' spare read time, estimated as (their vector ops / their
+  // weight reads - 1) times their reads: the ratio is ~2 at 16 rows on a Zen 4 (bench_kernels
+  // --step-floor) and grows with the rows, so n_tok / 8 - 1, of which 0.8 is used. Up to 8 rows
+  // nothing is armed; at 16 rows of the Q4_K_M file, context 160, all of it (2.1 MB a layer); at
+  // context 512 a third. Past the spare time the products slow by as much as attention gains
+  // (measured: docs/perf/cpu.md, 2026-12-05).
+  const auto& W = model_.weights;
+  const auto& Lp = W.layers[layer - 1];
+  const auto& Ln = W.layers[layer];
+  const double wbytes = static_cast<double>(Lp.wo.nbytes + Lp.w_gate.nbytes + Lp.w_up.nbytes + Lp.w_down.nbytes +
+                                            Ln.wq.nbytes + Ln.wk.nbytes + Ln.wv.nbytes);
+  const int64_t budget = static_cast<int64_t>(0.8 * (n_tok / 8.0 - 1.0) * wbytes / 64);
+  side_ranges_.clear();
+  int64_t taken = 0;
+  for (size_t s = 0; s < seq_tables_.size() && taken + lines <= budget; ++s)
+    for (int j = 0; j <= seq_max_pos_[s] / bs && taken + lines <= budget; ++j, taken += lines)
+      side_ranges_.push_back({base + static_cast<int64_t>(seq_tables_[s][j]) * block_bytes, lines});
+  if (side_ranges_.empty()) return;
+  // Lines a pass of 16 rows x 32 columns: enough that each thread's share is done by about two thirds
+  // of the products it rides on (layer - 1's output, gate, up and down, then layer's Q, K and V), with
+  // passes of 4 rows (the kernels run 4 or 8).
+  const int nt = pool_.size();
+  const int64_t H = H_, I = I_, qd = int64_t{nh_} * hd_, kvd = int64_t{nkv_} * hd_;
+  const int64_t units = (H * qd + 3 * H * I + H * (qd + 2 * kvd)) / (16 * 32) * ((n_tok + 3) / 4);
+  const int64_t total = static_cast<int64_t>(side_ranges_.size()) * lines;
+  const int per_block = static_cast<int>(std::clamp<int64_t>((3 * total + 2 * units - 1) / (2 * units), 1, 16));
+  side_cursors_.assign(nt, {});
+  const int64_t R = static_cast<int64_t>(side_ranges_.size());
+  for (int t = 0; t < nt; ++t) {
+    cpu::SideCursor& c = side_cursors_[t];
+    c.next = side_ranges_.data() + R * t / nt;
+    c.end = side_ranges_.data() + R * (t + 1) / nt;
+    c.per_block = per_block;
+  }
+  side_ = side_cursors_.data();
+  if (profiling_) profile_.prefetched_kv_bytes += total * 64;
 }
 
 Status CpuBackend::step(const StepBatch& b, StepOutput& out) {
@@ -436,7 +486,7 @@ Status CpuBackend::forward(const StepBatch& b) {
   const int64_t layer_bytes = kv_layer_bytes_;
   const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
 
-  const cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
+  cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
   // The activations of a packed product are quantized by the loop that produces them, each thread its
   // rows (cpu/kernels.h, quantize_for_packed): none waits while one thread quantizes them all.
   // pq: the consumer's weight (null: it quantizes for itself); extra work per row for for_rows.
@@ -481,6 +531,7 @@ Status CpuBackend::forward(const StepBatch& b) {
     const LayerPacked& P = packed_[l];
     cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);  // pq: the loop before quantized xn_
     sw.lap(pf.matmul_s);
+    side_ = mms.side = nullptr;  // the last products that carry this layer's K/V prefetch
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
     for_rows(T, 4 * (qd + kvd), [&](int r0, int r1) {
@@ -568,6 +619,8 @@ Status CpuBackend::forward(const StepBatch& b) {
       sw.lap(pf.other_s);
     }
 
+    if (!last) arm_kv_prefetch(l + 1, n);
+    mms.side = side_;
     matmul(L.wo, P.wo, ar, n, qd, tmp_.data(), H_);
     sw.lap(pf.matmul_s);
     const cpu::MatmulJob gate_up[2] = {{&L.w_gate, &P.w_gate, gate_.data(), I_}, {&L.w_up, &P.w_up, up_.data(), I_}};

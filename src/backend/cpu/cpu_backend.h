@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   void ensure_rows(int rows);
   void ensure_rope(int max_pos);
   void plan_attention(const StepBatch& batch);
+  // The products of layer `layer - 1` (and layer's Q/K/V) prefetch `layer`'s K/V blocks of this
+  // batch's sequences as they go (cpu/side_prefetch.h), when n_tok rows make them compute bound.
+  void arm_kv_prefetch(int layer, int n_tok);
   void matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx, float* y,
               int64_t ldy);
   // Runs fn(begin, end) over [0, n) rows: on the pool when the work is big enough to pay for the
@@ -125,6 +128,10 @@ class CpuBackend final : public Backend {
   std::vector<const int32_t*> seq_tables_;  // this batch's sequences' tables
   std::vector<int32_t> rows_;        // tokens whose logits are wanted: sample, score, then raw rows
   std::vector<float> logits_;        // rows_.size() x vocab, grown on demand
+  bool kv_prefetch_ = true;          // SS_CPU_KV_PREFETCH=0 turns arm_kv_prefetch off (A/B runs)
+  std::vector<cpu::SideRange> side_ranges_;
+  std::vector<cpu::SideCursor> side_cursors_;  // one per pool thread
+  cpu::SideCursor* side_ = nullptr;            // armed: the products prefetch these cursors' lines
   std::vector<RowSampler> samplers_; // one per pool thread
 };
 

@@ -462,11 +462,13 @@ void matmul_multi(const MatmulJob* jobs, int n_jobs, const float* x, int n_tok, 
   const int64_t total = first[n_jobs];
   auto products = [&](int t) {
     const int64_t g0 = total * t / nt, g1 = total * (t + 1) / nt;
+    detail::QActs at = a, at1 = a1;
+    at.side = at1.side = scratch.side ? scratch.side + t : nullptr;
     for (int j = 0; j < n_jobs; ++j) {
       const int64_t b = std::max(g0, first[j]), e = std::min(g1, first[j + 1]);
       if (b < e)
-        rows_packed(*jobs[j].P, act_zero_point(jobs[j].P->type) == c0 ? a : a1, jobs[j].y, jobs[j].ldy, b - first[j],
-                    e - first[j]);
+        rows_packed(*jobs[j].P, act_zero_point(jobs[j].P->type) == c0 ? at : at1, jobs[j].y, jobs[j].ldy,
+                    b - first[j], e - first[j]);
     }
   };
   if (prequantized || n_tok * W0.cols() < kParallelQuantize) {  // a few tokens: the caller quantizes, no barrier

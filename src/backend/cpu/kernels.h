@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "backend/cpu/side_prefetch.h"
 #include "common/thread_pool.h"
 #include "model/model.h"
 
@@ -36,9 +37,12 @@ void clear_forced_amx();   // back to the default (SS_CPU_AMX, else on where ava
 // Scratch holds the quantized activations; size it at start-up from the largest (type, cols, n_tok)
 // used (the size grows with cols and n_tok; 0 for float weights). matmul allocates nothing and aborts
 // with a message if the scratch is smaller than matmul_scratch_bytes.
+// side: one cursor per pool thread (index = the pool's thread index) whose lines the packed products
+// prefetch as they go, for the operation after them (side_prefetch.h); null: none.
 struct MatmulScratch {
   void* buf = nullptr;
   size_t bytes = 0;
+  SideCursor* side = nullptr;
 };
 size_t matmul_scratch_bytes(model::DType wtype, int64_t cols, int n_tok);
 

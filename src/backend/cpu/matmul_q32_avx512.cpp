@@ -312,7 +312,8 @@ void rows_t(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
 template <DType T, int NT, int NG>
 [[gnu::always_inline]] inline void packed_tokens(const uint8_t* gp, int64_t group_bytes, int64_t nb, int block_bytes,
                                                  const QActs& a, int t0, float* y, int64_t ldy, int64_t o0,
-                                                 __mmask16 keep_last, const uint8_t* pf, int64_t pf_lines) {
+                                                 __mmask16 keep_last, const uint8_t* pf, int64_t pf_lines,
+                                                 const SideSpread& side) {
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
   // Few chains (NG x NT) split each block's integer sum over two (an exact integer add joins them) so
@@ -336,6 +337,7 @@ template <DType T, int NT, int NG>
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t l = b * pf_per_block, le = std::min(l + pf_per_block, pf_lines); l < le; ++l)
       prefetch_next_weights(pf + 64 * l, F.nib ? 1 : a.n_tok);  // nibble types: L1 measured as good
+    side.at(b, [](const char* q) { __builtin_prefetch(q, 0, 2); });
     const uint8_t* p[NG];
     for (int g = 0; g < NG; ++g) p[g] = gp + g * group_bytes + b * block_bytes;
     __m512i isum[NG][NT][C];
@@ -422,8 +424,14 @@ void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
   const int passes = (a.n_tok + KT - 1) / KT;
   for (int pass = 0, t = 0; t < a.n_tok; ++pass, t += KT) {
     const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
+    SideSpread side;
+    if (a.side) {
+      const char* sp = nullptr;
+      const int64_t sn = a.side->take(int64_t{a.side->per_block} * NG * nb, &sp);
+      side = SideSpread(sp, sn, nb);
+    }
     with_tokens<KT>(std::min(KT, a.n_tok - t), [&]<int NT>() {
-      packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0);
+      packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0, side);
     });
   }
 }

@@ -707,10 +707,39 @@ TEST_F(DefaultModel, Q8KvCacheMatchesTransformers) {
   EXPECT_TRUE(bit_equal(c_alone, both[1]));
 }
 
-// One decode step of every reference prompt at once (each prompt's earlier tokens cached by its own
-// prefill, blocks of different prompts interleaved), with 1 and 2 threads: many decode rows take the
-// attention path that reads several KV heads per block together (ops attention_token), few rows the
-// per-group path; either way each prompt's last logits are those of its one-batch prefill, bit for bit.
+// One decode step of `n_seqs` sequences (sequence s holds reference prompt s % prompts, its earlier
+// tokens cached by its own prefill, blocks of different sequences interleaved): each sequence's last
+// logits must be those of its one-batch prefill, bit for bit.
+void expect_decode_of_many_matches_prefill(Backend& be, int V, const std::vector<Prompt>& prompts, int n_seqs) {
+  const int np = static_cast<int>(prompts.size());
+  std::vector<std::vector<int32_t>> tables(n_seqs);
+  for (int s = 0; s < n_seqs; ++s)
+    for (int j = 0; j < 8; ++j) tables[s].push_back(j * n_seqs + s);  // interleaved across sequences
+  Batch b;
+  b.block_tables = tables;
+  std::vector<std::vector<float>> alone(n_seqs);
+  for (int s = 0; s < n_seqs; ++s) {
+    const auto& ids = prompts[s % np].ids;
+    ASSERT_LE(ids.size(), 8u * 16u);
+    const int len = static_cast<int>(ids.size());
+    const auto full = step(be, V, ids, 0, len, tables[s]);  // fills the cache, then is the reference
+    alone[s].assign(full.end() - V, full.end());
+    b.tokens.push_back(ids[len - 1]);
+    b.positions.push_back(len - 1);
+    b.seq_index.push_back(s);
+    b.logits_rows.push_back(s);
+  }
+  std::vector<float> out(static_cast<size_t>(n_seqs) * V);
+  const auto st = forward(be, b, out.data());  // rewrites each last slot with the same K/V
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (int s = 0; s < n_seqs; ++s)
+    EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(s) * V, alone[s].data(), sizeof(float) * V), 0)
+        << "sequence " << s << ": decode among " << n_seqs << " sequences differs from its prefill";
+}
+
+// Every reference prompt in one decode step, with 1 and 2 threads: many decode rows take the attention
+// path that reads several KV heads per block together (ops attention_token), few rows the per-group
+// path; either way the bits are those of each prompt's prefill.
 TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
   const int n = static_cast<int>(prompts_.size());
   ASSERT_GE(n, 5);
@@ -718,29 +747,26 @@ TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
     SCOPED_TRACE(testing::Message() << threads << " threads");
     auto be = make_backend(*model_, 8 * n, threads, 16, KvType::F16);
     ASSERT_NE(be, nullptr);
-    std::vector<std::vector<int32_t>> tables(n);
-    for (int s = 0; s < n; ++s)
-      for (int j = 0; j < 8; ++j) tables[s].push_back(j * n + s);  // interleaved across prompts
-    Batch b;
-    b.block_tables = tables;
-    std::vector<std::vector<float>> alone(n);
-    for (int s = 0; s < n; ++s) {
-      const auto& ids = prompts_[s].ids;
-      ASSERT_LE(ids.size(), 8u * 16u);
-      const int len = static_cast<int>(ids.size());
-      const auto full = step(*be, V_, ids, 0, len, tables[s]);  // fills the cache, then is the reference
-      alone[s].assign(full.end() - V_, full.end());
-      b.tokens.push_back(ids[len - 1]);
-      b.positions.push_back(len - 1);
-      b.seq_index.push_back(s);
-      b.logits_rows.push_back(s);
-    }
-    std::vector<float> out(static_cast<size_t>(n) * V_);
-    const auto st = forward(*be, b, out.data());  // rewrites each last slot with the same K/V
-    ASSERT_TRUE(st.ok()) << st.message();
-    for (int s = 0; s < n; ++s)
-      EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(s) * V_, alone[s].data(), sizeof(float) * V_), 0)
-          << "prompt " << s << ": decode among " << n << " sequences differs from its prefill";
+    expect_decode_of_many_matches_prefill(*be, V_, prompts_, n);
+  }
+}
+
+// 16 decode rows make the products compute bound, so they prefetch the next layer's K/V as they go
+// (cpu/side_prefetch.h): the profile must show it armed, and the bits must still be each prefill's;
+// with SS_CPU_KV_PREFETCH=0 nothing is armed and the bits are the same.
+TEST_F(DefaultModel, KvPrefetchDuringProductsKeepsDecodeBitIdentical) {
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "prefetch on" : "SS_CPU_KV_PREFETCH=0");
+    if (!on) setenv("SS_CPU_KV_PREFETCH", "0", 1);
+    auto be = make_backend(*model_, 8 * 16, 2, 16, KvType::F16);
+    unsetenv("SS_CPU_KV_PREFETCH");
+    ASSERT_NE(be, nullptr);
+    be->set_profiling(true);
+    expect_decode_of_many_matches_prefill(*be, V_, prompts_, 16);
+    if (on)
+      EXPECT_GT(be->profile().prefetched_kv_bytes, 0);
+    else
+      EXPECT_EQ(be->profile().prefetched_kv_bytes, 0);
   }
 }
 
