@@ -429,6 +429,12 @@ void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
     c.per_block = per_block;
   }
   side_ = side_cursors_.data();
+  if (std::getenv("SS_DBG_TOUCH")) {
+    char sink = 0;
+    for (auto& r : side_ranges_) for (int64_t i = 0; i < r.lines; ++i) sink ^= r.p[64 * i];
+    asm volatile("" : : "r"(sink));
+    side_ = nullptr;
+  }
   if (profiling_) profile_.prefetched_kv_bytes += total * 64;
 }
 

@@ -337,7 +337,7 @@ template <DType T, int NT, int NG>
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t l = b * pf_per_block, le = std::min(l + pf_per_block, pf_lines); l < le; ++l)
       prefetch_next_weights(pf + 64 * l, F.nib ? 1 : a.n_tok);  // nibble types: L1 measured as good
-    side.at(b, [](const char* q) { __builtin_prefetch(q, 0, 2); });
+    side.at(b, side_prefetch_line);
     const uint8_t* p[NG];
     for (int g = 0; g < NG; ++g) p[g] = gp + g * group_bytes + b * block_bytes;
     __m512i isum[NG][NT][C];

@@ -182,7 +182,7 @@ void block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int64_
     }
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = gp + b * kBlock;
-      side.at(b, [](const char* q) { __builtin_prefetch(q, 0, 2); });
+      side.at(b, side_prefetch_line);
       __m256i lo[4], hi[4];
       if constexpr (F.nib) {
         [[maybe_unused]] const __m256i hb =

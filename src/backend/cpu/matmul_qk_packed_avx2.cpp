@@ -42,7 +42,7 @@ template <DType T, int NT>
   const __m256i low4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
-    side.at(sb, [](const char* q) { __builtin_prefetch(q, 0, 2); });
+    side.at(sb, side_prefetch_line);
     __m256i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm256_setzero_si256();
     if constexpr (T == DType::Q6_K) {  // as matmul_qk_packed_avx512.cpp: chunk c = 4j + u of sub-block j

@@ -49,7 +49,7 @@ template <DType T, int NT>
     if (pf) {  // to L2 for any token count (prefetch_next_weights with n_tok 2: kernels_internal.h)
       for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, 2);
     }
-    side.at(sb, [](const char* q) { __builtin_prefetch(q, 0, 2); });
+    side.at(sb, side_prefetch_line);
     __m512i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm512_setzero_si512();
     if constexpr (T == DType::Q4_K || T == DType::Q5_K) {

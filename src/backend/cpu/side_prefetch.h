@@ -41,6 +41,17 @@ struct SideCursor {
   }
 };
 
+// One line to L2 (prefetcht1), as an asm statement the compiler keeps where it is written. Written as
+// __builtin_prefetch in SideSpread::at's callers, the lines were issued (the object has the
+// instructions) but attention did not gain in two A/B runs at 16 streams; as asm it gains ~1 ms.
+[[gnu::always_inline]] inline void side_prefetch_line(const char* q) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetcht1 (%0)" : : "r"(q));
+#else
+  __builtin_prefetch(q, 0, 2);
+#endif
+}
+
 // Lines [0, n) at p spread over `steps` steps: those of step s (the caller prefetches them to L2).
 struct SideSpread {
   const char* p = nullptr;
