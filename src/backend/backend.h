@@ -120,7 +120,7 @@ struct StepProfile {
   double other_s = 0;      // embedding, RMSNorm + residual, SwiGLU, gathers, validation, sampling
   int64_t forwards = 0;
   int64_t tokens = 0;
-  int64_t prefetched_kv_bytes = 0;  // CPU: K/V prefetched by the products for the attention after them
+  int64_t prefetched_kv_bytes = 0;  // CPU: K/V lines the products prefetched for the attention after them
   double total() const { return matmul_s + lm_head_s + attention_s + rope_kv_s + other_s; }
 };
 

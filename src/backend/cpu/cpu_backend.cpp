@@ -350,7 +350,7 @@ void CpuBackend::plan_attention(const StepBatch& b) {
   for (int s = 0; s < S; ++s) seq_start_[s + 1] = seq_start_[s] + seq_count_[s];
   for (int s = 0; s < S; ++s) seq_count_[s] = seq_start_[s];  // reuse as fill cursor
   for (int i = 0; i < T; ++i) order_[seq_count_[b.seq_index[i]]++] = i;
-  seq_max_pos_.assign(S, 0);
+  seq_max_pos_.assign(S, -1);  // -1: a sequence with no token in this batch (attends nothing)
   for (int i = 0; i < T; ++i) seq_max_pos_[b.seq_index[i]] = std::max(seq_max_pos_[b.seq_index[i]], b.positions[i]);
 
   tiles_.clear();
@@ -388,7 +388,7 @@ void CpuBackend::plan_attention(const StepBatch& b) {
 }
 
 void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
-  side_ = nullptr;
+  disarm_kv_prefetch();
   if (!kv_prefetch_ || layer <= 0 || layer >= cfg_.n_layers) return;
   const int bs = kv_.block_size;
   const char* base = reinterpret_cast<const char*>(kv_cache_.data()) + 2 * layer * kv_layer_bytes_;
@@ -409,7 +409,7 @@ void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
   side_ranges_.clear();
   int64_t taken = 0;
   for (size_t s = 0; s < seq_tables_.size() && taken + lines <= budget; ++s)
-    for (int j = 0; j <= seq_max_pos_[s] / bs && taken + lines <= budget; ++j, taken += lines)
+    for (int j = 0; seq_max_pos_[s] >= 0 && j <= seq_max_pos_[s] / bs && taken + lines <= budget; ++j, taken += lines)
       side_ranges_.push_back({base + static_cast<int64_t>(seq_tables_[s][j]) * block_bytes, lines});
   if (side_ranges_.empty()) return;
   // Lines a pass of 16 rows x 32 columns: enough that each thread's share is done by about two thirds
@@ -417,7 +417,7 @@ void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
   // passes of 4 rows (the kernels run 4 or 8).
   const int nt = pool_.size();
   const int64_t H = H_, I = I_, qd = int64_t{nh_} * hd_, kvd = int64_t{nkv_} * hd_;
-  const int64_t units = (H * qd + 3 * H * I + H * (qd + 2 * kvd)) / (16 * 32) * ((n_tok + 3) / 4);
+  const int64_t units = std::max<int64_t>(1, (H * qd + 3 * H * I + H * (qd + 2 * kvd)) / (16 * 32) * ((n_tok + 3) / 4));
   const int64_t total = static_cast<int64_t>(side_ranges_.size()) * lines;
   const int per_block = static_cast<int>(std::clamp<int64_t>((3 * total + 2 * units - 1) / (2 * units), 1, 16));
   side_cursors_.assign(nt, {});
@@ -429,13 +429,13 @@ void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
     c.per_block = per_block;
   }
   side_ = side_cursors_.data();
-  if (std::getenv("SS_DBG_TOUCH")) {
-    char sink = 0;
-    for (auto& r : side_ranges_) for (int64_t i = 0; i < r.lines; ++i) sink ^= r.p[64 * i];
-    asm volatile("" : : "r"(sink));
-    side_ = nullptr;
-  }
-  if (profiling_) profile_.prefetched_kv_bytes += total * 64;
+}
+
+void CpuBackend::disarm_kv_prefetch() {
+  if (!side_) return;
+  if (profiling_)
+    for (const cpu::SideCursor& c : side_cursors_) profile_.prefetched_kv_bytes += 64 * c.taken;
+  side_ = nullptr;
 }
 
 Status CpuBackend::step(const StepBatch& b, StepOutput& out) {
@@ -537,7 +537,8 @@ Status CpuBackend::forward(const StepBatch& b) {
     const LayerPacked& P = packed_[l];
     cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);  // pq: the loop before quantized xn_
     sw.lap(pf.matmul_s);
-    side_ = mms.side = nullptr;  // the last products that carry this layer's K/V prefetch
+    disarm_kv_prefetch();  // the last products that carry this layer's K/V prefetch
+    mms.side = nullptr;
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
     for_rows(T, 4 * (qd + kvd), [&](int r0, int r1) {

@@ -54,6 +54,7 @@ class CpuBackend final : public Backend {
   // The products of layer `layer - 1` (and layer's Q/K/V) prefetch `layer`'s K/V blocks of this
   // batch's sequences as they go (cpu/side_prefetch.h), when n_tok rows make them compute bound.
   void arm_kv_prefetch(int layer, int n_tok);
+  void disarm_kv_prefetch();  // and counts the lines the products took (profile.prefetched_kv_bytes)
   void matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx, float* y,
               int64_t ldy);
   // Runs fn(begin, end) over [0, n) rows: on the pool when the work is big enough to pay for the

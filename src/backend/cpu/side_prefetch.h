@@ -24,6 +24,7 @@ struct SideCursor {
   const char* p = nullptr;
   int64_t left = 0;   // lines of the current range still to fetch
   int per_block = 0;  // lines per 16 rows x 32 columns of a pass
+  int64_t taken = 0;  // lines handed out so far (the kernels prefetch every one they take)
 
   // Up to `want` contiguous lines to prefetch now, at *at (fewer at a range's end; 0 once done).
   int64_t take(int64_t want, const char** at) {
@@ -37,11 +38,12 @@ struct SideCursor {
     *at = p;
     p += 64 * n;
     left -= n;
+    taken += n;
     return n;
   }
 };
 
-// One line to L2 (prefetcht1), as an asm statement the compiler keeps where it is written. Written as
+// One line to L2 (prefetcht1), as an asm statement the compiler keeps, one per line. Written as
 // __builtin_prefetch in SideSpread::at's callers, the lines were issued (the object has the
 // instructions) but attention did not gain in two A/B runs at 16 streams; as asm it gains ~1 ms.
 [[gnu::always_inline]] inline void side_prefetch_line(const char* q) {

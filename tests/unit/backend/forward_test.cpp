@@ -730,6 +730,7 @@ void expect_decode_of_many_matches_prefill(Backend& be, int V, const std::vector
     b.logits_rows.push_back(s);
   }
   std::vector<float> out(static_cast<size_t>(n_seqs) * V);
+  be.reset_profile();  // the profile of this decode step alone
   const auto st = forward(be, b, out.data());  // rewrites each last slot with the same K/V
   ASSERT_TRUE(st.ok()) << st.message();
   for (int s = 0; s < n_seqs; ++s)
@@ -752,21 +753,28 @@ TEST_F(DefaultModel, DecodeStepOfManySequencesIsBitIdenticalToPrefill) {
 }
 
 // 16 decode rows make the products compute bound, so they prefetch the next layer's K/V as they go
-// (cpu/side_prefetch.h): the profile must show it armed, and the bits must still be each prefill's;
-// with SS_CPU_KV_PREFETCH=0 nothing is armed and the bits are the same.
+// (cpu/side_prefetch.h). On every SIMD path the machine has and with both KV element types, the
+// profile of the decode step must show the kernels took lines of the stream, and the bits must still
+// be each prefill's; with SS_CPU_KV_PREFETCH=0 no line is taken and the bits are the same.
 TEST_F(DefaultModel, KvPrefetchDuringProductsKeepsDecodeBitIdentical) {
-  for (const bool on : {true, false}) {
-    SCOPED_TRACE(on ? "prefetch on" : "SS_CPU_KV_PREFETCH=0");
-    if (!on) setenv("SS_CPU_KV_PREFETCH", "0", 1);
-    auto be = make_backend(*model_, 8 * 16, 2, 16, KvType::F16);
-    unsetenv("SS_CPU_KV_PREFETCH");
-    ASSERT_NE(be, nullptr);
-    be->set_profiling(true);
-    expect_decode_of_many_matches_prefill(*be, V_, prompts_, 16);
-    if (on)
-      EXPECT_GT(be->profile().prefetched_kv_bytes, 0);
-    else
-      EXPECT_EQ(be->profile().prefetched_kv_bytes, 0);
+  for (const ss::cpu::Isa isa : {ss::cpu::Isa::Avx2, ss::cpu::Isa::Avx512}) {
+    if (isa > ss::cpu::detected_isa()) continue;
+    ss::cpu::force_isa(isa);
+    for (const KvType kv : {KvType::F16, KvType::Q8})
+      for (const bool on : {true, false}) {
+        SCOPED_TRACE(testing::Message() << ss::cpu::isa_name(isa) << ", KV " << ss::backend::kv_dtype_name(kv)
+                                        << (on ? ", prefetch on" : ", SS_CPU_KV_PREFETCH=0"));
+        if (!on) setenv("SS_CPU_KV_PREFETCH", "0", 1);
+        auto be = make_backend(*model_, 8 * 16, 2, 16, kv);
+        unsetenv("SS_CPU_KV_PREFETCH");
+        ASSERT_NE(be, nullptr);
+        be->set_profiling(true);
+        expect_decode_of_many_matches_prefill(*be, V_, prompts_, 16);
+        if (on)
+          EXPECT_GT(be->profile().prefetched_kv_bytes, 0);
+        else
+          EXPECT_EQ(be->profile().prefetched_kv_bytes, 0);
+      }
   }
 }
 
