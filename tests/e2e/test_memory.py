@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from test_server import API_KEY, Server, greedy_completion
+from test_server import API_KEY, Server, concurrent_greedy, greedy_completion
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -45,9 +45,11 @@ def test_pressure_levels_under_a_tiny_kv_pool(default_model, tmp_path):
                "--max-num-seqs", "16", "--max-num-batched-tokens", "64", "--max-prefill-tokens-with-decodes", "0",
                "--kv-host-bytes", str(64 << 20), "--kv-cache-ttl-ms", "400", "--memory-mode", "balanced")
     try:
-        with cf.ThreadPoolExecutor(len(prompts)) as ex:
-            got = list(ex.map(lambda p: greedy_completion(s, p, 24), prompts))
-        assert got == expect
+        assert concurrent_greedy(s, prompts, 24) == expect
+        # The level is set when a step is planned: one more request after the burst plans steps with
+        # the load gone (the burst's last step may still have seen a full pool).
+        greedy_completion(s, "After the burst.", 1)
+        assert s.wait_metric("selfserve_kv_cache_blocks_used", 0) == 0
         m = s.metrics()
         steps = {lvl: m[f'selfserve_memory_pressure_steps_total{{level="{lvl}"}}'] for lvl in range(4)}
         assert steps[3] > 0, steps
@@ -64,7 +66,9 @@ def test_pressure_levels_under_a_tiny_kv_pool(default_model, tmp_path):
         assert len(info) == 1 and 'mode="balanced"' in info[0] and 'kv_cache_ttl_ms="400"' in info[0], info
         assert 'kv_host_bytes="67108864"' in info[0]
         assert m["selfserve_memory_pressure_level"] == 0  # the load is gone
-        assert m["selfserve_kv_cache_blocks_used"] == 0
+        deadline = time.time() + 5  # logged by a 200 ms tick
+        while s.log_text().count("memory pressure level 3") == 0 and time.time() < deadline:
+            time.sleep(0.05)
         assert s.log_text().count("memory pressure level 3") == 1
         assert "memory mode balanced" in s.log_text()
     finally:
@@ -174,18 +178,28 @@ TINY_POOL = ["--num-kv-blocks", "40", "--max-num-seqs", "16", "--max-num-batched
              "--max-prefill-tokens-with-decodes", "0", "--memory-mode", "balanced"]
 
 
-def _burst_then_more(s, prompts, max_tokens=24):
+def _burst_lengths(prompts):
+    """Tokens each request of _burst_then_more asks for: the first half generates longer, so the pool
+    stays full (level 3) for a while after the second half is sent, even on a slow machine."""
+    half = len(prompts) // 2
+    return [96] * half + [24] * (len(prompts) - half)
+
+
+def _burst_then_more(s, prompts):
     """All prompts concurrent: the first half at once, the second half once the primary reports level 3
     (a burst that lands before the primary's first steps finds it at level 0, and goes to it whole)."""
     half = len(prompts) // 2
+    lengths = _burst_lengths(prompts)
+    clients = [s.client() for _ in prompts]  # made first: a client takes tens of ms to make
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
-        first = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[:half]]
+        first = [ex.submit(greedy_completion, s, p, n, c) for p, n, c in zip(prompts[:half], lengths, clients)]
         deadline = time.time() + 120
         while s.metric("selfserve_memory_pressure_level") < 3:
             assert time.time() < deadline, "the primary never reached level 3"
             assert not all(f.done() for f in first), "the first half finished without filling the pool"
             time.sleep(0.02)
-        rest = [ex.submit(greedy_completion, s, p, max_tokens) for p in prompts[half:]]
+        rest = [ex.submit(greedy_completion, s, p, n, c)
+                for p, n, c in zip(prompts[half:], lengths[half:], clients[half:])]
         return [f.result() for f in first + rest]
 
 
@@ -200,7 +214,7 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
     ref = Server(tmp_path, "roomy", "--model", default_model, "--api-key", API_KEY, "--max-num-seqs", "8",
                  "--kv-cache-mib", "256", "--cpu-fallback", "on")
     try:
-        expect = [greedy_completion(ref, p, 24) for p in prompts]
+        expect = [greedy_completion(ref, p, n) for p, n in zip(prompts, _burst_lengths(prompts))]
         m = ref.metrics()
         assert m['selfserve_memory_pressure_steps_total{level="3"}'] == 0
         assert m["selfserve_cpu_fallback_requests_total"] == 0  # configured, never needed
@@ -213,6 +227,7 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
     try:
         got = _burst_then_more(s, prompts)
         assert got == expect
+        s.wait_metric("selfserve_cpu_fallback_requests_running", 0)  # /metrics may lag a step
         m = s.metrics()
         steps = {lvl: m[f'selfserve_memory_pressure_steps_total{{level="{lvl}"}}'] for lvl in range(4)}
         assert steps[3] > 0, steps

@@ -277,14 +277,19 @@ def test_a_refused_request_is_an_error_span(traced, collector):
 
 def test_preemptions_in_the_timeline_and_the_spans(default_model, tmp_path, collector):
     # A KV cache too small for the load (as test_server.py's tiny server): requests are preempted.
-    s = Server(tmp_path, "tiny", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "20",
+    # Each request needs 7 blocks of 16 by its end, the pool holds 16: any three that overlap run out;
+    # they leave together from a barrier, so a slow machine cannot run them one after another.
+    s = Server(tmp_path, "tiny", "--model", default_model, "--api-key", API_KEY, "--num-kv-blocks", "16",
                "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--otlp-traces-endpoint", collector.url)
     try:
+        start = threading.Barrier(6)
+
         def one(i):
             tid = secrets.token_hex(16)
+            start.wait()
             r = post(s, "/v1/completions",
                      {"model": s.model, "prompt": f"Story {i}: the little robot walked into the forest and",
-                      "max_tokens": 40, "temperature": 0, "ignore_eos": True, "include_timeline": True},
+                      "max_tokens": 96, "temperature": 0, "ignore_eos": True, "include_timeline": True},
                      {"traceparent": f"00-{tid}-{secrets.token_hex(8)}-01"})
             assert r.status_code == 200, r.text
             return tid, r.json()["usage"]["timeline"][0]
@@ -355,8 +360,9 @@ def test_dead_and_hanging_collectors_do_not_slow_serving(traced, default_model, 
         # Interleaved rounds: each server answers the same request in turn, so load and noise fall
         # on all three alike (this machine is shared: medians, and a generous bound).
         times = {"healthy": [], "dead": [], "hung": []}
-        for _ in range(12):
-            for name, s in (("healthy", traced), ("dead", dead), ("hung", hung)):
+        order = [("healthy", traced), ("dead", dead), ("hung", hung)]
+        for i in range(12):
+            for name, s in order[i % 3:] + order[:i % 3]:  # each server first in turn: no seat is favoured
                 times[name].append(_timed_completion(s))
         med = {k: statistics.median(v) for k, v in times.items()}
         print("median latency (s):", {k: round(v, 4) for k, v in med.items()})

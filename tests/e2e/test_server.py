@@ -85,6 +85,15 @@ class Server:
         assert name in values, f"{name} not in /metrics"
         return values[name]
 
+    def wait_metric(self, name, want, timeout=10):
+        """The metric once it equals `want` (its last value after `timeout` s otherwise): the stats
+        snapshot behind /metrics is refreshed just after a step's tokens go out, so a read right after
+        a response can still show that step."""
+        deadline = time.time() + timeout
+        while (v := self.metric(name)) != want and time.time() < deadline:
+            time.sleep(0.02)
+        return v
+
     def stop(self, timeout=60):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -110,10 +119,26 @@ def chat_msgs(user, system="You are a helpful assistant."):
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def greedy_completion(srv, prompt, max_tokens=16, **extra):
-    r = srv.client().completions.create(model=srv.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                        extra_body={"ignore_eos": True, **extra})
+def greedy_completion(srv, prompt, max_tokens=16, client=None, **extra):
+    r = (client or srv.client()).completions.create(model=srv.model, prompt=prompt, max_tokens=max_tokens,
+                                                    temperature=0, extra_body={"ignore_eos": True, **extra})
     return r.choices[0].text
+
+
+def concurrent_greedy(srv, prompts, max_tokens):
+    """greedy_completion of every prompt at once, texts in order. The clients are made first and the
+    requests leave together from a barrier: making a client takes tens of ms of CPU under the GIL,
+    which on a loaded machine spread the arrivals of a plain thread pool out enough that requests
+    meant to overlap ran one after another."""
+    clients = [srv.client() for _ in prompts]
+    start = threading.Barrier(len(prompts))
+
+    def one(i):
+        start.wait()
+        return greedy_completion(srv, prompts[i], max_tokens, client=clients[i])
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(one, range(len(prompts))))
 
 
 # --- the happy paths with the official client ------------------------------------------------
@@ -994,20 +1019,9 @@ def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
     tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "16",
                   "--max-num-seqs", "8", "--max-num-batched-tokens", "256")
     try:
-        clients = [tiny.client() for _ in prompts]
-        start = threading.Barrier(len(prompts))
-
-        def one(i):
-            start.wait()
-            r = clients[i].completions.create(model=tiny.model, prompt=prompts[i], max_tokens=96, temperature=0,
-                                              extra_body={"ignore_eos": True})
-            return r.choices[0].text
-
-        with cf.ThreadPoolExecutor(len(prompts)) as ex:
-            got = list(ex.map(one, range(len(prompts))))
-        assert got == expect
+        assert concurrent_greedy(tiny, prompts, 96) == expect
         assert tiny.metric("selfserve_preemptions_total") > 0
-        assert tiny.metric("selfserve_kv_cache_blocks_used") == 0
+        assert tiny.wait_metric("selfserve_kv_cache_blocks_used", 0) == 0
     finally:
         assert tiny.stop() == 0
 
@@ -1107,8 +1121,16 @@ def test_overload_then_recovery_then_graceful_shutdown(srv, tmp_path):
                "--max-waiting", "1", "--shutdown-timeout", "20")
     try:
         body = {"model": s.model, "prompt": "Count slowly:", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        # One seat and one waiting place: of 8 requests that leave together (a barrier, so a slow machine
+        # cannot stagger them) and run 64 tokens each, the third must be refused.
+        start = threading.Barrier(8)
+
+        def one(_):
+            start.wait()
+            return requests.post(s.url + "/v1/completions", json={**body, "max_tokens": 64}, timeout=120)
+
         with cf.ThreadPoolExecutor(8) as ex:
-            rs = list(ex.map(lambda _: requests.post(s.url + "/v1/completions", json=body, timeout=120), range(8)))
+            rs = list(ex.map(one, range(8)))
         codes = sorted(r.status_code for r in rs)
         assert 429 in codes and 200 in codes, codes
         for r in rs:
@@ -1126,7 +1148,9 @@ def test_overload_then_recovery_then_graceful_shutdown(srv, tmp_path):
                 if line.startswith(b"data: "):
                     break
             s.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            deadline = time.time() + 5  # the signal is handled by the server's own thread, soon
+            while requests.get(s.url + "/health", timeout=5).status_code != 503 and time.time() < deadline:
+                time.sleep(0.05)
             assert requests.get(s.url + "/health", timeout=5).status_code == 503
             assert requests.post(s.url + "/v1/completions", json=body, timeout=5).status_code == 503
             rest = [l for l in lines if l.startswith(b"data: ")]
