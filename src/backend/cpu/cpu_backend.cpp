@@ -288,8 +288,7 @@ void CpuBackend::ensure_rope(int len) {
 
 void CpuBackend::matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx,
                         float* y, int64_t ldy) {
-  cpu::MatmulScratch s{mm_scratch_.data(), mm_scratch_.size(), side_};
-  cpu::matmul(W, P, x, n, ldx, y, ldy, s, pool_);
+  cpu::matmul(W, P, x, n, ldx, y, ldy, mm_scratch(), pool_);
 }
 
 template <class Fn>
@@ -492,7 +491,6 @@ Status CpuBackend::forward(const StepBatch& b) {
   const int64_t layer_bytes = kv_layer_bytes_;
   const int64_t block_bytes = 2 * layer_bytes * cfg_.n_layers;
 
-  cpu::MatmulScratch mms{mm_scratch_.data(), mm_scratch_.size()};
   // The activations of a packed product are quantized by the loop that produces them, each thread its
   // rows (cpu/kernels.h, quantize_for_packed): none waits while one thread quantizes them all.
   // pq: the consumer's weight (null: it quantizes for itself); extra work per row for for_rows.
@@ -507,7 +505,7 @@ Status CpuBackend::forward(const StepBatch& b) {
     return cpu::packed_path(jobs, n_jobs) ? jobs[0].W : nullptr;
   };
   auto quantize_rows = [&](const model::Tensor* pq, const float* x, int64_t ldx, int n, int r0, int r1) {
-    if (pq) cpu::quantize_for_packed(pq->type, pq->cols(), x, ldx, n, r0, r1, mms);
+    if (pq) cpu::quantize_for_packed(pq->type, pq->cols(), x, ldx, n, r0, r1, mm_scratch());
   };
   constexpr int64_t kQuantizeWork = 4;  // per value, in for_rows' units
   cpu::MatmulJob qkv[3];  // the current layer's (the previous layer's end fills in the next one's)
@@ -535,10 +533,9 @@ Status CpuBackend::forward(const StepBatch& b) {
     unsigned char* vc = kc + layer_bytes;
 
     const LayerPacked& P = packed_[l];
-    cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mms, pool_, pq != nullptr);  // pq: the loop before quantized xn_
+    cpu::matmul_multi(qkv, 3, xn_.data(), T, H_, mm_scratch(), pool_, pq != nullptr);  // pq: the loop before quantized xn_
     sw.lap(pf.matmul_s);
     disarm_kv_prefetch();  // the last products that carry this layer's K/V prefetch
-    mms.side = nullptr;
 
     // Bias, q/k norm, RoPE (q pre-scaled by 1/sqrt(hd)), then K/V into their cache slots.
     for_rows(T, 4 * (qd + kvd), [&](int r0, int r1) {
@@ -627,7 +624,6 @@ Status CpuBackend::forward(const StepBatch& b) {
     }
 
     if (!last) arm_kv_prefetch(l + 1, n);
-    mms.side = side_;
     matmul(L.wo, P.wo, ar, n, qd, tmp_.data(), H_);
     sw.lap(pf.matmul_s);
     const cpu::MatmulJob gate_up[2] = {{&L.w_gate, &P.w_gate, gate_.data(), I_}, {&L.w_up, &P.w_up, up_.data(), I_}};
@@ -639,7 +635,7 @@ Status CpuBackend::forward(const StepBatch& b) {
       quantize_rows(pq, xn_.data(), H_, n, r0, r1);
     });
     sw.lap(pf.other_s);
-    cpu::matmul_multi(gate_up, 2, xn_.data(), n, H_, mms, pool_, pq != nullptr);
+    cpu::matmul_multi(gate_up, 2, xn_.data(), n, H_, mm_scratch(), pool_, pq != nullptr);
     sw.lap(pf.matmul_s);
     const cpu::MatmulJob down{&L.w_down, &P.w_down, tmp_.data(), H_};
     pq = packed_weight(&down, 1);
@@ -649,7 +645,7 @@ Status CpuBackend::forward(const StepBatch& b) {
       quantize_rows(pq, gate_.data(), I_, n, r0, r1);
     });
     sw.lap(pf.other_s);
-    cpu::matmul_multi(&down, 1, gate_.data(), n, I_, mms, pool_, pq != nullptr);
+    cpu::matmul_multi(&down, 1, gate_.data(), n, I_, mm_scratch(), pool_, pq != nullptr);
     sw.lap(pf.matmul_s);
     // Residual, then the next RMSNorm (the next layer's, or the final one before lm_head).
     const float* next_norm = last ? output_norm_.data() : layer_consts_[l + 1].attn_norm.data();
@@ -669,7 +665,7 @@ Status CpuBackend::forward(const StepBatch& b) {
   }
 
   if (R > 0) {
-    cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mms, pool_, pq != nullptr);  // pq: the last loop's, for head
+    cpu::matmul_multi(&head, 1, xn_.data(), R, H_, mm_scratch(), pool_, pq != nullptr);  // pq: the last loop's, for head
     sw.lap(pf.lm_head_s);
   }
   return {};

@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
   // batch's sequences as they go (cpu/side_prefetch.h), when n_tok rows make them compute bound.
   void arm_kv_prefetch(int layer, int n_tok);
   void disarm_kv_prefetch();  // and counts the lines the products took (profile.prefetched_kv_bytes)
+  // The products' scratch, with the armed K/V prefetch cursors (null when none is armed).
+  cpu::MatmulScratch mm_scratch() { return {mm_scratch_.data(), mm_scratch_.size(), side_}; }
   void matmul(const model::Tensor& W, const cpu::PackedMatrix& P, const float* x, int n, int64_t ldx, float* y,
               int64_t ldy);
   // Runs fn(begin, end) over [0, n) rows: on the pool when the work is big enough to pay for the

@@ -337,7 +337,7 @@ template <DType T, int NT, int NG>
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t l = b * pf_per_block, le = std::min(l + pf_per_block, pf_lines); l < le; ++l)
       prefetch_next_weights(pf + 64 * l, F.nib ? 1 : a.n_tok);  // nibble types: L1 measured as good
-    side.at(b, side_prefetch_line);
+    side.at(b);
     const uint8_t* p[NG];
     for (int g = 0; g < NG; ++g) p[g] = gp + g * group_bytes + b * block_bytes;
     __m512i isum[NG][NT][C];
@@ -424,12 +424,7 @@ void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
   const int passes = (a.n_tok + KT - 1) / KT;
   for (int pass = 0, t = 0; t < a.n_tok; ++pass, t += KT) {
     const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
-    SideSpread side;
-    if (a.side) {
-      const char* sp = nullptr;
-      const int64_t sn = a.side->take(int64_t{a.side->per_block} * NG * nb, &sp);
-      side = SideSpread(sp, sn, nb);
-    }
+    const SideSpread side = side_take(a.side, NG * nb, nb);
     with_tokens<KT>(std::min(KT, a.n_tok - t), [&]<int NT>() {
       packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0, side);
     });

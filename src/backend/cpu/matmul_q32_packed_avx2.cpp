@@ -174,15 +174,11 @@ void block_outer(const uint8_t* gp, int64_t nb, const QActs& a, float* y, int64_
   for (int t0 = 0; t0 < a.n_tok; t0 += kChunkTokens) {
     const int nt = std::min(kChunkTokens, a.n_tok - t0);
     for (int i = 0; i < nt; ++i) _mm256_store_ps(accb[i], _mm256_setzero_ps());
-    SideSpread side;
-    if (a.side) {  // per_block lines per 16 rows x 4 tokens of a block: 8 rows x nt tokens here
-      const char* sp = nullptr;
-      const int64_t sn = a.side->take((int64_t{a.side->per_block} * nb * nt + 7) / 8, &sp);
-      side = SideSpread(sp, sn, nb);
-    }
+    // per_block lines per 16 rows x 4 tokens of a block: 8 rows x nt tokens here
+    const SideSpread side = side_take(a.side, (nb * nt + 7) / 8, nb);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = gp + b * kBlock;
-      side.at(b, side_prefetch_line);
+      side.at(b);
       __m256i lo[4], hi[4];
       if constexpr (F.nib) {
         [[maybe_unused]] const __m256i hb =

@@ -42,7 +42,7 @@ template <DType T, int NT>
   const __m256i low4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
-    side.at(sb, side_prefetch_line);
+    side.at(sb);
     __m256i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm256_setzero_si256();
     if constexpr (T == DType::Q6_K) {  // as matmul_qk_packed_avx512.cpp: chunk c = 4j + u of sub-block j
@@ -270,12 +270,8 @@ void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
     for (int h = 0; h < 2 && 8 * h < nr; ++h)
       for (int t = 0; t < a.n_tok; t += kTokens<T>) {
         const int nt = std::min(kTokens<T>, a.n_tok - t);
-        SideSpread side;
-        if (a.side) {  // per_block lines per 16 rows x 4 tokens of 32 columns: 8 rows x nt tokens of 256 here
-          const char* sp = nullptr;
-          const int64_t sn = a.side->take(int64_t{a.side->per_block} * nt * nsb, &sp);
-          side = SideSpread(sp, sn, nsb);
-        }
+        // per_block lines per 16 rows x 4 tokens of 32 columns: 8 rows x nt tokens of 256 here
+        const SideSpread side = side_take(a.side, int64_t{nt} * nsb, nsb);
         with_tokens<kTokens<T>>(nt, [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, h, nr, side); });
       }
   }

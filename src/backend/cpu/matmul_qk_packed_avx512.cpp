@@ -49,7 +49,7 @@ template <DType T, int NT>
     if (pf) {  // to L2 for any token count (prefetch_next_weights with n_tok 2: kernels_internal.h)
       for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, 2);
     }
-    side.at(sb, side_prefetch_line);
+    side.at(sb);
     __m512i isum[NT], off[NT];
     for (int i = 0; i < NT; ++i) isum[i] = off[i] = _mm512_setzero_si512();
     if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
@@ -263,12 +263,7 @@ void rows_packed_kt(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy
     const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1);
     for (int t = 0; t < a.n_tok; t += kTokens<T>) {
       const uint8_t* pf = t == 0 && g + 1 < g1 ? gp + P.group_bytes : nullptr;  // the first pass fetches ahead
-      SideSpread side;
-      if (a.side) {  // a super-block is 8 blocks of 32
-        const char* sp = nullptr;
-        const int64_t sn = a.side->take(int64_t{a.side->per_block} * 8 * nsb, &sp);
-        side = SideSpread(sp, sn, nsb);
-      }
+      const SideSpread side = side_take(a.side, 8 * nsb, nsb);  // a super-block is 8 blocks of 32
       with_tokens<kTokens<T>>(std::min(kTokens<T>, a.n_tok - t),
                            [&]<int NT>() { packed_k_tokens<T, NT>(gp, nsb, a, t, y, ldy, o0, keep, pf, side); });
     }

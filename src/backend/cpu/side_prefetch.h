@@ -13,8 +13,28 @@
 namespace ss::cpu {
 
 struct SideRange {
-  const char* p;  // 64-byte aligned
+  const char* p;  // the first line
   int64_t lines;
+};
+
+// One line to L2 (prefetcht1), as an asm statement the compiler keeps, one per line. Written as
+// __builtin_prefetch (in a lambda the kernels passed), the instructions were in the objects but
+// attention did not gain in two A/B runs at 16 streams; as asm it gains ~1 ms.
+[[gnu::always_inline]] inline void side_prefetch_line(const char* q) {
+#if defined(__x86_64__)
+  __asm__ volatile("prefetcht1 (%0)" : : "r"(q));
+#else
+  __builtin_prefetch(q, 0, 2);
+#endif
+}
+
+// Lines [0, n) at p spread over a kernel loop's steps: at(s) prefetches step s's share to L2.
+struct SideSpread {
+  const char* p = nullptr;
+  int64_t n = 0, per_step = 0;
+  [[gnu::always_inline]] void at(int64_t s) const {
+    for (int64_t l = s * per_step, e = l + per_step < n ? l + per_step : n; l < e; ++l) side_prefetch_line(p + 64 * l);
+  }
 };
 
 // One thread's share of the side stream: the ranges [next, end) not yet started and the current one.
@@ -26,44 +46,26 @@ struct SideCursor {
   int per_block = 0;  // lines per 16 rows x 32 columns of a pass
   int64_t taken = 0;  // lines handed out so far (the kernels prefetch every one they take)
 
-  // Up to `want` contiguous lines to prefetch now, at *at (fewer at a range's end; 0 once done).
-  int64_t take(int64_t want, const char** at) {
+  // Up to `want` contiguous lines (fewer at a range's end; none once done), spread over `steps`.
+  SideSpread take(int64_t want, int64_t steps) {
     if (left == 0) {
-      if (next == end) return 0;
+      if (next == end) return {};
       p = next->p;
       left = next->lines;
       ++next;
     }
     const int64_t n = want < left ? want : left;
-    *at = p;
+    const SideSpread s{p, n, steps > 0 ? (n + steps - 1) / steps : 0};
     p += 64 * n;
     left -= n;
     taken += n;
-    return n;
+    return s;
   }
 };
 
-// One line to L2 (prefetcht1), as an asm statement the compiler keeps, one per line. Written as
-// __builtin_prefetch in SideSpread::at's callers, the lines were issued (the object has the
-// instructions) but attention did not gain in two A/B runs at 16 streams; as asm it gains ~1 ms.
-[[gnu::always_inline]] inline void side_prefetch_line(const char* q) {
-#if defined(__x86_64__)
-  __asm__ volatile("prefetcht1 (%0)" : : "r"(q));
-#else
-  __builtin_prefetch(q, 0, 2);
-#endif
+// The spread of a kernel pass: `units` x per_block lines of c's stream over `steps` (none without c).
+inline SideSpread side_take(SideCursor* c, int64_t units, int64_t steps) {
+  return c ? c->take(units * c->per_block, steps) : SideSpread{};
 }
-
-// Lines [0, n) at p spread over `steps` steps: those of step s (the caller prefetches them to L2).
-struct SideSpread {
-  const char* p = nullptr;
-  int64_t n = 0, per_step = 0;
-  SideSpread() = default;
-  SideSpread(const char* p_, int64_t n_, int64_t steps) : p(p_), n(n_), per_step(steps > 0 ? (n_ + steps - 1) / steps : 0) {}
-  template <class F>
-  [[gnu::always_inline]] void at(int64_t s, F&& prefetch) const {
-    for (int64_t l = s * per_step, e = l + per_step < n ? l + per_step : n; l < e; ++l) prefetch(p + 64 * l);
-  }
-};
 
 }  // namespace ss::cpu
