@@ -9,12 +9,12 @@
 #      test_gpu (the attention tiles with and without split keys among them) and test_gpu_backend in
 #      full at the defaults (the device-loop tests one at a time), then test_gpu_backend with
 #      SS_CUDA_SPLIT_KEYS=1;
-#   2. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
-#      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench;
-#   3. the KV tiers' returning-turn TTFT at 8B (the arena registered: copies in place); tests/e2e
-#      against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
-#      calls before this one: tools/gpu/fetch_e2e_deps.sh); selfserve serve beside llama-server on
-#      the 8B file (bench_serve_vs_llamaserver.sh);
+#   2. tests/e2e against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
+#      calls before this one: tools/gpu/fetch_e2e_deps.sh); the KV tiers' returning-turn TTFT at 8B
+#      (the arena registered: copies in place);
+#   3. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
+#      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench; selfserve serve
+#      beside llama-server on the 8B file (bench_serve_vs_llamaserver.sh);
 #   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's tests, tiles vs rows
 #      at contexts 512 and 4096, serving at 1B, the row kernel's L2 prefetch, ncu on the row kernel,
 #      the host's CUDA calls per token, the 8B stage profile and llama.cpp at context 512, experiment
@@ -88,6 +88,20 @@ synth() {  # synth SHAPE DTYPE
 }
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
+# Issue 16: the whole OpenAI server on the GPU through the same e2e tests (build-gpu/selfserve
+# defaults to the GPU there). Needs the default model's pieces from two earlier calls and
+# .gpu-e2e-c carried now (tools/gpu/fetch_e2e_deps.sh).
+if [ -d .gpu-e2e-c ] && want 420 "e2e on the GPU"; then
+  timeout 600 tools/gpu/e2e_on_device.sh > "$RES/e2e.txt" 2>&1
+  stage "e2e on the GPU rc=$? $(tail -1 "$RES/e2e.txt") $(grep -E '^(FAILED|ERROR) ' "$RES/e2e.txt" | cut -c1-150 | head -12 | tr '\n' ';')"
+fi
+# Issue 18: returning-turn TTFT from the host and disk tiers at 8B, the tiers' arena now registered
+# with the CUDA backend (copies by DMA in place). Predicted (H100): host 0.099 -> ~0.035 s, 1.5x -> ~4x.
+if want 400 "KV tiers"; then
+  synth llama3-8b bf16
+  OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
+  stage "KV tiers rc=$? $(grep -hE 'reused|ratio|page-lock' "$RES/tiers.log" "$RES"/tiers/*.txt 2> /dev/null | tr -s ' ' | head -6 | tr '\n' ';' | cut -c1-600)"
+fi
 # Split keys against one warp a decode tile, 8B decode, interleaved: context 512 (twice) and 4096.
 # Predicted on the H200: batch-64 attention ~2.0 -> ~1.2 ms, the step 7.02 -> ~6.2 ms at context 512;
 # at 4096 on the H100, batch 64 19.4 -> ~16 ms.
@@ -131,20 +145,6 @@ if want 260 "8B context 8160"; then
       --device cuda --batch 16,32 --context 8160 --steps 32 --reps 2 > "$RES/long-8160-$cfg.txt" 2>&1
     stage "8B decode context 8160 $cfg rc=$? $(rowsof "$RES/long-8160-$cfg.txt")"
   done
-fi
-# Issue 16: the whole OpenAI server on the GPU through the same e2e tests (build-gpu/selfserve
-# defaults to the GPU there). Needs the default model's pieces from two earlier calls and
-# .gpu-e2e-c carried now (tools/gpu/fetch_e2e_deps.sh).
-if [ -d .gpu-e2e-c ] && want 420 "e2e on the GPU"; then
-  timeout 600 tools/gpu/e2e_on_device.sh > "$RES/e2e.txt" 2>&1
-  stage "e2e on the GPU rc=$? $(tail -1 "$RES/e2e.txt") $(grep -E '^(FAILED|ERROR) ' "$RES/e2e.txt" | cut -c1-150 | head -12 | tr '\n' ';')"
-fi
-# Issue 18: returning-turn TTFT from the host and disk tiers at 8B, the tiers' arena now registered
-# with the CUDA backend (copies by DMA in place). Predicted (H100): host 0.099 -> ~0.035 s, 1.5x -> ~4x.
-if want 400 "KV tiers"; then
-  synth llama3-8b bf16
-  OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
-  stage "KV tiers rc=$? $(grep -hE 'reused|ratio|page-lock' "$RES/tiers.log" "$RES"/tiers/*.txt 2> /dev/null | tr -s ' ' | head -6 | tr '\n' ';' | cut -c1-600)"
 fi
 # Issue 16's serving comparison at 8B: selfserve serve beside llama-server (no web UI) on the same
 # file, the default prompt mix, one round of a closed-loop sweep (1B measured 2026-12-05).
