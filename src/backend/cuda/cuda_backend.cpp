@@ -255,6 +255,13 @@ class CudaBackend final : public Backend {
   int64_t prof_forwards_ = 0, prof_tokens_ = 0;
   bool prof_active() const { return profile_env_ && profiling_; }
   bool pdl_ = true;  // fused kernels launched with programmatic dependent launch (overlap of prologues)
+  // The persistent decode kernel (kernels/mega.cu) for the fused path's steps, SS_CUDA_MEGA=1 (written
+  // without a GPU, opt-in until measured): bf16 weights, shapes mega_unsupported() takes. Not inside
+  // the device loop's graphs (a cooperative launch from a device-launched graph is not relied on).
+  bool mega_ = false, in_loop_ = false;
+  cuda::kern::MegaLayer* d_mega_layers_ = nullptr;
+  void* mega_work_ = nullptr;
+  cuda::kern::MegaDecode mega_args() const;
   bool loop_made_ = false;
   // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
   // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
@@ -464,11 +471,26 @@ Status CudaBackend::init() {
                              padded(sizeof(cuda::kern::LogitEdit) * kEditCap) + padded(4 * static_cast<size_t>(srows) * words_) +
                              padded(4 * R * (1 + kMaxTopLogprobs)) + padded(4 * R * kMaxTopLogprobs)
                        : 0;
+  {
+    const char* e = std::getenv("SS_CUDA_MEGA");
+    bool bf16 = true;
+    for (const Layer& d : layers_)
+      for (const auto* wt : {&d.wqkv, &d.wo, &d.wgu, &d.wdown}) bf16 = bf16 && wt->format == cuda::kern::WFormat::BF16;
+    mega_ = e && std::string(e) == "1" && fused_ && bf16 && !c_.qk_norm;
+    if (mega_) {
+      const std::string why = cuda::kern::mega_unsupported(mega_args());
+      if (!why.empty()) std::fprintf(stderr, "selfserve: SS_CUDA_MEGA=1 ignored: the persistent decode kernel does not take %s\n", why.c_str());
+      mega_ = why.empty();
+    }
+  }
+  const size_t mega_bytes = mega_ ? padded(cuda::kern::mega_work_bytes(mega_args())) +
+                                        padded(sizeof(cuda::kern::MegaLayer) * static_cast<size_t>(L_))
+                                  : 0;
   if (kv_.num_blocks <= 0) {  // this process's share of the card (vLLM's meaning), less what it holds
     SS_ASSIGN(const int64_t blocks,
               cuda::kv_blocks_for_budget(static_cast<int64_t>(total_b), static_cast<int64_t>(free_b),
                                          static_cast<int64_t>(weights_.capacity() + kBlasWorkspace), util,
-                                         static_cast<int64_t>(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_)),
+                                         static_cast<int64_t>(scratch_bytes + attn_bytes + samp_bytes + mega_bytes + padded(2 * wtmp_elems_)),
                                          block_bytes, 1 << 22));
     kv_.num_blocks = static_cast<int>(blocks);
   }
@@ -481,7 +503,7 @@ Status CudaBackend::init() {
   max_position_ = std::min(max_ctx, kv_.num_blocks * kv_.block_size);
   max_blocks_ = (max_position_ + kv_.block_size - 1) / kv_.block_size;
 
-  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes + samp_bytes + padded(2 * wtmp_elems_), "scratch"));
+  SS_TRY(scratch_.reserve(scratch_bytes + attn_bytes + samp_bytes + mega_bytes + padded(2 * wtmp_elems_), "scratch"));
   if (wtmp_elems_ > 0) wtmp_ = scratch_.take<bf16_bits>(wtmp_elems_);
   x_ = scratch_.take<float>(T * H_);
   tmp_ = scratch_.take<float>(T * H_);
@@ -530,6 +552,23 @@ Status CudaBackend::init() {
     if (!d_sample_scratch_ || !d_rowp_ || !d_edits_ || !d_mask_ || !d_lp_ || !d_lp_ids_)
       return make_error("cuda backend: scratch estimate too small (a bug)");
     edit_of_.assign(static_cast<size_t>(V_), -1);
+  }
+  if (mega_) {
+    const size_t wb = cuda::kern::mega_work_bytes(mega_args());
+    mega_work_ = scratch_.take<uint8_t>(wb);
+    d_mega_layers_ = scratch_.take<cuda::kern::MegaLayer>(static_cast<size_t>(L_));
+    if (!mega_work_ || !d_mega_layers_) return make_error("cuda backend: scratch estimate too small (a bug)");
+    std::vector<cuda::kern::MegaLayer> ml(static_cast<size_t>(L_));
+    for (int l = 0; l < L_; ++l) {
+      const Layer& d = layers_[static_cast<size_t>(l)];
+      ml[static_cast<size_t>(l)] = {static_cast<const bf16_bits*>(d.wqkv.q), static_cast<const bf16_bits*>(d.wo.q),
+                                    static_cast<const bf16_bits*>(d.wgu.q), static_cast<const bf16_bits*>(d.wdown.q),
+                                    d.attn_norm, d.ffn_norm, d.bqkv, cache_ + layer_cache_elems_ * l};
+    }
+    SS_CUDA(cudaMemsetAsync(mega_work_, 0, wb, stream_));
+    SS_CUDA(cudaMemcpyAsync(d_mega_layers_, ml.data(), sizeof(cuda::kern::MegaLayer) * ml.size(),
+                            cudaMemcpyHostToDevice, stream_));
+    SS_CUDA(cudaStreamSynchronize(stream_));
   }
   if (flash_prefill_) {
     d_tiles_ = scratch_.take<cuda::kern::PrefillTile>(T);
@@ -744,6 +783,19 @@ Status CudaBackend::gemm(const bf16_bits* w, int out_dim, int in_dim, const bf16
   return {};
 }
 
+cuda::kern::MegaDecode CudaBackend::mega_args() const {
+  cuda::kern::MegaDecode m{};
+  m.L = L_, m.H = H_, m.I = I_, m.V = V_, m.eps = c_.rms_norm_eps, m.scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  m.layers = d_mega_layers_, m.out_w = out_w_, m.out_norm = out_norm_;
+  cuda::kern::RopeKv& rk = m.rk;
+  rk.rope_cs = rope_cs_, rk.rope_dim = rope_dim_, rk.interleaved = c_.rope_style == model::RopeStyle::Interleaved;
+  rk.n_heads = nh_, rk.n_kv = nkv_, rk.hd = hd_, rk.positions = d_pos_, rk.seq_of_token = d_tok_table_;
+  rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.norm_eps = c_.rms_norm_eps;
+  m.ctx_len = d_ctx_, m.resid = x_, m.att = att_, m.act = act_, m.logits = logits_, m.rows = d_rows_;
+  m.work = mega_work_;
+  return m;
+}
+
 Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
@@ -760,6 +812,11 @@ Status CudaBackend::forward_fused(int T, int R) {
   mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   mark(kEmbed);
+  if (mega_ && !in_loop_ && skip.empty()) {
+    SS_TRY(k::mega_decode(mega_args(), T, R, stream_));
+    mark(kLmHead);  // the whole step: its stages are not separable
+    return {};
+  }
   for (int l = 0; l < L_; ++l) {
     const Layer& d = layers_[static_cast<size_t>(l)];
     bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
@@ -1124,16 +1181,16 @@ Expected<std::unique_ptr<resident::LoopRunner>> CudaBackend::make_loop_runner(co
   h.cap_tokens = cap_tokens_;
   h.cap_rows = cap_rows_;
   h.record_step = [this](int T, int R, bool pdl) {
-    pdl_ = pdl;
+    pdl_ = pdl, in_loop_ = true;
     Status st = loop_forward(T, R);
-    pdl_ = true;
+    pdl_ = true, in_loop_ = false;
     if (st.ok()) cuda::argmax_rows(logits_, R, V_, d_ids_, stream_);
     return st;
   };
   h.record_sample_step = [this](int T, int R, bool pdl, const void* params, void* scratch, size_t bytes) {
-    pdl_ = pdl;
+    pdl_ = pdl, in_loop_ = true;
     Status st = loop_forward(T, R);
-    pdl_ = true;
+    pdl_ = true, in_loop_ = false;
     if (st.ok())
       st = cuda::kern::sample(logits_, R, V_, static_cast<const cuda::kern::RowSampling*>(params), nullptr, 0, scratch,
                               bytes, d_ids_, stream_);

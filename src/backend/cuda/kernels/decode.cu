@@ -26,12 +26,14 @@
 #include <string>
 
 #include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/decode_ops.cuh"
 #include "backend/cuda/kernels/kquant.h"
 
 namespace ss::cuda::kern {
 namespace {
 
 using namespace dev;
+using namespace dec;
 
 constexpr int kWarps = 8;       // a CTA
 constexpr int kThreads = kWarps * 32;
@@ -39,85 +41,6 @@ constexpr int kThreads = kWarps * 32;
 // thread (three CTAs a SM: two of this kernel, one of the next, under PDL); kU 8 needs 128 (two).
 // Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas> overrides both for tuning.
 
-
-enum class Op { Qkv, Add, GateUp, Logits };
-
-struct DecArgs {
-  const uint16_t* W;     // bf16 rows, or the packed quants (DevWeights)
-  const uint16_t* qd;    // fp16 scales [N][Kp/32]
-  const uint16_t* qm;    // fp16 mins (Q4_1)
-  int Kp;                // K rounded up to 256 (quantized formats)
-  int K;
-  int tiles;             // 16-row tiles
-  int N;                 // Add / Logits: rows of W; GateUp: F (W has 2F rows)
-  int B;                 // batch rows (<= 8: the mma's N dimension)
-  int S;                 // warps splitting K for one tile (1, 2, 4, 8)
-  const uint16_t* x;     // Add: the input [B][K] bf16
-  const float* resid;    // the norm ops: the fp32 residual, rows of K
-  const int32_t* rows;   // Logits: the residual row of each batch row (null: row b)
-  const float* norm_w;
-  float eps;
-  float* y;              // Add: the residual [B][N] (+=); Logits: [B][N]
-  uint16_t* act;         // GateUp: [B][F]
-  RopeKv rk;             // Qkv
-};
-
-// Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,
-// so the tiles pair what an epilogue needs together: a RoPE pair (i0, i1) of one head, gate row i
-// and up row i; plain rows otherwise.
-template <Op OP>
-__device__ __forceinline__ int64_t tile_row(const DecArgs& a, int tile, int lr) {
-  if constexpr (OP == Op::Qkv) {
-    const QkvPair pp = qkv_pair(a.rk, tile * 8 + (lr & 7));
-    return static_cast<int64_t>(pp.hh) * a.rk.hd + (lr < 8 ? pp.i0 : pp.i1);
-  } else if constexpr (OP == Op::GateUp) {
-    const int i = tile * 8 + (lr & 7);
-    if (i >= a.N) return -1;
-    return lr < 8 ? i : static_cast<int64_t>(a.N) + i;
-  } else {
-    const int64_t r = static_cast<int64_t>(tile) * 16 + lr;
-    return r < a.N ? r : -1;
-  }
-}
-
-// Thread (g = lane / 4, t = lane % 4) holds rows g and g + 8 of the tile for batch rows 2t, 2t + 1:
-// c[0] (g, 2t), c[1] (g, 2t+1), c[2] (g+8, 2t), c[3] (g+8, 2t+1).
-template <Op OP>
-__device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int t, const float (&c)[4]) {
-  if constexpr (OP == Op::Qkv) {
-    const QkvPair pp = qkv_pair(a.rk, tile * 8 + g);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int b = 2 * t + j;
-      if (b >= a.B) break;
-      qkv_pair_out(a.rk, b, pp.hh, pp.p, pp.i0, pp.i1, pp.rotate, c[j], c[2 + j]);
-    }
-  } else if constexpr (OP == Op::GateUp) {
-    const int i = tile * 8 + g;
-    if (i >= a.N) return;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int b = 2 * t + j;
-      if (b >= a.B) break;
-      const float gt = c[j], up = c[2 + j];
-      a.act[static_cast<int64_t>(b) * a.N + i] = f2bf(gt / (1.0f + __expf(-gt)) * up);
-    }
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = static_cast<int64_t>(tile) * 16 + g + 8 * h;
-      if (row >= a.N) continue;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int b = 2 * t + j;
-        if (b >= a.B) break;
-        float* o = a.y + static_cast<int64_t>(b) * a.N + row;
-        if constexpr (OP == Op::Add) *o += c[2 * h + j];
-        else *o = c[2 * h + j];
-      }
-    }
-  }
-}
 
 __device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b) {
   __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a), y = *reinterpret_cast<__nv_bfloat162*>(&b);

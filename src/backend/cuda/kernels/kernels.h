@@ -153,6 +153,38 @@ Status dec_gate_up(const DevWeights& W, const float* resid, const float* norm_w,
 // y[b][n] = W[n] . rmsnorm(resid[rows[b]]) (rows null: row b): the final norm and lm_head.
 Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
+// --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
+// Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
+// decode layer's five operations above, in one cooperative launch of one CTA a SM, grid barriers
+// between them, each CTA streaming its share of the weights through a shared-memory ring ahead of
+// its compute), the final norm and lm_head into logits for rows[0 .. n_rows). The same arithmetic
+// as dec_* (only the order of fp32 partial sums differs; it depends on the shape and the SM count,
+// never on the batch). Attention for decode and prefill rows alike (row b sees ctx_len[b] keys).
+constexpr int kMegaMaxBatch = 8;
+struct MegaLayer {
+  const bf16_bits *wqkv, *wo, *wgu, *wdown;  // as dec_qkv / dec_add / dec_gate_up take them
+  const float *attn_norm, *ffn_norm, *bqkv;  // bqkv: null without a bias
+  bf16_bits* cache;                          // this layer's paged KV (block 0)
+};
+struct MegaDecode {
+  int L, H, I, V;
+  float eps, scale;          // scale: the attention's (1/sqrt(hd))
+  const MegaLayer* layers;   // device array [L]
+  const bf16_bits* out_w;    // [V][H]
+  const float* out_norm;
+  RopeKv rk;                 // everything but cache and bias (per layer); q_out: [kMegaMaxBatch][n_heads*hd]
+  const int32_t* ctx_len;    // [n_tok]: keys row b sees (its position + 1)
+  float* resid;              // [n_tok][H]
+  bf16_bits *att, *act;      // [n_tok][n_heads*hd], [n_tok][I]
+  float* logits;             // [n_rows][V]
+  const int32_t* rows;       // [n_rows]: the residual row of logits row r (null: r)
+  void* work;                // mega_work_bytes(), zero once before the first launch; each launch leaves it so
+};
+// Empty when the kernel runs this model, else why not (head dim 64/128, GQA groups <= 4, no q/k norms).
+std::string mega_unsupported(const MegaDecode& shape);
+size_t mega_work_bytes(const MegaDecode& shape);
+Status mega_decode(const MegaDecode& a, int n_tok, int n_rows, cudaStream_t s);
+
 // out[N][K] bf16 = the packed weights dequantized (the large-batch path multiplies bf16 with cuBLAS).
 Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s);
 

@@ -1,0 +1,669 @@
+// The decode step at batch 1..8 as one persistent kernel (issue 17, experiment B): every layer's
+// QKV, attention, o_proj, gate/up and down, then the final norm and lm_head, in one cooperative
+// launch of one CTA a SM, the operations separated by grid-wide barriers instead of kernel
+// boundaries.
+//
+// What the kernel boundary cost and what replaces it. The PDL-chained kernels of decode.cu start
+// each projection's CTAs under the previous kernel's tail and issue one round of weight loads
+// before they wait; still, every kernel drains its memory pipeline at its end and refills it at the
+// next start (a 5 us kernel at the 135M shape is mostly that). Here each CTA has a producer warp
+// that streams the CTA's share of every weight matrix, operation after operation and layer after
+// layer, into a ring of shared-memory stages with bulk asynchronous copies (cp.async.bulk, completed
+// on mbarriers). Weights depend on nothing the step computes, so the producer runs ahead as far as
+// the ring allows (11-12 stages of 16 rows x 512 columns, ~190 KiB a SM): while the eight consumer
+// warps wait at a barrier or run attention, the next operation's weights are already arriving.
+// DRAM sees one continuous stream of the step's weights instead of one burst a kernel.
+//
+// Work split. An operation's 16-row tiles times its K stages (512 columns each) are dealt to the
+// CTAs as equal contiguous ranges, so every SM streams the same bytes whatever the shape (o_proj
+// and down have few tiles with long rows: a tile's K is then split over CTAs). A tile split over
+// CTAs leaves each CTA's fp32 partial in a workspace; the last to arrive (a ticket) adds them in
+// CTA order and runs the epilogue, so the result does not depend on timing. Consumer warps take a
+// stage's 32-column chunks in turn and reduce at the end of each tile in warp order.
+//
+// Arithmetic is the fused path's (decode.cu): the same RMSNorm staging (the same 256-thread sum of
+// squares, the same bf16 rounding), the same tensor-core product of 16 weight rows by up to 8 batch
+// columns and the same epilogues (decode_ops.cuh); only the order in which a row's fp32 partial
+// sums are added differs. That order depends on the shape and the SM count, never on the batch,
+// so a sequence's logits do not depend on what shares its step.
+//
+// Attention: one warp a (row, KV head, split of at most 32 x ceil(ctx / 512) keys, <= 16 splits);
+// lanes own keys for the scores and (key group, 8 dims) for P V; K and V of a 32-key round are
+// loaded together. Splits merge through a ticket: the last split of a (row, KV head) merges them
+// in split order. Split sizes depend on the row's own context only (batch invariance).
+//
+// Memory ordering: everything a CTA writes that another CTA reads later in the same launch (the
+// residual, q, K/V, the attention output, the SwiGLU output, partials) is read through L2
+// (ld.global.cg), never through a possibly stale L1 line; the barrier is release/acquire at GPU
+// scope (fence, relaxed arrival count, release of the generation word, acquire spin).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/kernels/common.cuh"
+#include "backend/cuda/kernels/decode_ops.cuh"
+
+namespace ss::cuda::kern {
+namespace {
+
+using namespace dev;
+using namespace dec;
+
+constexpr int kCWarps = 8;                     // consumer warps
+constexpr int kCThreads = kCWarps * 32;        // the norm's 256-thread reduction, as decode.cu's
+constexpr int kThreadsM = kCThreads + 32;      // and one producer warp
+constexpr int kKc = 512;                       // K columns a stage
+constexpr int kRowBytes = kKc * 2 + 64;        // a stage's row in shared memory: 64 bytes of pad
+constexpr int kSlotBytes = 16 * kRowBytes;     // spread rows g and g + 1 over the two bank halves
+constexpr int kMaxSlots = 12;
+constexpr int kMinSlots = 4;
+constexpr int kMaxG = 4;                       // query heads a KV head
+constexpr int kMaxSplits = 16;
+constexpr int kHdrBytes = 256;                 // the mbarriers
+constexpr int kRedFloats = 2 * kCWarps * 128;  // two buffers of [warp][lane][4]
+constexpr int kSsqFloats = kCWarps * 8;
+
+// ---- shared-memory pipeline primitives (sm_90) ----
+__device__ __forceinline__ uint32_t sptr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sptr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sptr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sptr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra LAB_WAIT;\n"
+      "}\n" ::"r"(sptr(b)),
+      "r"(parity)
+      : "memory");
+}
+// bytes (a multiple of 16) from global to shared, completing on bar's transaction count.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sptr(dst)),
+               "l"(src), "r"(bytes), "r"(sptr(bar))
+               : "memory");
+}
+// The consumer warps only (the producer never joins): named barrier 1.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kCThreads) : "memory"); }
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Everything before it in every CTA happens before everything after it in every CTA. bar[0] counts
+// arrivals and is back at zero after each barrier; bar[32] is the generation (another line).
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+  consumers_sync();
+  if (threadIdx.x == 0) {
+    unsigned* count = bar;
+    unsigned* gen = bar + 32;
+    const unsigned g = ld_acquire(gen);  // cannot move on before this CTA arrives
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      st_release(gen, g + 1);
+    } else {
+      while (ld_acquire(gen) == g) {
+      }
+    }
+    __threadfence();
+  }
+  consumers_sync();
+}
+
+// ---- the work of one launch ----
+struct Work {
+  unsigned* bar;       // [64]
+  unsigned* tickets;   // [max tiles], zero between operations
+  float* parts;        // [grid][2][128]: a CTA's partials of its first and last tile
+  float* attn_parts;   // [kMegaMaxBatch][n_kv][kMaxSplits][2 kMaxG + kMaxG hd]
+  unsigned* attn_cnt;  // [kMegaMaxBatch][n_kv], zero between launches
+};
+__host__ __device__ inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+__host__ __device__ inline int imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ inline int max_tiles(const MegaDecode& m) {
+  const int qkv = (m.rk.n_heads + 2 * m.rk.n_kv) * m.rk.hd / 16, o = (m.H + 15) / 16, gu = (m.I + 7) / 8;
+  return imax(imax(qkv, o), imax(gu, (m.V + 15) / 16));
+}
+__host__ __device__ inline int attn_part_floats(int hd) { return 2 * kMaxG + kMaxG * hd; }
+struct WorkLayout {  // byte offsets into MegaDecode::work
+  int64_t tickets, parts, attn_parts, attn_cnt, total;
+};
+__host__ __device__ inline WorkLayout work_layout(const MegaDecode& m, int grid) {
+  WorkLayout o{};
+  int64_t p = 256;  // the barrier's two words, a line apart
+  o.tickets = p, p += align_up(4LL * max_tiles(m), 256);
+  o.parts = p, p += align_up(4LL * grid * 2 * 128, 256);
+  o.attn_parts = p, p += align_up(4LL * kMegaMaxBatch * m.rk.n_kv * kMaxSplits * attn_part_floats(m.rk.hd), 256);
+  o.attn_cnt = p, p += align_up(4LL * kMegaMaxBatch * m.rk.n_kv, 256);
+  o.total = p;
+  return o;
+}
+__device__ inline Work carve(const MegaDecode& m) {
+  const WorkLayout o = work_layout(m, gridDim.x);
+  char* p = static_cast<char*>(m.work);
+  return Work{reinterpret_cast<unsigned*>(p), reinterpret_cast<unsigned*>(p + o.tickets),
+              reinterpret_cast<float*>(p + o.parts), reinterpret_cast<float*>(p + o.attn_parts),
+              reinterpret_cast<unsigned*>(p + o.attn_cnt)};
+}
+
+// Operation arguments, as decode.cu's kernels get them.
+__device__ __forceinline__ DecArgs args_qkv(const MegaDecode& m, int l, int B) {
+  DecArgs a{};
+  const MegaLayer& L = m.layers[l];
+  a.W = L.wqkv, a.K = m.H, a.B = B, a.tiles = (m.rk.n_heads + 2 * m.rk.n_kv) * m.rk.hd / 16, a.N = 0;
+  a.resid = m.resid, a.norm_w = L.attn_norm, a.eps = m.eps;
+  a.rk = m.rk, a.rk.cache = L.cache, a.rk.bias = L.bqkv;
+  return a;
+}
+__device__ __forceinline__ DecArgs args_add(const MegaDecode& m, const uint16_t* W, const uint16_t* x, int K, int B) {
+  DecArgs a{};
+  a.W = W, a.K = K, a.B = B, a.N = m.H, a.tiles = (m.H + 15) / 16, a.x = x, a.y = m.resid;
+  return a;
+}
+__device__ __forceinline__ DecArgs args_gate_up(const MegaDecode& m, int l, int B) {
+  DecArgs a{};
+  const MegaLayer& L = m.layers[l];
+  a.W = L.wgu, a.K = m.H, a.B = B, a.N = m.I, a.tiles = (m.I + 7) / 8, a.resid = m.resid, a.norm_w = L.ffn_norm;
+  a.eps = m.eps, a.act = m.act;
+  return a;
+}
+__device__ __forceinline__ DecArgs args_logits(const MegaDecode& m, int R) {
+  DecArgs a{};
+  a.W = m.out_w, a.K = m.H, a.B = R, a.N = m.V, a.tiles = (m.V + 15) / 16, a.resid = m.resid, a.rows = m.rows;
+  a.norm_w = m.out_norm, a.eps = m.eps, a.y = m.logits;
+  return a;
+}
+
+// An operation's stages (tile-major: tile s / nk, K stage s % nk) dealt to the CTAs in equal
+// contiguous ranges.
+struct Split {
+  int nk;
+  int64_t total;
+  __device__ Split(const DecArgs& a) : nk((a.K + kKc - 1) / kKc), total(static_cast<int64_t>(a.tiles) * nk) {}
+  __device__ int64_t lo(int c) const { return total * c / gridDim.x; }
+  __device__ int cta_of(int64_t s) const {  // the CTA whose range holds stage s
+    return static_cast<int>(((s + 1) * gridDim.x + total - 1) / total) - 1;
+  }
+  // Where CTA c leaves its partial of tile t (t its first tile: 0, else its last: 1).
+  __device__ int part_index(int c, int t) const { return 2 * c + (t == static_cast<int>(lo(c) / nk) ? 0 : 1); }
+};
+
+struct Ring {
+  unsigned char* slots;
+  uint64_t* full;
+  uint64_t* empty;
+  int n;
+  uint32_t ctr = 0;  // stages through the ring so far (producer and consumers count alike)
+};
+
+// ---- producer warp ----
+template <Op OP>
+__device__ __forceinline__ void produce(const DecArgs& a, Ring& r) {
+  const int lane = threadIdx.x & 31;
+  const Split sp(a);
+  const int64_t hi = sp.lo(blockIdx.x + 1);
+  for (int64_t s = sp.lo(blockIdx.x); s < hi; ++s, ++r.ctr) {
+    const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
+    const int kc = min(kKc, a.K - k0);
+    const int slot = static_cast<int>(r.ctr % r.n);
+    if (r.ctr >= static_cast<uint32_t>(r.n)) mbar_wait(&r.empty[slot], ((r.ctr / r.n) - 1) & 1);
+    if (lane == 0) mbar_expect_tx(&r.full[slot], 16u * kc * 2);
+    __syncwarp();
+    if (lane < 16) {
+      int64_t row = tile_row<OP>(a, tile, lane);
+      if (row < 0) row = 0;  // a row past the matrix: row 0's bytes, its result dropped
+      bulk_copy(r.slots + static_cast<size_t>(slot) * kSlotBytes + lane * kRowBytes, a.W + row * a.K + k0,
+                static_cast<unsigned>(kc * 2), &r.full[slot]);
+    }
+  }
+}
+
+__device__ __forceinline__ void producer(const MegaDecode& m, int B, int R, Ring& r) {
+  for (int l = 0; l < m.L; ++l) {
+    const MegaLayer& L = m.layers[l];
+    produce<Op::Qkv>(args_qkv(m, l, B), r);
+    produce<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r);
+    produce<Op::GateUp>(args_gate_up(m, l, B), r);
+    produce<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r);
+  }
+  if (R > 0) produce<Op::Logits>(args_logits(m, R), r);
+}
+
+// ---- consumer warps ----
+struct Smem {
+  float* red;  // kRedFloats
+  float* ssq;  // kSsqFloats
+  uint16_t* xs;  // [rows][xstride] bf16 (norm ops); attention's q staging shares it
+  int xstride;
+  int piece = 0;  // pieces finished (selects the reduction buffer)
+};
+
+// xs[b] = bf16(resid[rows[b]] * rsqrt(mean square + eps) * w), as decode.cu's prologue computes it.
+__device__ __forceinline__ void stage_norm(const float* resid, const int32_t* rows, int nrows, int K, const float* nw, float eps,
+                           Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int b = 0; b < nrows; ++b) {
+    const float* r = resid + static_cast<int64_t>(rows ? rows[b] : b) * K;
+    float ss = 0.0f;
+    for (int i = tid * 4; i < K; i += kCThreads * 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(r + i));
+      ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) sm.ssq[warp * 8 + b] = ss;
+  }
+  consumers_sync();
+  for (int b = 0; b < nrows; ++b) {
+    float tot = 0.0f;
+#pragma unroll
+    for (int w2 = 0; w2 < kCWarps; ++w2) tot += sm.ssq[w2 * 8 + b];
+    const float inv = rsqrtf(tot / static_cast<float>(K) + eps);
+    const float* r = resid + static_cast<int64_t>(rows ? rows[b] : b) * K;
+    for (int i = tid * 4; i < K; i += kCThreads * 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(r + i));
+      const float4 w = *reinterpret_cast<const float4*>(nw + i);
+      uint2 o;
+      o.x = static_cast<uint32_t>(f2bf(v.x * inv * w.x)) | (static_cast<uint32_t>(f2bf(v.y * inv * w.y)) << 16);
+      o.y = static_cast<uint32_t>(f2bf(v.z * inv * w.z)) | (static_cast<uint32_t>(f2bf(v.w * inv * w.w)) << 16);
+      *reinterpret_cast<uint2*>(sm.xs + static_cast<int64_t>(b) * sm.xstride + i) = o;
+    }
+  }
+  consumers_sync();
+}
+
+// The end of this CTA's piece of `tile`: the warps' accumulators added in warp order; a whole tile
+// goes to the epilogue, a split one through the workspace and a ticket (the last CTA adds the
+// pieces in CTA order).
+template <Op OP>
+__device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, int tile, const float (&c)[4], Smem& sm,
+                             const Work& w) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* red = sm.red + (sm.piece++ & 1) * kCWarps * 128;
+  *reinterpret_cast<float4*>(red + (warp * 32 + lane) * 4) = make_float4(c[0], c[1], c[2], c[3]);
+  consumers_sync();
+  if (warp != 0) return;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int w2 = 0; w2 < kCWarps; ++w2) {
+    const float4 q = *reinterpret_cast<const float4*>(red + (w2 * 32 + lane) * 4);
+    v[0] += q.x, v[1] += q.y, v[2] += q.z, v[3] += q.w;
+  }
+  const int g = lane >> 2, t = lane & 3;
+  const int first = sp.cta_of(static_cast<int64_t>(tile) * sp.nk);
+  const int last = sp.cta_of(static_cast<int64_t>(tile + 1) * sp.nk - 1);
+  if (first == last) {
+    epilogue<OP, true>(a, tile, g, t, v);
+    return;
+  }
+  float* mine = w.parts + static_cast<int64_t>(sp.part_index(blockIdx.x, tile)) * 128;
+  __stcg(reinterpret_cast<float4*>(mine) + lane, make_float4(v[0], v[1], v[2], v[3]));
+  __syncwarp();
+  unsigned ticket = 0;
+  if (lane == 0) {
+    __threadfence();
+    ticket = atomicAdd(&w.tickets[tile], 1u);
+  }
+  ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  int pieces = 0;
+  for (int c2 = first; c2 <= last; ++c2) pieces += sp.lo(c2 + 1) > sp.lo(c2);
+  if (ticket != static_cast<unsigned>(pieces - 1)) return;
+  __threadfence();
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int c2 = first; c2 <= last; ++c2) {
+    if (sp.lo(c2 + 1) == sp.lo(c2)) continue;
+    const float4 q = __ldcg(reinterpret_cast<const float4*>(w.parts + static_cast<int64_t>(sp.part_index(c2, tile)) * 128) + lane);
+    s[0] += q.x, s[1] += q.y, s[2] += q.z, s[3] += q.w;
+  }
+  epilogue<OP, true>(a, tile, g, t, s);
+  if (lane == 0) w.tickets[tile] = 0;
+}
+
+template <Op OP>
+__device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, const Work& w) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const Split sp(a);
+  const int64_t hi = sp.lo(blockIdx.x + 1);
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int cur = -1;
+  for (int64_t s = sp.lo(blockIdx.x); s < hi; ++s, ++r.ctr) {
+    const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
+    if (tile != cur) {
+      if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
+      c[0] = c[1] = c[2] = c[3] = 0.0f;
+      cur = tile;
+    }
+    const int slot = static_cast<int>(r.ctr % r.n);
+    const unsigned char* st = r.slots + static_cast<size_t>(slot) * kSlotBytes;
+    const int chunks = min(kKc, a.K - k0) / 32;
+    // The input columns first (independent of the stage's arrival).
+    uint4 xv[kKc / 32 / kCWarps];
+#pragma unroll
+    for (int u = 0; u < kKc / 32 / kCWarps; ++u) {
+      const int ch = warp + u * kCWarps, k = k0 + ch * 32 + t * 8;
+      xv[u] = make_uint4(0, 0, 0, 0);
+      if (ch < chunks && g < a.B) {
+        if constexpr (OP == Op::Add) xv[u] = __ldcg(reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(g) * a.K + k));
+        else xv[u] = *reinterpret_cast<const uint4*>(sm.xs + static_cast<int64_t>(g) * sm.xstride + k);
+      }
+    }
+    mbar_wait(&r.full[slot], (r.ctr / r.n) & 1);
+#pragma unroll
+    for (int u = 0; u < kKc / 32 / kCWarps; ++u) {
+      const int ch = warp + u * kCWarps;
+      if (ch >= chunks) break;
+      const int off = (ch * 32 + t * 8) * 2;
+      const uint4 wa = *reinterpret_cast<const uint4*>(st + g * kRowBytes + off);
+      const uint4 wb = *reinterpret_cast<const uint4*>(st + (g + 8) * kRowBytes + off);
+      mma_bf16(c, wa.x, wb.x, wa.y, wb.y, xv[u].x, xv[u].y);
+      mma_bf16(c, wa.z, wb.z, wa.w, wb.w, xv[u].z, xv[u].w);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&r.empty[slot]);
+  }
+  if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
+}
+
+__device__ __forceinline__ int keys_per_split(int ctx) { return 32 * ((ctx + 32 * kMaxSplits - 1) / (32 * kMaxSplits)); }
+
+// One (row b, KV head kvh, split s) of attention by one warp: see the top of the file.
+template <int HD>
+__device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cache, int b, int kvh, int s, int ks, int ns, int ctx,
+                       float* qw, const Work& w) {
+  constexpr int LPR = HD / 8, NG = 32 / LPR, KPL = 32 / NG;  // lanes a V row, key groups, V keys a lane
+  const int lane = threadIdx.x & 31, dl = lane % LPR, kg = lane / LPR;
+  const int nkv = m.rk.n_kv, G = m.rk.n_heads / nkv;
+  const int32_t* table = m.rk.tables + static_cast<int64_t>(m.rk.seq_of_token[b]) * m.rk.max_blocks;
+  const float* q = m.rk.q_out + (static_cast<int64_t>(b) * m.rk.n_heads + kvh * G) * HD;
+  for (int i = lane * 4; i < G * HD; i += 128)
+    *reinterpret_cast<float4*>(qw + i) = __ldcg(reinterpret_cast<const float4*>(q + i));
+  __syncwarp();
+  auto kv_at = [&](int pos, int which) {  // key / value row `pos` of this KV head
+    const int blk = table[pos / kBlockTokens];
+    return cache + ((static_cast<int64_t>(blk) * 2 + which) * nkv + kvh) * kBlockTokens * HD +
+           static_cast<int64_t>(pos % kBlockTokens) * HD;
+  };
+  float mrun[kMaxG], lrun[kMaxG], o[kMaxG][8];
+#pragma unroll
+  for (int h = 0; h < kMaxG; ++h) {
+    mrun[h] = -INFINITY, lrun[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[h][e] = 0.0f;
+  }
+  const int k_begin = s * ks, k_end = min(ctx, k_begin + ks);
+  for (int k0 = k_begin; k0 < k_end; k0 += 32) {
+    const int kj = k0 + lane;
+    const bool valid = kj < k_end;
+    // V's lines head for L2 while K arrives; V itself is loaded after the scores (K's registers are
+    // free by then: both at once would not fit one CTA's 288 threads without spilling).
+#pragma unroll
+    for (int i = 0; i < KPL; ++i) {
+      const int kv = k0 + kg + NG * i;
+      if (kv < k_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(kv_at(kv, 1) + dl * 8));
+    }
+    uint4 kr[LPR];
+    if (valid) {
+      const uint4* kp = reinterpret_cast<const uint4*>(kv_at(kj, 0));
+#pragma unroll
+      for (int i = 0; i < LPR; ++i) kr[i] = __ldcg(kp + i);
+    }
+    float acc[kMaxG] = {};
+    if (valid) {
+#pragma unroll
+      for (int i = 0; i < LPR; ++i) {
+        const float k8[8] = {lo_bf(kr[i].x), hi_bf(kr[i].x), lo_bf(kr[i].y), hi_bf(kr[i].y),
+                             lo_bf(kr[i].z), hi_bf(kr[i].z), lo_bf(kr[i].w), hi_bf(kr[i].w)};
+#pragma unroll
+        for (int h = 0; h < kMaxG; ++h) {
+          if (h >= G) break;
+          const float4 q0 = *reinterpret_cast<const float4*>(qw + h * HD + i * 8);
+          const float4 q1 = *reinterpret_cast<const float4*>(qw + h * HD + i * 8 + 4);
+          acc[h] = fmaf(q0.x, k8[0], acc[h]), acc[h] = fmaf(q0.y, k8[1], acc[h]);
+          acc[h] = fmaf(q0.z, k8[2], acc[h]), acc[h] = fmaf(q0.w, k8[3], acc[h]);
+          acc[h] = fmaf(q1.x, k8[4], acc[h]), acc[h] = fmaf(q1.y, k8[5], acc[h]);
+          acc[h] = fmaf(q1.z, k8[6], acc[h]), acc[h] = fmaf(q1.w, k8[7], acc[h]);
+        }
+      }
+    }
+    float p[kMaxG];
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) {
+      const float sc = valid ? acc[h] * m.scale : -INFINITY;
+      const float mnew = fmaxf(mrun[h], warp_max(sc));
+      const float corr = mrun[h] == -INFINITY ? 0.0f : __expf(mrun[h] - mnew);
+      p[h] = valid && h < G ? __expf(sc - mnew) : 0.0f;
+      lrun[h] = lrun[h] * corr + p[h];
+      mrun[h] = mnew;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[h][e] *= corr;
+    }
+    // P V in two halves of the lane's values (registers).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4 vr[KPL / 2];
+#pragma unroll
+      for (int i = 0; i < KPL / 2; ++i) {
+        const int kv = k0 + kg + NG * (half * KPL / 2 + i);
+        vr[i] = kv < k_end ? __ldcg(reinterpret_cast<const uint4*>(kv_at(kv, 1) + dl * 8)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < KPL / 2; ++i) {
+        const int j = kg + NG * (half * KPL / 2 + i);  // the lane that scored this value's key
+#pragma unroll
+        for (int h = 0; h < kMaxG; ++h) {
+          const float pj = __shfl_sync(0xffffffffu, p[h], j);
+          o[h][0] = fmaf(pj, lo_bf(vr[i].x), o[h][0]), o[h][1] = fmaf(pj, hi_bf(vr[i].x), o[h][1]);
+          o[h][2] = fmaf(pj, lo_bf(vr[i].y), o[h][2]), o[h][3] = fmaf(pj, hi_bf(vr[i].y), o[h][3]);
+          o[h][4] = fmaf(pj, lo_bf(vr[i].z), o[h][4]), o[h][5] = fmaf(pj, hi_bf(vr[i].z), o[h][5]);
+          o[h][6] = fmaf(pj, lo_bf(vr[i].w), o[h][6]), o[h][7] = fmaf(pj, hi_bf(vr[i].w), o[h][7]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kMaxG; ++h) {
+    lrun[h] = warp_sum(lrun[h]);
+#pragma unroll
+    for (int off = LPR; off < 32; off <<= 1)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[h][e] += __shfl_xor_sync(0xffffffffu, o[h][e], off);
+  }
+  uint16_t* out = m.att + (static_cast<int64_t>(b) * m.rk.n_heads + kvh * G) * HD;
+  if (ns == 1) {
+    if (kg == 0)
+#pragma unroll
+      for (int h = 0; h < kMaxG; ++h)
+        if (h < G)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(o[h][e] / lrun[h]);
+    return;
+  }
+  const int pf = attn_part_floats(HD);
+  float* base = w.attn_parts + (static_cast<int64_t>(b) * nkv + kvh) * kMaxSplits * pf;
+  float* part = base + static_cast<int64_t>(s) * pf;
+  if (kg == 0)
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h)
+      if (h < G)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) __stcg(part + 2 * kMaxG + h * HD + dl * 8 + e, o[h][e]);
+  if (lane == 0)
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h)
+      if (h < G) __stcg(part + h, mrun[h]), __stcg(part + kMaxG + h, lrun[h]);
+  __syncwarp();
+  unsigned ticket = 0;
+  unsigned* cnt = w.attn_cnt + b * nkv + kvh;
+  if (lane == 0) {
+    __threadfence();
+    ticket = atomicAdd(cnt, 1u);
+  }
+  ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  if (ticket != static_cast<unsigned>(ns - 1)) return;
+  __threadfence();
+  // The last split merges all of them, in split order: lanes (key group -> head, dims).
+  for (int h = kg; h < G; h += NG) {
+    float M = -INFINITY;
+    for (int s2 = 0; s2 < ns; ++s2) M = fmaxf(M, __ldcg(base + static_cast<int64_t>(s2) * pf + h));
+    float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s2 = 0; s2 < ns; ++s2) {
+      const float* ps = base + static_cast<int64_t>(s2) * pf;
+      const float f = __expf(__ldcg(ps + h) - M);
+      L = fmaf(f, __ldcg(ps + kMaxG + h), L);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = fmaf(f, __ldcg(ps + 2 * kMaxG + h * HD + dl * 8 + e), acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(acc[e] / L);
+  }
+  if (lane == 0) *cnt = 0;
+}
+
+__device__ __forceinline__ void attention_op(const MegaDecode& m, int l, int B, Smem& sm, const Work& w) {
+  const int warp = threadIdx.x >> 5;
+  float* qw = reinterpret_cast<float*>(sm.xs) + warp * kMaxG * m.rk.hd;
+  const uint16_t* cache = m.layers[l].cache;
+  for (int it = blockIdx.x * kCWarps + warp;; it += gridDim.x * kCWarps) {
+    int rem = it, b = 0, ks = 0, ns = 0, ctx = 0;
+    for (; b < B; ++b) {
+      ctx = m.ctx_len[b];
+      ks = keys_per_split(ctx), ns = (ctx + ks - 1) / ks;
+      if (rem < ns * m.rk.n_kv) break;
+      rem -= ns * m.rk.n_kv;
+    }
+    if (b >= B) return;
+    if (m.rk.hd == 128) attend<128>(m, cache, b, rem / ns, rem % ns, ks, ns, ctx, qw, w);
+    else attend<64>(m, cache, b, rem / ns, rem % ns, ks, ns, ctx, qw, w);
+    __syncwarp();
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ MegaDecode m, int B, int R, int n_slots,
+                                                       int xstride, int ring_off) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Ring r;
+  r.full = reinterpret_cast<uint64_t*>(smem);
+  r.empty = r.full + kMaxSlots;
+  r.slots = smem + ring_off;
+  r.n = n_slots;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < n_slots; ++i) mbar_init(&r.full[i], 1), mbar_init(&r.empty[i], kCWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kCThreads) {
+    producer(m, B, R, r);
+    return;
+  }
+  const Work w = carve(m);
+  Smem sm;
+  sm.red = reinterpret_cast<float*>(smem + kHdrBytes);
+  sm.ssq = sm.red + kRedFloats;
+  sm.xs = reinterpret_cast<uint16_t*>(sm.ssq + kSsqFloats);
+  sm.xstride = xstride;
+  for (int l = 0; l < m.L; ++l) {
+    const MegaLayer& L = m.layers[l];
+    stage_norm(m.resid, nullptr, B, m.H, L.attn_norm, m.eps, sm);
+    consume<Op::Qkv>(args_qkv(m, l, B), r, sm, w);
+    grid_sync(w.bar);
+    attention_op(m, l, B, sm, w);
+    grid_sync(w.bar);
+    consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, w);
+    grid_sync(w.bar);
+    stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
+    consume<Op::GateUp>(args_gate_up(m, l, B), r, sm, w);
+    grid_sync(w.bar);
+    consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, w);
+    grid_sync(w.bar);
+  }
+  if (R > 0) {
+    stage_norm(m.resid, m.rows, R, m.H, m.out_norm, m.eps, sm);
+    consume<Op::Logits>(args_logits(m, R), r, sm, w);
+  }
+}
+
+struct Layout {
+  int xstride, ring_off, slots;
+  size_t smem;
+};
+Layout layout(const MegaDecode& m, int B) {
+  Layout l{};
+  l.xstride = m.H + 32;
+  const int64_t xs = std::max<int64_t>(2LL * B * l.xstride, 4LL * kCWarps * kMaxG * m.rk.hd);
+  l.ring_off = static_cast<int>(align_up(kHdrBytes + 4LL * (kRedFloats + kSsqFloats) + xs, 128));
+  int max_smem = 0, dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    max_smem = 227 * 1024;
+  l.slots = static_cast<int>(std::min<int64_t>(kMaxSlots, (max_smem - l.ring_off) / kSlotBytes));
+  l.smem = static_cast<size_t>(l.ring_off) + static_cast<size_t>(std::max(l.slots, 0)) * kSlotBytes;
+  return l;
+}
+
+int sm_count() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return v;
+}
+
+}  // namespace
+
+std::string mega_unsupported(const MegaDecode& m) {
+  const int hd = m.rk.hd;
+  if (hd != 64 && hd != 128) return "head dim " + std::to_string(hd) + " (64 or 128)";
+  if (m.rk.n_kv <= 0 || m.rk.n_heads % m.rk.n_kv != 0 || m.rk.n_heads / m.rk.n_kv > kMaxG)
+    return "a GQA group of more than " + std::to_string(kMaxG) + " heads";
+  if (m.rk.q_norm || m.rk.k_norm) return "per-head q/k norms";
+  if (m.H % 64 != 0 || m.I % 32 != 0 || (m.rk.n_heads * hd) % 32 != 0) return "hidden sizes not multiples of 64 / 32";
+  if (m.L <= 0 || m.V <= 0) return "an empty model";
+  MegaDecode z = m;
+  if (layout(z, kMegaMaxBatch).slots < kMinSlots) return "too little shared memory for the weight ring";
+  return {};
+}
+
+size_t mega_work_bytes(const MegaDecode& m) { return static_cast<size_t>(work_layout(m, std::max(1, sm_count())).total); }
+
+Status mega_decode(const MegaDecode& m, int n_tok, int n_rows, cudaStream_t s) {
+  if (n_tok < 1 || n_tok > kMegaMaxBatch || n_rows < 0 || n_rows > n_tok)
+    return make_error("mega_decode: needs 1.." + std::to_string(kMegaMaxBatch) + " tokens and at most as many rows (" +
+                      std::to_string(n_tok) + ", " + std::to_string(n_rows) + ")");
+  const std::string why = mega_unsupported(m);
+  if (!why.empty()) return make_error("mega_decode: not for this model: " + why);
+  if (!m.layers || !m.work || !m.resid || !m.att || !m.act || (n_rows > 0 && (!m.logits || !m.out_w)))
+    return make_error("mega_decode: missing buffers");
+  const Layout l = layout(m, n_tok);
+  const int grid = sm_count();
+  if (grid <= 0) return make_error("mega_decode: no CUDA device");
+  SS_CUDA_TRY(cudaFuncSetAttribute(mega_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreadsM);
+  cfg.dynamicSmemBytes = l.smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // every CTA resident at once: the barriers need it
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SS_CUDA_TRY(cudaLaunchKernelEx(&cfg, mega_k, m, n_tok, n_rows, l.slots, l.xstride, l.ring_off));
+  SS_CUDA_LAUNCHED();
+  return {};
+}
+
+}  // namespace ss::cuda::kern
