@@ -259,6 +259,7 @@ class CudaBackend final : public Backend {
   // without a GPU, opt-in until measured): bf16 weights, shapes mega_unsupported() takes. Not inside
   // the device loop's graphs (a cooperative launch from a device-launched graph is not relied on).
   bool mega_ = false, in_loop_ = false;
+  bool mega_uncaptured_ = false;  // a graph capture with it failed: graphs run the PDL-chained kernels
   cuda::kern::MegaLayer* d_mega_layers_ = nullptr;
   void* mega_work_ = nullptr;
   cuda::kern::MegaDecode mega_args() const;
@@ -812,7 +813,9 @@ Status CudaBackend::forward_fused(int T, int R) {
   mark(kSample);  // the input copies (attributed to the step's bookkeeping)
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   mark(kEmbed);
-  if (mega_ && !in_loop_ && skip.empty()) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (mega_uncaptured_) cudaStreamIsCapturing(stream_, &capturing);
+  if (mega_ && !in_loop_ && skip.empty() && capturing == cudaStreamCaptureStatusNone) {
     SS_TRY(k::mega_decode(mega_args(), T, R, stream_));
     mark(kLmHead);  // the whole step: its stages are not separable
     return {};
@@ -1137,6 +1140,12 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
     if (!st.ok()) {
       g = nullptr;
       cudaGetLastError();
+      if (mega_ && !mega_uncaptured_) {  // captured again without the persistent kernel
+        std::fprintf(stderr, "selfserve: a decode graph with the persistent kernel failed (%s); graphs use the "
+                             "PDL-chained kernels\n", st.message().c_str());
+        mega_uncaptured_ = true;
+        return decode_graph(b, out, done);
+      }
       return st;
     }
   }
