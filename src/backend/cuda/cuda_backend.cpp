@@ -260,9 +260,16 @@ class CudaBackend final : public Backend {
   // the device loop's graphs (a cooperative launch from a device-launched graph is not relied on).
   bool mega_ = false, in_loop_ = false;
   bool mega_uncaptured_ = false;  // a graph capture with it failed: graphs run the PDL-chained kernels
+  // SS_CUDA_MEGA_TRACE=1: eager steps stamp each part of a layer (MegaDecode::trace); the mean per
+  // layer is printed at exit.
+  unsigned long long* d_mega_trace_ = nullptr;
+  std::vector<unsigned long long> h_mega_trace_;
+  double mega_trace_us_[11] = {};
+  int64_t mega_traced_ = 0;
   cuda::kern::MegaLayer* d_mega_layers_ = nullptr;
   void* mega_work_ = nullptr;
   cuda::kern::MegaDecode mega_args() const;
+  Status collect_mega_trace();
   bool loop_made_ = false;
   // A device loop's chain ignored its stop flag (on_close): the device never goes idle, so the
   // destructor leaves the stream, graphs and memory to the process's exit instead of waiting on them.
@@ -305,6 +312,13 @@ CudaBackend::~CudaBackend() {
   }
   if (stream_) cudaStreamSynchronize(stream_);  // staged KV copies may still be in flight
   for (const auto& r : registered_) cudaHostUnregister(const_cast<uint8_t*>(r.first));  // the tiers forgot to
+  if (mega_traced_ > 0) {
+    static const char* parts[11] = {"qkv", "barrier", "attention", "barrier", "o_proj", "barrier", "gate_up",
+                                    "barrier", "down", "barrier", "lm_head (once)"};
+    std::fprintf(stderr, "mega trace (%lld eager forwards; CTA 0, us per layer):", static_cast<long long>(mega_traced_));
+    for (int i = 0; i < 11; ++i) std::fprintf(stderr, " %s %.2f", parts[i], mega_trace_us_[i] / mega_traced_);
+    std::fprintf(stderr, "\n");
+  }
   if (cuda::start_api_counts()) std::fprintf(stderr, "%s\n", cuda::format_api_counts(cuda::api_counts()).c_str());
   for (cudaEvent_t e : kv_stage_ev_)
     if (e) cudaEventDestroy(e);
@@ -484,8 +498,10 @@ Status CudaBackend::init() {
       mega_ = why.empty();
     }
   }
+  const bool mega_trace = mega_ && std::getenv("SS_CUDA_MEGA_TRACE") && std::string(std::getenv("SS_CUDA_MEGA_TRACE")) == "1";
   const size_t mega_bytes = mega_ ? padded(cuda::kern::mega_work_bytes(mega_args())) +
-                                        padded(sizeof(cuda::kern::MegaLayer) * static_cast<size_t>(L_))
+                                        padded(sizeof(cuda::kern::MegaLayer) * static_cast<size_t>(L_)) +
+                                        padded(8 * static_cast<size_t>(10 * L_ + 2))
                                   : 0;
   if (kv_.num_blocks <= 0) {  // this process's share of the card (vLLM's meaning), less what it holds
     SS_ASSIGN(const int64_t blocks,
@@ -558,7 +574,12 @@ Status CudaBackend::init() {
     const size_t wb = cuda::kern::mega_work_bytes(mega_args());
     mega_work_ = scratch_.take<uint8_t>(wb);
     d_mega_layers_ = scratch_.take<cuda::kern::MegaLayer>(static_cast<size_t>(L_));
-    if (!mega_work_ || !d_mega_layers_) return make_error("cuda backend: scratch estimate too small (a bug)");
+    if (mega_trace) {
+      d_mega_trace_ = scratch_.take<unsigned long long>(static_cast<size_t>(10 * L_ + 2));
+      h_mega_trace_.resize(static_cast<size_t>(10 * L_ + 2));
+    }
+    if (!mega_work_ || !d_mega_layers_ || (mega_trace && !d_mega_trace_))
+      return make_error("cuda backend: scratch estimate too small (a bug)");
     std::vector<cuda::kern::MegaLayer> ml(static_cast<size_t>(L_));
     for (int l = 0; l < L_; ++l) {
       const Layer& d = layers_[static_cast<size_t>(l)];
@@ -797,6 +818,20 @@ cuda::kern::MegaDecode CudaBackend::mega_args() const {
   return m;
 }
 
+Status CudaBackend::collect_mega_trace() {
+  SS_CUDA(cudaMemcpyAsync(h_mega_trace_.data(), d_mega_trace_, 8 * h_mega_trace_.size(), cudaMemcpyDeviceToHost, stream_));
+  SS_CUDA(cudaStreamSynchronize(stream_));
+  const unsigned long long* t = h_mega_trace_.data();
+  for (int l = 0; l < L_; ++l)
+    for (int i = 0; i < 10; ++i) {
+      const unsigned long long prev = i > 0 ? t[10 * l + i - 1] : l > 0 ? t[10 * l - 1] : t[10 * L_];
+      mega_trace_us_[i] += 1e-3 * static_cast<double>(t[10 * l + i] - prev) / L_;
+    }
+  mega_trace_us_[10] += 1e-3 * static_cast<double>(t[10 * L_ + 1] - t[10 * L_ - 1]);
+  ++mega_traced_;
+  return {};
+}
+
 Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
@@ -816,7 +851,12 @@ Status CudaBackend::forward_fused(int T, int R) {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (mega_uncaptured_) cudaStreamIsCapturing(stream_, &capturing);
   if (mega_ && !in_loop_ && skip.empty() && capturing == cudaStreamCaptureStatusNone) {
-    SS_TRY(k::mega_decode(mega_args(), T, R, stream_));
+    cuda::kern::MegaDecode m = mega_args();
+    if (d_mega_trace_) cudaStreamIsCapturing(stream_, &capturing);
+    const bool trace = d_mega_trace_ && capturing == cudaStreamCaptureStatusNone;
+    if (trace) m.trace = d_mega_trace_;
+    SS_TRY(k::mega_decode(m, T, R, stream_));
+    if (trace) SS_TRY(collect_mega_trace());
     mark(kLmHead);  // the whole step: its stages are not separable
     return {};
   }

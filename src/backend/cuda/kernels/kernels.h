@@ -179,6 +179,10 @@ struct MegaDecode {
   float* logits;             // [n_rows][V]
   const int32_t* rows;       // [n_rows]: the residual row of logits row r (null: r)
   void* work;                // mega_work_bytes(), zero once before the first launch; each launch leaves it so
+  // Diagnostics (null: off): CTA 0's %globaltimer at the end of each part of layer l, [10 l + i]:
+  // 0 QKV (with its norm), 1 barrier, 2 attention, 3 barrier, 4 o_proj, 5 barrier, 6 gate/up (with
+  // its norm), 7 barrier, 8 down, 9 barrier; [10 L] the start, [10 L + 1] the end (after lm_head).
+  unsigned long long* trace = nullptr;
 };
 // Empty when the kernel runs this model, else why not (head dim 64/128, GQA groups <= 4, no q/k norms).
 std::string mega_unsupported(const MegaDecode& shape);

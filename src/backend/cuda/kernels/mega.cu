@@ -49,7 +49,7 @@ namespace {
 using namespace dev;
 using namespace dec;
 
-constexpr int kCWarps = 8;                     // consumer warps
+constexpr int kCWarps = 4;                     // consumer warps
 constexpr int kCThreads = kCWarps * 32;        // the norm's 256-thread reduction, as decode.cu's
 constexpr int kThreadsM = kCThreads + 32;      // and one producer warp
 constexpr int kKc = 512;                       // K columns a stage
@@ -99,8 +99,23 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// The old value; release of what this thread (and, through a preceding barrier, its CTA or warp)
+// wrote, acquire of what the previous arrivals released. No fence.sc: ~1 us each on the chain.
+__device__ __forceinline__ unsigned arrive_acq_rel(unsigned* p) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
 }
 
 // Everything before it in every CTA happens before everything after it in every CTA. bar[0] counts
@@ -110,19 +125,26 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
   if (threadIdx.x == 0) {
     unsigned* count = bar;
     unsigned* gen = bar + 32;
-    const unsigned g = ld_acquire(gen);  // cannot move on before this CTA arrives
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      atomicExch(count, 0u);
-      __threadfence();
+    const unsigned g = ld_relaxed(gen);  // cannot move on before this CTA arrives
+    if (arrive_acq_rel(count) == gridDim.x - 1) {
+      st_relaxed(count, 0u);  // ordered before the release below; the next arrivals come after it
       st_release(gen, g + 1);
     } else {
       while (ld_acquire(gen) == g) {
       }
     }
-    __threadfence();
   }
   consumers_sync();
+}
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// SS_CUDA_MEGA_TRACE: CTA 0 stamps the end of each part of a layer (see MegaDecode::trace).
+__device__ __forceinline__ void stamp(const MegaDecode& m, int i) {
+  if (m.trace && blockIdx.x == 0 && threadIdx.x == 0) m.trace[i] = globaltimer();
 }
 
 // ---- the work of one launch ----
@@ -314,15 +336,12 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
   __stcg(reinterpret_cast<float4*>(mine) + lane, make_float4(v[0], v[1], v[2], v[3]));
   __syncwarp();
   unsigned ticket = 0;
-  if (lane == 0) {
-    __threadfence();
-    ticket = atomicAdd(&w.tickets[tile], 1u);
-  }
+  if (lane == 0) ticket = arrive_acq_rel(&w.tickets[tile]);
   ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  __syncwarp();  // orders the lanes' reads below after lane 0's acquire
   int pieces = 0;
   for (int c2 = first; c2 <= last; ++c2) pieces += sp.lo(c2 + 1) > sp.lo(c2);
   if (ticket != static_cast<unsigned>(pieces - 1)) return;
-  __threadfence();
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int c2 = first; c2 <= last; ++c2) {
     if (sp.lo(c2 + 1) == sp.lo(c2)) continue;
@@ -335,25 +354,16 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
 
 template <Op OP>
 __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, const Work& w) {
+  constexpr int U = kKc / 32 / kCWarps;  // chunks a warp takes of a stage
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const Split sp(a);
-  const int64_t hi = sp.lo(blockIdx.x + 1);
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  int cur = -1;
-  for (int64_t s = sp.lo(blockIdx.x); s < hi; ++s, ++r.ctr) {
-    const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
-    if (tile != cur) {
-      if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
-      c[0] = c[1] = c[2] = c[3] = 0.0f;
-      cur = tile;
-    }
-    const int slot = static_cast<int>(r.ctr % r.n);
-    const unsigned char* st = r.slots + static_cast<size_t>(slot) * kSlotBytes;
-    const int chunks = min(kKc, a.K - k0) / 32;
-    // The input columns first (independent of the stage's arrival).
-    uint4 xv[kKc / 32 / kCWarps];
+  const int64_t lo = sp.lo(blockIdx.x), hi = sp.lo(blockIdx.x + 1);
+  // The input columns of stage s: from shared memory (the norm ops) or through L2 (o_proj, down:
+  // loaded a stage ahead, so the L2 round trip overlaps the wait for the weights).
+  auto load_x = [&](int64_t s, uint4 (&xv)[U]) {
+    const int k0 = static_cast<int>(s % sp.nk) * kKc, chunks = min(kKc, a.K - k0) / 32;
 #pragma unroll
-    for (int u = 0; u < kKc / 32 / kCWarps; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int ch = warp + u * kCWarps, k = k0 + ch * 32 + t * 8;
       xv[u] = make_uint4(0, 0, 0, 0);
       if (ch < chunks && g < a.B) {
@@ -361,9 +371,25 @@ __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, con
         else xv[u] = *reinterpret_cast<const uint4*>(sm.xs + static_cast<int64_t>(g) * sm.xstride + k);
       }
     }
+  };
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int cur = -1;
+  uint4 xv[U], xn[U];
+  if (lo < hi) load_x(lo, xv);
+  for (int64_t s = lo; s < hi; ++s, ++r.ctr) {
+    const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
+    if (tile != cur) {
+      if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
+      c[0] = c[1] = c[2] = c[3] = 0.0f;
+      cur = tile;
+    }
+    if (s + 1 < hi) load_x(s + 1, xn);
+    const int slot = static_cast<int>(r.ctr % r.n);
+    const unsigned char* st = r.slots + static_cast<size_t>(slot) * kSlotBytes;
+    const int chunks = min(kKc, a.K - k0) / 32;
     mbar_wait(&r.full[slot], (r.ctr / r.n) & 1);
 #pragma unroll
-    for (int u = 0; u < kKc / 32 / kCWarps; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int ch = warp + u * kCWarps;
       if (ch >= chunks) break;
       const int off = (ch * 32 + t * 8) * 2;
@@ -374,29 +400,45 @@ __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, con
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&r.empty[slot]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) xv[u] = xn[u];
   }
   if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
 }
 
 __device__ __forceinline__ int keys_per_split(int ctx) { return 32 * ((ctx + 32 * kMaxSplits - 1) / (32 * kMaxSplits)); }
 
-// One (row b, KV head kvh, split s) of attention by one warp: see the top of the file.
+// One (row b, KV head kvh, split s) of attention by one warp: see the top of the file. Scores on
+// the tensor cores: 16 keys x the group's heads (columns; bf16 q) an mma, the K fragments loaded
+// straight from L2 as decode.cu loads weight rows; P through the warp's shared slice pw [32][kMaxG];
+// P V on the CUDA cores, lanes owning (key group, 8 dims).
 template <int HD>
 __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cache, int b, int kvh, int s, int ks, int ns, int ctx,
-                       float* qw, const Work& w) {
+                       float* pw, const Work& w) {
+  constexpr int NC = HD / 32;                                  // 32-dim chunks
   constexpr int LPR = HD / 8, NG = 32 / LPR, KPL = 32 / NG;  // lanes a V row, key groups, V keys a lane
-  const int lane = threadIdx.x & 31, dl = lane % LPR, kg = lane / LPR;
+  const int lane = threadIdx.x & 31, dl = lane % LPR, kg = lane / LPR, g = lane >> 2, t = lane & 3;
   const int nkv = m.rk.n_kv, G = m.rk.n_heads / nkv;
   const int32_t* table = m.rk.tables + static_cast<int64_t>(m.rk.seq_of_token[b]) * m.rk.max_blocks;
-  const float* q = m.rk.q_out + (static_cast<int64_t>(b) * m.rk.n_heads + kvh * G) * HD;
-  for (int i = lane * 4; i < G * HD; i += 128)
-    *reinterpret_cast<float4*>(qw + i) = __ldcg(reinterpret_cast<const float4*>(q + i));
-  __syncwarp();
   auto kv_at = [&](int pos, int which) {  // key / value row `pos` of this KV head
     const int blk = table[pos / kBlockTokens];
     return cache + ((static_cast<int64_t>(blk) * 2 + which) * nkv + kvh) * kBlockTokens * HD +
            static_cast<int64_t>(pos % kBlockTokens) * HD;
   };
+  // q of head g of the group as the mma's B column g (dims c * 32 + t * 8 .. + 8 of each chunk).
+  uint4 qf[NC];
+  {
+    const float* q = m.rk.q_out + (static_cast<int64_t>(b) * m.rk.n_heads + kvh * G + (g < G ? g : 0)) * HD;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      qf[c] = make_uint4(0, 0, 0, 0);
+      if (g < G) {
+        const float4 u = __ldcg(reinterpret_cast<const float4*>(q + c * 32 + t * 8));
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(q + c * 32 + t * 8 + 4));
+        qf[c] = make_uint4(pack_bf2(u.x, u.y), pack_bf2(u.z, u.w), pack_bf2(v.x, v.y), pack_bf2(v.z, v.w));
+      }
+    }
+  }
   float mrun[kMaxG], lrun[kMaxG], o[kMaxG][8];
 #pragma unroll
   for (int h = 0; h < kMaxG; ++h) {
@@ -406,51 +448,69 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
   }
   const int k_begin = s * ks, k_end = min(ctx, k_begin + ks);
   for (int k0 = k_begin; k0 < k_end; k0 += 32) {
-    const int kj = k0 + lane;
-    const bool valid = kj < k_end;
-    // V's lines head for L2 while K arrives; V itself is loaded after the scores (K's registers are
-    // free by then: both at once would not fit one CTA's 288 threads without spilling).
+    // V's lines head for L2 while the scores are computed.
 #pragma unroll
     for (int i = 0; i < KPL; ++i) {
       const int kv = k0 + kg + NG * i;
       if (kv < k_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(kv_at(kv, 1) + dl * 8));
     }
-    uint4 kr[LPR];
-    if (valid) {
-      const uint4* kp = reinterpret_cast<const uint4*>(kv_at(kj, 0));
+    // sc[kb]: keys k0 + 16 kb + g (elements 0, 1) and + 8 (2, 3), heads 2t (0, 2) and 2t + 1 (1, 3).
+    float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-      for (int i = 0; i < LPR; ++i) kr[i] = __ldcg(kp + i);
-    }
-    float acc[kMaxG] = {};
-    if (valid) {
+    for (int kb = 0; kb < 2; ++kb) {
+      const int r0 = k0 + 16 * kb + g, r1 = r0 + 8;
+      uint4 a0[NC], a1[NC];
 #pragma unroll
-      for (int i = 0; i < LPR; ++i) {
-        const float k8[8] = {lo_bf(kr[i].x), hi_bf(kr[i].x), lo_bf(kr[i].y), hi_bf(kr[i].y),
-                             lo_bf(kr[i].z), hi_bf(kr[i].z), lo_bf(kr[i].w), hi_bf(kr[i].w)};
+      for (int c = 0; c < NC; ++c) {
+        a0[c] = r0 < k_end ? __ldcg(reinterpret_cast<const uint4*>(kv_at(r0, 0) + c * 32 + t * 8)) : make_uint4(0, 0, 0, 0);
+        a1[c] = r1 < k_end ? __ldcg(reinterpret_cast<const uint4*>(kv_at(r1, 0) + c * 32 + t * 8)) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-        for (int h = 0; h < kMaxG; ++h) {
-          if (h >= G) break;
-          const float4 q0 = *reinterpret_cast<const float4*>(qw + h * HD + i * 8);
-          const float4 q1 = *reinterpret_cast<const float4*>(qw + h * HD + i * 8 + 4);
-          acc[h] = fmaf(q0.x, k8[0], acc[h]), acc[h] = fmaf(q0.y, k8[1], acc[h]);
-          acc[h] = fmaf(q0.z, k8[2], acc[h]), acc[h] = fmaf(q0.w, k8[3], acc[h]);
-          acc[h] = fmaf(q1.x, k8[4], acc[h]), acc[h] = fmaf(q1.y, k8[5], acc[h]);
-          acc[h] = fmaf(q1.z, k8[6], acc[h]), acc[h] = fmaf(q1.w, k8[7], acc[h]);
-        }
+      for (int c = 0; c < NC; ++c) {
+        mma_bf16(sc[kb], a0[c].x, a1[c].x, a0[c].y, a1[c].y, qf[c].x, qf[c].y);
+        mma_bf16(sc[kb], a0[c].z, a1[c].z, a0[c].w, a1[c].w, qf[c].z, qf[c].w);
       }
     }
-    float p[kMaxG];
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 16 * kb + g + (e >= 2 ? 8 : 0);
+        sc[kb][e] = key < k_end ? sc[kb][e] * m.scale : -INFINITY;
+        mx[e & 1] = fmaxf(mx[e & 1], sc[kb][e]);
+      }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1)
+      mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off)), mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
+    float mnew[kMaxG], corr[kMaxG];
+#pragma unroll
+    for (int h = 0; h < kMaxG; ++h) {  // head h's maximum is on lanes t = h / 2
+      mnew[h] = fmaxf(mrun[h], __shfl_sync(0xffffffffu, mx[h & 1], h >> 1));
+      corr[h] = mrun[h] == -INFINITY ? 0.0f : __expf(mrun[h] - mnew[h]);
+    }
+    const float m0 = t == 0 ? mnew[0] : mnew[2 % kMaxG], m1 = t == 0 ? mnew[1] : mnew[3 % kMaxG];
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = 2 * t + (e & 1);
+        const float pe = __expf(sc[kb][e] - ((e & 1) ? m1 : m0));  // masked keys: exp(-inf) = 0
+        if (t < 2 && h < G) pw[(16 * kb + g + (e >= 2 ? 8 : 0)) * kMaxG + h] = pe;
+        sum[e & 1] += pe;
+      }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1)
+      sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], off), sum[1] += __shfl_xor_sync(0xffffffffu, sum[1], off);
 #pragma unroll
     for (int h = 0; h < kMaxG; ++h) {
-      const float sc = valid ? acc[h] * m.scale : -INFINITY;
-      const float mnew = fmaxf(mrun[h], warp_max(sc));
-      const float corr = mrun[h] == -INFINITY ? 0.0f : __expf(mrun[h] - mnew);
-      p[h] = valid && h < G ? __expf(sc - mnew) : 0.0f;
-      lrun[h] = lrun[h] * corr + p[h];
-      mrun[h] = mnew;
+      lrun[h] = lrun[h] * corr[h] + __shfl_sync(0xffffffffu, sum[h & 1], h >> 1);
+      mrun[h] = mnew[h];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[h][e] *= corr;
+      for (int e = 0; e < 8; ++e) o[h][e] *= corr[h];
     }
+    __syncwarp();
     // P V in two halves of the lane's values (registers).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -462,10 +522,12 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
       }
 #pragma unroll
       for (int i = 0; i < KPL / 2; ++i) {
-        const int j = kg + NG * (half * KPL / 2 + i);  // the lane that scored this value's key
+        const int j = kg + NG * (half * KPL / 2 + i);  // the value's key within the round
+        if (k0 + j >= k_end) continue;
 #pragma unroll
         for (int h = 0; h < kMaxG; ++h) {
-          const float pj = __shfl_sync(0xffffffffu, p[h], j);
+          if (h >= G) break;
+          const float pj = pw[j * kMaxG + h];
           o[h][0] = fmaf(pj, lo_bf(vr[i].x), o[h][0]), o[h][1] = fmaf(pj, hi_bf(vr[i].x), o[h][1]);
           o[h][2] = fmaf(pj, lo_bf(vr[i].y), o[h][2]), o[h][3] = fmaf(pj, hi_bf(vr[i].y), o[h][3]);
           o[h][4] = fmaf(pj, lo_bf(vr[i].z), o[h][4]), o[h][5] = fmaf(pj, hi_bf(vr[i].z), o[h][5]);
@@ -473,10 +535,10 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
         }
       }
     }
+    __syncwarp();  // pw is rewritten by the next round
   }
 #pragma unroll
   for (int h = 0; h < kMaxG; ++h) {
-    lrun[h] = warp_sum(lrun[h]);
 #pragma unroll
     for (int off = LPR; off < 32; off <<= 1)
 #pragma unroll
@@ -508,46 +570,98 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
   __syncwarp();
   unsigned ticket = 0;
   unsigned* cnt = w.attn_cnt + b * nkv + kvh;
-  if (lane == 0) {
-    __threadfence();
-    ticket = atomicAdd(cnt, 1u);
-  }
+  if (lane == 0) ticket = arrive_acq_rel(cnt);
   ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  __syncwarp();
   if (ticket != static_cast<unsigned>(ns - 1)) return;
-  __threadfence();
-  // The last split merges all of them, in split order: lanes (key group -> head, dims).
-  for (int h = kg; h < G; h += NG) {
-    float M = -INFINITY;
-    for (int s2 = 0; s2 < ns; ++s2) M = fmaxf(M, __ldcg(base + static_cast<int64_t>(s2) * pf + h));
-    float L = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s2 = 0; s2 < ns; ++s2) {
-      const float* ps = base + static_cast<int64_t>(s2) * pf;
-      const float f = __expf(__ldcg(ps + h) - M);
-      L = fmaf(f, __ldcg(ps + kMaxG + h), L);
+  // The last split merges all of them, in split order. Lane s2 < ns reads split s2's maximum and sum
+  // of every head and holds its weight exp(m - M) / L; every lane then adds the splits' outputs for
+  // its (head, 8 dims), all loads of a round in flight at once.
+  float f[kMaxG];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = fmaf(f, __ldcg(ps + 2 * kMaxG + h * HD + dl * 8 + e), acc[e]);
+  for (int h = 0; h < kMaxG; ++h) {
+    const bool has = lane < ns && h < G;
+    const float* ps = base + static_cast<int64_t>(has ? lane : 0) * pf;
+    const float mh = has ? __ldcg(ps + h) : -INFINITY;
+    const float lh = has ? __ldcg(ps + kMaxG + h) : 0.0f;
+    const float M = warp_max(mh);
+    const float e = has ? __expf(mh - M) : 0.0f;
+    const float L = warp_sum(e * lh);
+    f[h] = has ? e / L : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < (kMaxG + NG - 1) / NG; ++j) {
+    const int h = kg + NG * j;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4  // fully unrolled, the loads of 16 splits spill
+    for (int s2 = 0; s2 < kMaxSplits; ++s2) {
+      float wgt = 0.0f;
+#pragma unroll
+      for (int hh = 0; hh < kMaxG; ++hh) {
+        const float v = __shfl_sync(0xffffffffu, f[hh], s2);
+        if (hh == h) wgt = v;
+      }
+      if (s2 < ns && h < G) {
+        const float* po = base + static_cast<int64_t>(s2) * pf + 2 * kMaxG + h * HD + dl * 8;
+        const float4 v0 = __ldcg(reinterpret_cast<const float4*>(po));
+        const float4 v1 = __ldcg(reinterpret_cast<const float4*>(po + 4));
+        acc[0] = fmaf(wgt, v0.x, acc[0]), acc[1] = fmaf(wgt, v0.y, acc[1]);
+        acc[2] = fmaf(wgt, v0.z, acc[2]), acc[3] = fmaf(wgt, v0.w, acc[3]);
+        acc[4] = fmaf(wgt, v1.x, acc[4]), acc[5] = fmaf(wgt, v1.y, acc[5]);
+        acc[6] = fmaf(wgt, v1.z, acc[6]), acc[7] = fmaf(wgt, v1.w, acc[7]);
+      }
     }
+    if (h < G)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(acc[e] / L);
+      for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(acc[e]);
   }
   if (lane == 0) *cnt = 0;
 }
 
+// Attention item `it` (over rows, then KV heads, then splits): false past the last.
+struct Item {
+  int b, kvh, s, ks, ns, ctx;
+};
+__device__ __forceinline__ bool item_of(const MegaDecode& m, int B, int it, Item& o) {
+  for (int b = 0; b < B; ++b) {
+    const int ctx = m.ctx_len[b], ks = keys_per_split(ctx), ns = (ctx + ks - 1) / ks;
+    if (it < ns * m.rk.n_kv) {
+      o = Item{b, it / ns, it % ns, ks, ns, ctx};
+      return true;
+    }
+    it -= ns * m.rk.n_kv;
+  }
+  return false;
+}
+
+// Before the barrier that ends the QKV projection: this warp's attention keys and values to L2
+// (the positions before this step's are there already; its own row is written to L2 anyway).
+__device__ __forceinline__ void prefetch_attention(const MegaDecode& m, int l, int B) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = m.rk.hd, nkv = m.rk.n_kv;
+  const uint16_t* cache = m.layers[l].cache;
+  Item t;
+  for (int it = blockIdx.x * kCWarps + warp; item_of(m, B, it, t); it += gridDim.x * kCWarps) {
+    const int32_t* table = m.rk.tables + static_cast<int64_t>(m.rk.seq_of_token[t.b]) * m.rk.max_blocks;
+    const int k_end = min(t.ctx, (t.s + 1) * t.ks);
+    for (int k = t.s * t.ks + lane; k < k_end; k += 32) {
+      const int blk = table[k / kBlockTokens];
+      for (int which = 0; which < 2; ++which) {
+        const uint16_t* row = cache + ((static_cast<int64_t>(blk) * 2 + which) * nkv + t.kvh) * kBlockTokens * hd +
+                              static_cast<int64_t>(k % kBlockTokens) * hd;
+        for (int off = 0; off < hd; off += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ void attention_op(const MegaDecode& m, int l, int B, Smem& sm, const Work& w) {
   const int warp = threadIdx.x >> 5;
-  float* qw = reinterpret_cast<float*>(sm.xs) + warp * kMaxG * m.rk.hd;
+  float* pw = reinterpret_cast<float*>(sm.xs) + warp * 32 * kMaxG;
   const uint16_t* cache = m.layers[l].cache;
-  for (int it = blockIdx.x * kCWarps + warp;; it += gridDim.x * kCWarps) {
-    int rem = it, b = 0, ks = 0, ns = 0, ctx = 0;
-    for (; b < B; ++b) {
-      ctx = m.ctx_len[b];
-      ks = keys_per_split(ctx), ns = (ctx + ks - 1) / ks;
-      if (rem < ns * m.rk.n_kv) break;
-      rem -= ns * m.rk.n_kv;
-    }
-    if (b >= B) return;
-    if (m.rk.hd == 128) attend<128>(m, cache, b, rem / ns, rem % ns, ks, ns, ctx, qw, w);
-    else attend<64>(m, cache, b, rem / ns, rem % ns, ks, ns, ctx, qw, w);
+  Item t;
+  for (int it = blockIdx.x * kCWarps + warp; item_of(m, B, it, t); it += gridDim.x * kCWarps) {
+    if (m.rk.hd == 128) attend<128>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w);
+    else attend<64>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w);
     __syncwarp();
   }
 }
@@ -576,25 +690,38 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
   sm.ssq = sm.red + kRedFloats;
   sm.xs = reinterpret_cast<uint16_t*>(sm.ssq + kSsqFloats);
   sm.xstride = xstride;
+  stamp(m, m.L * 10);
   for (int l = 0; l < m.L; ++l) {
     const MegaLayer& L = m.layers[l];
     stage_norm(m.resid, nullptr, B, m.H, L.attn_norm, m.eps, sm);
     consume<Op::Qkv>(args_qkv(m, l, B), r, sm, w);
+    prefetch_attention(m, l, B);
+    stamp(m, l * 10);
     grid_sync(w.bar);
+    stamp(m, l * 10 + 1);
     attention_op(m, l, B, sm, w);
+    stamp(m, l * 10 + 2);
     grid_sync(w.bar);
+    stamp(m, l * 10 + 3);
     consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, w);
+    stamp(m, l * 10 + 4);
     grid_sync(w.bar);
+    stamp(m, l * 10 + 5);
     stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
     consume<Op::GateUp>(args_gate_up(m, l, B), r, sm, w);
+    stamp(m, l * 10 + 6);
     grid_sync(w.bar);
+    stamp(m, l * 10 + 7);
     consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, w);
+    stamp(m, l * 10 + 8);
     grid_sync(w.bar);
+    stamp(m, l * 10 + 9);
   }
   if (R > 0) {
     stage_norm(m.resid, m.rows, R, m.H, m.out_norm, m.eps, sm);
     consume<Op::Logits>(args_logits(m, R), r, sm, w);
   }
+  stamp(m, m.L * 10 + 1);
 }
 
 struct Layout {
@@ -604,7 +731,7 @@ struct Layout {
 Layout layout(const MegaDecode& m, int B) {
   Layout l{};
   l.xstride = m.H + 32;
-  const int64_t xs = std::max<int64_t>(2LL * B * l.xstride, 4LL * kCWarps * kMaxG * m.rk.hd);
+  const int64_t xs = std::max<int64_t>(2LL * B * l.xstride, 4LL * kCWarps * 32 * kMaxG);
   l.ring_off = static_cast<int>(align_up(kHdrBytes + 4LL * (kRedFloats + kSsqFloats) + xs, 128));
   int max_smem = 0, dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine, one device call (~5 minutes): issue 17's persistent decode kernel
+# (kernels/mega.cu, SS_CUDA_MEGA=1). Builds selfserve and test_gpu_backend, runs the kernel's test,
+# the decode step against the PDL-chained kernels (interleaved, batch 1/2/8, context 512) at the
+# 135M, 1B and 8B shapes, the kernel's per-part trace (SS_CUDA_MEGA_TRACE=1, eager) and ncu on one
+# launch. Results in $OUT (progress, logs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out-gpu}
+mkdir -p "$OUT"
+T0=$(date +%s)
+stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
+tools/gpu/build_on_device.sh selfserve test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
+stage build
+source build-gpu/env.sh
+B=build-gpu M=/tmp/ssm
+mkdir -p $M
+for s in smollm2-135m llama32-1b llama3-8b; do
+  [ -s $M/$s-bf16.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
+done
+stage synth
+timeout 200 $B/test_gpu_backend --gtest_filter='CudaMegakernel.*' > "$OUT/t-mega.txt" 2>&1
+stage "CudaMegakernel rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t-mega.txt" | tr '\n' ' ') $(grep -E 'Failure|error:' "$OUT/t-mega.txt" | head -4 | cut -c1-160 | tr '\n' ';')"
+rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
+for s in smollm2-135m llama32-1b llama3-8b; do
+  reps="0 1 0 1"
+  [ $s = llama3-8b ] && reps="0 1"  # ~35 s a run (the file's load)
+  for mg in $reps; do
+    f="$OUT/dec-$s-$mg-$(date +%s%N).txt"
+    SS_CUDA_MEGA=$mg timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch 1,2,8 \
+      --context 512 --steps 64 --reps 3 > "$f" 2>&1
+    stage "decode $s mega=$mg rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
+  done
+done
+for s in smollm2-135m llama3-8b; do
+  SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
+    --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
+  stage "trace $s rc=$? $(grep 'mega trace' "$OUT/trace-$s.txt")"
+done
+SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+  --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats $B/selfserve bench decode \
+  --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 1 --context 512 --steps 8 --reps 1 \
+  > "$OUT/ncu-mega-8b.txt" 2>&1
+stage "ncu 8B rc=$? $(grep -E 'Duration|DRAM Throughput|Warp Cycles Per Issued' "$OUT/ncu-mega-8b.txt" | tr -s ' ' | tr '\n' ';')"
+stage done
