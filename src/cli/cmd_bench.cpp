@@ -126,7 +126,8 @@ void run_decode(const DecodeArgs& a) {
     return fail("--context " + std::to_string(a.context) + " + --steps " + std::to_string(a.steps) +
                 " passes the model's context of " + std::to_string(model.config.max_context) + " tokens");
   const int max_batch = *std::max_element(a.batch.begin(), a.batch.end());
-  const int bs = 16, per_seq = (a.context + a.steps + bs - 1) / bs + 1;
+  // Blocks for positions [0, context + steps): one more would pass a GPU backend's table at the model's context.
+  const int bs = 16, per_seq = (a.context + a.steps + bs - 1) / bs;
   backend::BackendOptions bo;
   bo.threads = a.threads;
   bo.kv.block_size = bs;

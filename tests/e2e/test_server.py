@@ -779,13 +779,16 @@ def test_concurrency_and_batch_invariance(srv):
     assert_batch_invariant(srv)
 
 
-def test_q8_kv_cache_server_is_batch_invariant_and_holds_more_blocks(srv, tmp_path):
-    # The 8-bit cache stores a token in about half of fp16's bytes, so the same --kv-cache-mib holds
-    # nearly twice the blocks; greedy text stays the same alone and among 16 concurrent requests.
+def test_q8_kv_cache_server_is_batch_invariant_and_holds_more_blocks(srv, tmp_path, selfserve):
+    # The 8-bit cache (the CPU backend's) stores a token in about half of fp16's bytes, so the same
+    # --kv-cache-mib holds nearly twice the blocks; greedy text stays the same alone and among 16
+    # concurrent requests.
+    f16 = json.loads(selfserve("inspect", "--memory", "--json", *_model_args(srv)[1:], "--device", "cpu",
+                               "--max-num-seqs", "16", "--kv-cache-mib", "256").stdout)
     q8 = Server(tmp_path, "q8", *_model_args(srv), "--api-key", API_KEY, "--kv-cache-dtype", "q8_0",
-                "--max-num-seqs", "16", "--kv-cache-mib", "256")
+                "--max-num-seqs", "16", "--kv-cache-mib", "256", "--device", "cpu")
     try:
-        assert q8.metric("selfserve_kv_cache_blocks_total") >= 1.8 * srv.metric("selfserve_kv_cache_blocks_total")
+        assert q8.metric("selfserve_kv_cache_blocks_total") >= 1.8 * f16["kv_blocks"]
         assert_batch_invariant(q8)
     finally:
         assert q8.stop() == 0, q8.log_text()
@@ -1014,10 +1017,16 @@ def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
     # Each request needs 7 blocks of 16 by its end (~14 prompt tokens + 96), the pool holds 16: any
     # three that overlap run out. The clients are made first and the requests leave together from
     # a barrier, so a slow machine staggering their starts cannot let them run one after another.
+    # Both on the CPU backend, whose rows do not depend on what shares their step (also in a GPU
+    # build: a preempted sequence's recompute runs the GPU's cuBLAS path, its decode the fused one).
     prompts = [f"Story {i}: the little robot walked into the forest and" for i in range(6)]
-    expect = [greedy_completion(srv, p, 96) for p in prompts]
+    ref = Server(tmp_path, "ref", *_model_args(srv), "--api-key", API_KEY, "--device", "cpu")
+    try:
+        expect = [greedy_completion(ref, p, 96) for p in prompts]
+    finally:
+        assert ref.stop() == 0
     tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "16",
-                  "--max-num-seqs", "8", "--max-num-batched-tokens", "256")
+                  "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--device", "cpu")
     try:
         assert concurrent_greedy(tiny, prompts, 96) == expect
         assert tiny.metric("selfserve_preemptions_total") > 0
