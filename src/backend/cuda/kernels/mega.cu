@@ -10,7 +10,7 @@
 // that streams the CTA's share of every weight matrix, operation after operation and layer after
 // layer, into a ring of shared-memory stages with bulk asynchronous copies (cp.async.bulk, completed
 // on mbarriers). Weights depend on nothing the step computes, so the producer runs ahead as far as
-// the ring allows (11-12 stages of 16 rows x 512 columns, ~190 KiB a SM): while the eight consumer
+// the ring allows (11-12 stages of 16 rows x 512 columns, ~190 KiB a SM): while the four consumer
 // warps wait at a barrier or run attention, the next operation's weights are already arriving.
 // DRAM sees one continuous stream of the step's weights instead of one burst a kernel.
 //
@@ -21,15 +21,15 @@
 // CTA order and runs the epilogue, so the result does not depend on timing. Consumer warps take a
 // stage's 32-column chunks in turn and reduce at the end of each tile in warp order.
 //
-// Arithmetic is the fused path's (decode.cu): the same RMSNorm staging (the same 256-thread sum of
-// squares, the same bf16 rounding), the same tensor-core product of 16 weight rows by up to 8 batch
+// Arithmetic is the fused path's (decode.cu): the same RMSNorm staging (bf16(x * rms * w), its sum
+// of squares over 128 threads instead of 256), the same tensor-core product of 16 weight rows by up to 8 batch
 // columns and the same epilogues (decode_ops.cuh); only the order in which a row's fp32 partial
 // sums are added differs. That order depends on the shape and the SM count, never on the batch,
 // so a sequence's logits do not depend on what shares its step.
 //
-// Attention: one warp a (row, KV head, split of at most 32 x ceil(ctx / 512) keys, <= 16 splits);
-// lanes own keys for the scores and (key group, 8 dims) for P V; K and V of a 32-key round are
-// loaded together. Splits merge through a ticket: the last split of a (row, KV head) merges them
+// Attention: one warp a (row, KV head, split of 32 x ceil(ctx / 512) keys, <= 16 splits); the scores
+// of 32 keys on the tensor cores (q rounded to bf16, as the prefill tiles do), P V on the CUDA cores
+// with lanes owning (key group, 8 dims). Splits merge through a ticket: the last split of a (row, KV head) merges them
 // in split order. Split sizes depend on the row's own context only (batch invariance).
 //
 // Memory ordering: everything a CTA writes that another CTA reads later in the same launch (the
@@ -49,9 +49,11 @@ namespace {
 using namespace dev;
 using namespace dec;
 
-constexpr int kCWarps = 4;                     // consumer warps
-constexpr int kCThreads = kCWarps * 32;        // the norm's 256-thread reduction, as decode.cu's
-constexpr int kThreadsM = kCThreads + 32;      // and one producer warp
+// Four consumer warps and a producer: 160 threads, so a thread may hold 255 registers (288 threads
+// capped it at 168, and attention spilled into the ~40 KiB of L1 the ring leaves).
+constexpr int kCWarps = 4;
+constexpr int kCThreads = kCWarps * 32;
+constexpr int kThreadsM = kCThreads + 32;
 constexpr int kKc = 512;                       // K columns a stage
 constexpr int kRowBytes = kKc * 2 + 64;        // a stage's row in shared memory: 64 bytes of pad
 constexpr int kSlotBytes = 16 * kRowBytes;     // spread rows g and g + 1 over the two bank halves
