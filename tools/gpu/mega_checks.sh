@@ -25,7 +25,7 @@ stage "CudaMegakernel rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t-mega.txt" |
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
 for s in smollm2-135m llama32-1b llama3-8b; do
   reps="0 1 0 1"
-  [ $s = llama3-8b ] && reps="0 1"  # ~35 s a run (the file's load)
+  [ $s = smollm2-135m ] || reps="0 1"  # 1B ~7 s a run, 8B ~35 s (the file's load)
   for mg in $reps; do
     f="$OUT/dec-$s-$mg-$(date +%s%N).txt"
     SS_CUDA_MEGA=$mg timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch 1,2,8 \
