@@ -8,12 +8,12 @@
 #   1. build (llama.cpp 0c1e570's CUDA build starts beside it when .lcp/llama.cpp.tgz is carried);
 #      test_gpu (the attention tiles with and without split keys among them) and test_gpu_backend in
 #      full at the defaults (the device-loop tests one at a time), then test_gpu_backend with
-#      SS_CUDA_SPLIT_KEYS=1;
+#      SS_CUDA_SPLIT_KEYS=0 (split keys are the default since 2026-12-06);
 #   2. issue 17's persistent decode kernel (SS_CUDA_MEGA=1): its test and the step A/B at 135M, 1B, 8B;
 #      tests/e2e against the GPU build (e2e_on_device.sh; the default model in pieces, carried by two
 #      calls before this one: tools/gpu/fetch_e2e_deps.sh); the KV tiers' returning-turn TTFT at 8B
 #      (the arena registered: copies in place);
-#   3. the 8B bf16 decode step with and without split keys (written without a GPU) at contexts 512 and
+#   3. the 8B bf16 decode step with and without split keys at contexts 512 and
 #      4096; at context 8160 rows, tiles and split keys, beside llama-batched-bench; selfserve serve
 #      beside llama-server on the 8B file (bench_serve_vs_llamaserver.sh);
 #   4. with AB=1 only (measured 2026-12-05, docs/perf/gpu.md): the row kernel's tests, tiles vs rows
@@ -75,11 +75,12 @@ for t in DeviceLoopControl.CancelDeadlineAndHostFallback DeviceLoopControl.Serve
   stage "test_gpu_backend $t rc=$? $(summary "$f")"
 done
 
-# Split keys (SS_CUDA_SPLIT_KEYS=1, written without a GPU): tiles of at most 16 rows (a decode row's
-# packed group) split every key tile over the CTA's four warps. Through every backend test: the
-# forward tests against their references, graphs vs eager, the device loop vs host.
-SS_CUDA_SPLIT_KEYS=1 timeout 240 $B/test_gpu_backend > "$RES/t-backend-split.txt" 2>&1
-stage "test_gpu_backend with SS_CUDA_SPLIT_KEYS=1 rc=$? $(summary "$RES/t-backend-split.txt")"
+# Split keys (tiles of at most 16 rows, a decode row's packed group, split every key tile over the
+# CTA's four warps) are the default since 2026-12-06; the path without them (SS_CUDA_SPLIT_KEYS=0)
+# through every backend test: the forward tests against their references, graphs vs eager, the
+# device loop vs host.
+SS_CUDA_SPLIT_KEYS=0 timeout 240 $B/test_gpu_backend > "$RES/t-backend-split.txt" 2>&1
+stage "test_gpu_backend with SS_CUDA_SPLIT_KEYS=0 rc=$? $(summary "$RES/t-backend-split.txt")"
 
 M=/tmp/ssm
 mkdir -p $M
