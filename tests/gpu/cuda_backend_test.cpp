@@ -415,33 +415,43 @@ TEST(CudaGraphs, GreedyTextSameWithAndWithoutGraphs) {
   EXPECT_EQ(shared[3], eager[0]);
 }
 
+namespace {
+// A real head shape cut to two layers and a 512-token vocabulary, bf16 safetensors in dir; with the
+// CPU backend's options for comparing against it (f32 KV cache).
+std::unique_ptr<ss::model::Model> two_layer_synth(const char* shape, uint64_t seed, const std::string& dir) {
+  ss::model::SynthOptions so;
+  so.shape = shape;
+  so.layers = 2;
+  so.vocab = 512;
+  so.format = ss::model::SynthFormat::Safetensors;
+  so.dtype = ss::model::DType::BF16;
+  so.seed = seed;
+  so.out = dir;
+  auto w = ss::model::write_synth_model(so);
+  EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.message());
+  return w.ok() ? load(dir) : nullptr;
+}
+BackendOptions cpu_reference_options(int max_slots, int threads) {
+  BackendOptions o;
+  o.kv.num_blocks = 64;
+  o.kv.block_size = 16;
+  o.kv.dtype = ss::backend::KvCacheConfig::DType::F32;
+  o.max_batch_tokens = 512;
+  o.max_slots = max_slots;
+  o.threads = threads;
+  return o;
+}
+}  // namespace
+
 // Real head shapes (SmolLM2's: head_dim 64, GQA 3, Llama 3.2-1B's: head_dim 64, GQA 4), cut to two
 // layers and a small vocabulary: the split attention kernel's path through the backend, against the
 // CPU backend (f32 KV cache) on the same file, at every position of a 300-token sequence.
 TEST(CudaForwardRealHeads, MatchesTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (const char* shape : {"smollm2-135m", "llama32-1b"}) {
-    const std::string dir = std::string(::testing::TempDir()) + "/synth-" + shape;
-    ss::model::SynthOptions so;
-    so.shape = shape;
-    so.layers = 2;
-    so.vocab = 512;
-    so.format = ss::model::SynthFormat::Safetensors;
-    so.dtype = ss::model::DType::BF16;
-    so.seed = 7;
-    so.out = dir;
-    auto w = ss::model::write_synth_model(so);
-    ASSERT_TRUE(w.ok()) << (w.ok() ? "" : w.message());
-    auto model = load(dir);
+    auto model = two_layer_synth(shape, 7, std::string(::testing::TempDir()) + "/synth-" + shape);
     ASSERT_NE(model, nullptr);
-    BackendOptions o;
-    o.kv.num_blocks = 64;
-    o.kv.block_size = 16;
-    o.kv.dtype = ss::backend::KvCacheConfig::DType::F32;
-    o.max_batch_tokens = 512;
-    o.max_slots = 512;
-    o.threads = 4;
-    auto cpu = ss::backend::make_cpu_backend(*model, o);
+    auto cpu = ss::backend::make_cpu_backend(*model, cpu_reference_options(512, 4));
     ASSERT_TRUE(cpu.ok()) << (cpu.ok() ? "" : cpu.message());
     auto gpu = cuda_backend(*model);
     ASSERT_NE(gpu, nullptr);
@@ -481,27 +491,9 @@ class MegaEnv {
 TEST(CudaMegakernel, DecodeStepsMatchTheCpuBackend) {
   SKIP_WITHOUT_GPU();
   for (const char* shape : {"smollm2-135m", "llama32-1b", "llama3-8b"}) {
-    const std::string dir = std::string(::testing::TempDir()) + "/synth-mega-" + shape;
-    ss::model::SynthOptions so;
-    so.shape = shape;
-    so.layers = 2;
-    so.vocab = 512;
-    so.format = ss::model::SynthFormat::Safetensors;
-    so.dtype = ss::model::DType::BF16;
-    so.seed = 11;
-    so.out = dir;
-    auto wr = ss::model::write_synth_model(so);
-    ASSERT_TRUE(wr.ok()) << (wr.ok() ? "" : wr.message());
-    auto model = load(dir);
+    auto model = two_layer_synth(shape, 11, std::string(::testing::TempDir()) + "/synth-mega-" + shape);
     ASSERT_NE(model, nullptr);
-    BackendOptions o;
-    o.kv.num_blocks = 64;
-    o.kv.block_size = 16;
-    o.kv.dtype = ss::backend::KvCacheConfig::DType::F32;
-    o.max_batch_tokens = 512;
-    o.max_slots = 16;
-    o.threads = 8;
-    auto cpu = ss::backend::make_cpu_backend(*model, o);
+    auto cpu = ss::backend::make_cpu_backend(*model, cpu_reference_options(16, 8));
     ASSERT_TRUE(cpu.ok()) << (cpu.ok() ? "" : cpu.message());
     std::unique_ptr<Backend> gpu;
     {
