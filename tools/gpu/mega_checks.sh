@@ -10,6 +10,9 @@ OUT=${OUT:-$PWD/out-gpu}
 mkdir -p "$OUT"
 T0=$(date +%s)
 stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
+# LIMIT_S (default 300): want EST skips a step that would end past it (says so).
+LIMIT_S=${LIMIT_S:-300}
+want() { [ $(($(date +%s) - T0 + $1)) -le "$LIMIT_S" ] && return 0; stage "skipped (time): $2"; return 1; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
 tools/gpu/build_on_device.sh selfserve test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
 stage build
@@ -25,18 +28,22 @@ stage "CudaMegakernel rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t-mega.txt" |
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
 # In order of importance (a call that runs out of time still brings back what $OUT holds).
 for s in smollm2-135m llama32-1b llama3-8b; do
+  est=12
+  [ $s = llama3-8b ] && est=40
   for mg in 0 1; do
+    want $est "decode $s mega=$mg" || continue
     f="$OUT/dec-$s-$mg.txt"
     SS_CUDA_MEGA=$mg timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch 1,2,8 \
       --context 512 --steps 64 --reps 3 > "$f" 2>&1
     stage "decode $s mega=$mg rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
   [ $s = llama32-1b ] && continue
+  want $((est + 5)) "trace $s" || continue
   SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
     --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
   stage "trace $s rc=$? $(grep 'mega trace' "$OUT/trace-$s.txt")"
 done
-SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+want 60 "ncu 8B" && SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
   --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats $B/selfserve bench decode \
   --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 1 --context 512 --steps 8 --reps 1 \
   > "$OUT/ncu-mega-8b.txt" 2>&1
