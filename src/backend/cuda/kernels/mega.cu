@@ -272,7 +272,7 @@ __device__ __forceinline__ void producer(const MegaDecode& m, int B, int R, Ring
 struct Smem {
   float* red;  // kRedFloats
   float* ssq;  // kSsqFloats
-  uint16_t* xs;  // [rows][xstride] bf16 (norm ops); attention's q staging shares it
+  uint16_t* xs;  // [rows][xstride] bf16 (norm ops); attention's P slices share it
   int xstride;
   int piece = 0;  // pieces finished (selects the reduction buffer)
 };
