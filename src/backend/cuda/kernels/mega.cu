@@ -116,7 +116,7 @@ __device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
 // wrote, acquire of what the previous arrivals released. No fence.sc: ~1 us each on the chain.
 __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* p) {
   unsigned old;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
   return old;
 }
 
