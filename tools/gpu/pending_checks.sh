@@ -90,25 +90,13 @@ synth() {  # synth SHAPE DTYPE
 }
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
-# Issue 17, experiment B: the decode step as one persistent kernel (kernels/mega.cu, SS_CUDA_MEGA=1,
-# written without a GPU). Its test (CPU backend reference on the 135M / 1B / 8B head shapes, batch
-# invariance bit for bit, graphs vs eager), then the step against the PDL-chained kernels,
-# interleaved, twice. Predicted (H200, batch 1): 135M 0.76 -> ~0.35 ms, 1B 1.23 -> ~0.75 ms, 8B 5.03 ->
-# ~3.9 ms (the weight stream no longer drains at each kernel boundary).
-timeout 400 $B/test_gpu_backend --gtest_filter='CudaMegakernel.*' > "$RES/t-mega.txt" 2>&1
-stage "test_gpu_backend CudaMegakernel rc=$? $(summary "$RES/t-mega.txt") $(grep -E 'Failure|Expected|error' "$RES/t-mega.txt" | head -6 | cut -c1-200 | tr '\n' ';')"
-if want 300 "megakernel A/B"; then
-  synth smollm2-135m bf16
-  synth llama3-8b bf16
-  for shape in smollm2-135m llama32-1b llama3-8b; do
-    for mg in 0 1 0 1; do
-      want 40 "mega $shape $mg" || continue
-      f="$RES/mega-$shape-$mg-$(date +%s).txt"
-      SS_CUDA_MEGA=$mg timeout 200 $B/selfserve bench decode --model $M/$shape-bf16.gguf --device cuda \
-        --batch 1,2,8 --context 512 --steps 64 --reps 3 > "$f" 2>&1
-      stage "decode $shape mega=$mg rc=$? $(rowsof "$f") $(grep -iE 'error|ignored' "$f" | head -2 | tr '\n' ';')"
-    done
-  done
+# Issue 17, experiment B: the decode step as one persistent kernel (kernels/mega.cu, SS_CUDA_MEGA=1):
+# tools/gpu/mega_checks.sh (its test, the step against the PDL-chained kernels at 135M / 1B / 8B, the
+# per-part trace, ncu), its files under $RES/mega. Predicted (H100, batch 1): 135M 0.78 -> ~0.35 ms,
+# 1B 1.38 -> ~0.9 ms, 8B 5.85 -> ~4.9 ms (docs/perf/gpu-scheduling.md, experiment B).
+if want 240 "persistent decode kernel"; then
+  OUT=$RES/mega LIMIT_S=240 timeout 300 tools/gpu/mega_checks.sh > "$RES/mega.log" 2>&1
+  stage "persistent decode kernel rc=$? $(cut -d' ' -f3- "$RES/mega/progress" 2> /dev/null | tr '\n' ';' | cut -c1-900)"
 fi
 # Issue 16: the whole OpenAI server on the GPU through the same e2e tests (build-gpu/selfserve
 # defaults to the GPU there). Needs the default model's pieces from two earlier calls and

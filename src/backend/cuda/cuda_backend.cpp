@@ -850,11 +850,11 @@ Status CudaBackend::forward_fused(int T, int R) {
   cuda::embed(embd_, d_tokens_, T, H_, x_, stream_);
   mark(kEmbed);
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (mega_uncaptured_) cudaStreamIsCapturing(stream_, &capturing);
-  if (mega_ && !in_loop_ && skip.empty() && capturing == cudaStreamCaptureStatusNone) {
+  if (mega_) cudaStreamIsCapturing(stream_, &capturing);
+  const bool in_graph = capturing != cudaStreamCaptureStatusNone;
+  if (mega_ && !in_loop_ && skip.empty() && !(in_graph && mega_uncaptured_)) {
     cuda::kern::MegaDecode m = mega_args();
-    if (d_mega_trace_) cudaStreamIsCapturing(stream_, &capturing);
-    const bool trace = d_mega_trace_ && capturing == cudaStreamCaptureStatusNone;
+    const bool trace = d_mega_trace_ && !in_graph;  // eager steps only: the stamps are read after a sync
     if (trace) m.trace = d_mega_trace_;
     SS_TRY(k::mega_decode(m, T, R, stream_));
     if (trace) SS_TRY(collect_mega_trace());

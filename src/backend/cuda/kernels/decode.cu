@@ -338,15 +338,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   }
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      v = 132;
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
 
 struct Tuning {
   int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
@@ -391,7 +382,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
   // of loads: S minimises that (the larger S on a tie, shorter serial chains).
-  const int sms = sm_count();
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
   const int64_t slots = static_cast<int64_t>(kWarps) * kCtasPerSm * sms, chunks = a.K / 32;
   int S = 1;
   int64_t best = -1;
@@ -430,6 +421,16 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
 }
 
 }  // namespace
+
+int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      v = 0;
+    return v;
+  }();
+  return n;
+}
 
 Status dec_qkv(const DevWeights& W_qkv, const float* resid, const float* norm_w, float eps, int K, int batch,
                const RopeKv& rk, bool pdl, cudaStream_t s) {

@@ -153,6 +153,9 @@ Status dec_gate_up(const DevWeights& W, const float* resid, const float* norm_w,
 // y[b][n] = W[n] . rmsnorm(resid[rows[b]]) (rows null: row b): the final norm and lm_head.
 Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
+// The current device's SM count, asked once per process (0 when there is no device).
+int device_sm_count();
+
 // --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
 // Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
 // decode layer's five operations above, in one cooperative launch of one CTA a SM, grid barriers

@@ -42,6 +42,7 @@
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/decode_ops.cuh"
+#include "backend/cuda/queues/queues.h"
 
 namespace ss::cuda::kern {
 namespace {
@@ -96,28 +97,12 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 // The consumer warps only (the producer never joins): named barrier 1.
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kCThreads) : "memory"); }
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// Counters and flags between CTAs: the queues' atomic_ref at GPU scope.
+using DevAtomic = queues::AtomicRef<unsigned, queues::kDevice>;
 // The old value; release of what this thread (and, through a preceding barrier, its CTA or warp)
 // wrote, acquire of what the previous arrivals released. No fence.sc: ~1 us each on the chain.
 __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* p) {
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-  return old;
+  return DevAtomic(*p).fetch_add(1u, ::cuda::std::memory_order_acq_rel);
 }
 
 // Everything before it in every CTA happens before everything after it in every CTA. bar[0] counts
@@ -127,12 +112,12 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
   if (threadIdx.x == 0) {
     unsigned* count = bar;
     unsigned* gen = bar + 32;
-    const unsigned g = ld_relaxed(gen);  // cannot move on before this CTA arrives
+    const unsigned g = DevAtomic(*gen).load(queues::memory_order_relaxed);  // cannot move before we arrive
     if (arrive_acq_rel(count) == gridDim.x - 1) {
-      st_relaxed(count, 0u);  // ordered before the release below; the next arrivals come after it
-      st_release(gen, g + 1);
+      DevAtomic(*count).store(0u, queues::memory_order_relaxed);  // ordered before the release below
+      DevAtomic(*gen).store(g + 1, queues::memory_order_release);
     } else {
-      while (ld_acquire(gen) == g) {
+      while (DevAtomic(*gen).load(queues::memory_order_acquire) == g) {
       }
     }
   }
@@ -735,20 +720,16 @@ Layout layout(const MegaDecode& m, int B) {
   l.xstride = m.H + 32;
   const int64_t xs = std::max<int64_t>(2LL * B * l.xstride, 4LL * kCWarps * 32 * kMaxG);
   l.ring_off = static_cast<int>(align_up(kHdrBytes + 4LL * (kRedFloats + kSsqFloats) + xs, 128));
-  int max_smem = 0, dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    max_smem = 227 * 1024;
+  static const int max_smem = [] {  // asked once: layout() runs at every launch
+    int v = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      v = 227 * 1024;
+    return v;
+  }();
   l.slots = static_cast<int>(std::min<int64_t>(kMaxSlots, (max_smem - l.ring_off) / kSlotBytes));
   l.smem = static_cast<size_t>(l.ring_off) + static_cast<size_t>(std::max(l.slots, 0)) * kSlotBytes;
   return l;
-}
-
-int sm_count() {
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 0;
-  return v;
 }
 
 }  // namespace
@@ -766,7 +747,7 @@ std::string mega_unsupported(const MegaDecode& m) {
   return {};
 }
 
-size_t mega_work_bytes(const MegaDecode& m) { return static_cast<size_t>(work_layout(m, std::max(1, sm_count())).total); }
+size_t mega_work_bytes(const MegaDecode& m) { return static_cast<size_t>(work_layout(m, std::max(1, device_sm_count())).total); }
 
 Status mega_decode(const MegaDecode& m, int n_tok, int n_rows, cudaStream_t s) {
   if (n_tok < 1 || n_tok > kMegaMaxBatch || n_rows < 0 || n_rows > n_tok)
@@ -777,7 +758,7 @@ Status mega_decode(const MegaDecode& m, int n_tok, int n_rows, cudaStream_t s) {
   if (!m.layers || !m.work || !m.resid || !m.att || !m.act || (n_rows > 0 && (!m.logits || !m.out_w)))
     return make_error("mega_decode: missing buffers");
   const Layout l = layout(m, n_tok);
-  const int grid = sm_count();
+  const int grid = device_sm_count();
   if (grid <= 0) return make_error("mega_decode: no CUDA device");
   SS_CUDA_TRY(cudaFuncSetAttribute(mega_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l.smem)));
   cudaLaunchConfig_t cfg{};
