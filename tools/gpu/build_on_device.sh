@@ -4,7 +4,8 @@
 # (tools/gpu/fetch_device_deps.sh fetches them here), configures build-gpu/ against them with CUDA
 # for sm_90 and builds the given targets (default: everything).
 # usage: tools/gpu/build_on_device.sh [target ...]; afterwards `source build-gpu/env.sh` sets
-# LD_LIBRARY_PATH for the carried libraries.
+# LD_LIBRARY_PATH for the carried libraries. BUILD_DIR (default build-gpu) and CMAKE_EXTRA (more
+# -D settings, for an A/B baseline build beside the main one) are read from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEPS=${DEPS:-/tmp/ssdeps}
@@ -26,15 +27,16 @@ for pc in "$LIBDIR"/pkgconfig/*.pc; do
   [ -f "$pc" ] && sed -i "s|^prefix=/usr\$|prefix=$DEPS/usr|" "$pc"
 done
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-if [ ! -f build-gpu/build.ninja ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON -DSELFSERVE_WERROR=OFF \
+BD=${BUILD_DIR:-build-gpu}
+if [ ! -f "$BD/build.ninja" ]; then
+  cmake -S . -B "$BD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSELFSERVE_CUDA=ON -DSELFSERVE_WERROR=OFF \
     -DCMAKE_PREFIX_PATH="$DEPS/usr;$LIBDIR/cmake" -DICU_ROOT="$DEPS/usr" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
     -Dcivetweb_DIR="$SHIM" -DZLIB_DIR="$SHIM" -DCURL_DIR="$SHIM" \
-    -DCMAKE_BUILD_RPATH="$LIBDIR" >/dev/null
+    -DCMAKE_BUILD_RPATH="$LIBDIR" ${CMAKE_EXTRA:-} >/dev/null
 fi
-echo "export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > build-gpu/env.sh
+echo "export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > "$BD/env.sh"
 if [ $# -gt 0 ]; then
-  cmake --build build-gpu -j "$(nproc)" --target "$@" -- -k 0
+  cmake --build "$BD" -j "$(nproc)" --target "$@" -- -k 0
 else
-  cmake --build build-gpu -j "$(nproc)" -- -k 0
+  cmake --build "$BD" -j "$(nproc)" -- -k 0
 fi
