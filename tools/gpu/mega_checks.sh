@@ -41,7 +41,7 @@ for s in smollm2-135m llama32-1b llama3-8b; do
   want $((est + 5)) "trace $s" || continue
   SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
     --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
-  stage "trace $s rc=$? $(grep 'mega trace' "$OUT/trace-$s.txt")"
+  stage "trace $s rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s.txt" | tr '\n' ' ')"
 done
 want 60 "ncu 8B" && SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
   --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats $B/selfserve bench decode \

@@ -265,6 +265,7 @@ class CudaBackend final : public Backend {
   unsigned long long* d_mega_trace_ = nullptr;
   std::vector<unsigned long long> h_mega_trace_;
   double mega_trace_us_[11] = {};
+  double mega_probe_us_ = 0, mega_wait_us_[5] = {}, mega_release_us_[5] = {};
   int64_t mega_traced_ = 0;
   cuda::kern::MegaLayer* d_mega_layers_ = nullptr;
   void* mega_work_ = nullptr;
@@ -317,6 +318,10 @@ CudaBackend::~CudaBackend() {
                                     "barrier", "down", "barrier", "lm_head (once)"};
     std::fprintf(stderr, "mega trace (%lld eager forwards; CTA 0, us per layer):", static_cast<long long>(mega_traced_));
     for (int i = 0; i < 11; ++i) std::fprintf(stderr, " %s %.2f", parts[i], mega_trace_us_[i] / mega_traced_);
+    std::fprintf(stderr, "\nmega barriers (us): alone %.2f; a layer's five, CTA 0 to the last arrival + the last arrival to CTA 0 leaving:",
+                 mega_probe_us_ / mega_traced_);
+    for (int j = 0; j < 5; ++j)
+      std::fprintf(stderr, " %.2f+%.2f", mega_wait_us_[j] / mega_traced_, mega_release_us_[j] / mega_traced_);
     std::fprintf(stderr, "\n");
   }
   if (cuda::start_api_counts()) std::fprintf(stderr, "%s\n", cuda::format_api_counts(cuda::api_counts()).c_str());
@@ -576,8 +581,8 @@ Status CudaBackend::init() {
     mega_work_ = scratch_.take<uint8_t>(wb);
     d_mega_layers_ = scratch_.take<cuda::kern::MegaLayer>(static_cast<size_t>(L_));
     if (mega_trace) {
-      d_mega_trace_ = scratch_.take<unsigned long long>(static_cast<size_t>(10 * L_ + 2));
-      h_mega_trace_.resize(static_cast<size_t>(10 * L_ + 2));
+      d_mega_trace_ = scratch_.take<unsigned long long>(static_cast<size_t>(cuda::kern::mega_trace_words(L_)));
+      h_mega_trace_.resize(static_cast<size_t>(cuda::kern::mega_trace_words(L_)));
     }
     if (!mega_work_ || !d_mega_layers_ || (mega_trace && !d_mega_trace_))
       return make_error("cuda backend: scratch estimate too small (a bug)");
@@ -829,6 +834,19 @@ Status CudaBackend::collect_mega_trace() {
       mega_trace_us_[i] += 1e-3 * static_cast<double>(t[10 * l + i] - prev) / L_;
     }
   mega_trace_us_[10] += 1e-3 * static_cast<double>(t[10 * L_ + 1] - t[10 * L_ - 1]);
+  // The barriers alone, then each of a layer's five split: CTA 0's arrival to the last CTA's
+  // (waiting for the slowest), and the last arrival to CTA 0 leaving (the barrier itself).
+  const unsigned long long* last = t + 10 * L_ + 4;
+  constexpr int P = cuda::kern::kMegaTraceProbe;
+  mega_probe_us_ += 1e-3 * static_cast<double>(t[10 * L_ + 3] - t[10 * L_ + 2]) / P;
+  for (int l = 0; l < L_; ++l)
+    for (int j = 0; j < 5; ++j) {
+      const int i = 2 * j + 1;  // the barrier's part
+      const double arrive = static_cast<double>(t[10 * l + i - 1]), leave = static_cast<double>(t[10 * l + i]);
+      const double lst = static_cast<double>(last[P + 5 * l + j]);
+      mega_wait_us_[j] += 1e-3 * (lst - arrive) / L_;
+      mega_release_us_[j] += 1e-3 * (leave - lst) / L_;
+    }
   ++mega_traced_;
   return {};
 }

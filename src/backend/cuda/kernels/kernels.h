@@ -182,11 +182,16 @@ struct MegaDecode {
   float* logits;             // [n_rows][V]
   const int32_t* rows;       // [n_rows]: the residual row of logits row r (null: r)
   void* work;                // mega_work_bytes(), zero once before the first launch; each launch leaves it so
-  // Diagnostics (null: off): CTA 0's %globaltimer at the end of each part of layer l, [10 l + i]:
-  // 0 QKV (with its norm), 1 barrier, 2 attention, 3 barrier, 4 o_proj, 5 barrier, 6 gate/up (with
-  // its norm), 7 barrier, 8 down, 9 barrier; [10 L] the start, [10 L + 1] the end (after lm_head).
+  // Diagnostics (null: off), mega_trace_words(L) of them: CTA 0's %globaltimer at the end of each
+  // part of layer l, [10 l + i]: 0 QKV (with its norm), 1 barrier, 2 attention, 3 barrier, 4 o_proj,
+  // 5 barrier, 6 gate/up (with its norm), 7 barrier, 8 down, 9 barrier; [10 L] the start, [10 L + 1]
+  // the end (after lm_head); [10 L + 2], [10 L + 3] before and after kMegaTraceProbe barriers with
+  // no work between them, run first; [10 L + 4 + k] when the last CTA arrived at barrier k (the
+  // probe's first, then five a layer).
   unsigned long long* trace = nullptr;
 };
+constexpr int kMegaTraceProbe = 16;
+constexpr int mega_trace_words(int L) { return 10 * L + 4 + kMegaTraceProbe + 5 * L; }
 // Empty when the kernel runs this model, else why not (head dim 64/128, GQA groups <= 4, no q/k norms).
 std::string mega_unsupported(const MegaDecode& shape);
 size_t mega_work_bytes(const MegaDecode& shape);

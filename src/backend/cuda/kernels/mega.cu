@@ -109,15 +109,23 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* p) {
   return DevAtomic(*p).fetch_add(1u, ::cuda::std::memory_order_acq_rel);
 }
 
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Everything before it in every CTA happens before everything after it in every CTA. bar[0] counts
 // arrivals and is back at zero after each barrier; bar[32] is the generation (another line).
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+// last_at (tracing only, else null): the last CTA to arrive stamps the time it arrived.
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned long long* last_at = nullptr) {
   consumers_sync();
   if (threadIdx.x == 0) {
     unsigned* count = bar;
     unsigned* gen = bar + 32;
     const unsigned g = DevAtomic(*gen).load(queues::memory_order_relaxed);  // cannot move before we arrive
     if (arrive_acq_rel(count) == gridDim.x - 1) {
+      if (last_at) *last_at = globaltimer();
       DevAtomic(*count).store(0u, queues::memory_order_relaxed);  // ordered before the release below
       DevAtomic(*gen).store(g + 1, queues::memory_order_release);
     } else {
@@ -128,11 +136,6 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
   consumers_sync();
 }
 
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 // SS_CUDA_MEGA_TRACE: CTA 0 stamps the end of each part of a layer (see MegaDecode::trace).
 __device__ __forceinline__ void stamp(const MegaDecode& m, int i) {
   if (m.trace && blockIdx.x == 0 && threadIdx.x == 0) m.trace[i] = globaltimer();
@@ -681,6 +684,18 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
   sm.ssq = sm.red + kRedFloats;
   sm.xs = reinterpret_cast<uint16_t*>(sm.ssq + kSsqFloats);
   sm.xstride = xstride;
+  // Tracing: barrier k's last arrival at trace[10 L + 4 + k]; first kMegaTraceProbe barriers with no
+  // work between them (the barrier's own cost while the producers stream), stamped 10 L + 2 / + 3.
+  int nb = 0;
+  auto sync = [&] {
+    grid_sync(w.bar, m.trace ? m.trace + 10 * m.L + 4 + nb : nullptr);
+    ++nb;
+  };
+  if (m.trace) {
+    stamp(m, m.L * 10 + 2);
+    for (int i = 0; i < kMegaTraceProbe; ++i) sync();
+    stamp(m, m.L * 10 + 3);
+  }
   stamp(m, m.L * 10);
   for (int l = 0; l < m.L; ++l) {
     const MegaLayer& L = m.layers[l];
@@ -688,24 +703,24 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
     consume<Op::Qkv>(args_qkv(m, l, B), r, sm, w);
     prefetch_attention(m, l, B);
     stamp(m, l * 10);
-    grid_sync(w.bar);
+    sync();
     stamp(m, l * 10 + 1);
     attention_op(m, l, B, sm, w);
     stamp(m, l * 10 + 2);
-    grid_sync(w.bar);
+    sync();
     stamp(m, l * 10 + 3);
     consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, w);
     stamp(m, l * 10 + 4);
-    grid_sync(w.bar);
+    sync();
     stamp(m, l * 10 + 5);
     stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
     consume<Op::GateUp>(args_gate_up(m, l, B), r, sm, w);
     stamp(m, l * 10 + 6);
-    grid_sync(w.bar);
+    sync();
     stamp(m, l * 10 + 7);
     consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, w);
     stamp(m, l * 10 + 8);
-    grid_sync(w.bar);
+    sync();
     stamp(m, l * 10 + 9);
   }
   if (R > 0) {
