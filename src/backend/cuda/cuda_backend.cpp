@@ -506,7 +506,7 @@ Status CudaBackend::init() {
   const bool mega_trace = mega_ && std::getenv("SS_CUDA_MEGA_TRACE") && std::string(std::getenv("SS_CUDA_MEGA_TRACE")) == "1";
   const size_t mega_bytes = mega_ ? padded(cuda::kern::mega_work_bytes(mega_args())) +
                                         padded(sizeof(cuda::kern::MegaLayer) * static_cast<size_t>(L_)) +
-                                        padded(8 * static_cast<size_t>(10 * L_ + 2))
+                                        padded(8 * static_cast<size_t>(cuda::kern::mega_trace_words(L_)))
                                   : 0;
   if (kv_.num_blocks <= 0) {  // this process's share of the card (vLLM's meaning), less what it holds
     SS_ASSIGN(const int64_t blocks,
