@@ -92,8 +92,8 @@ rowsof() { grep -E '^ +[0-9]+ ' "$1" | tr -s ' ' | tr '\n' ';'; }
 synth llama32-1b bf16
 # Issue 17, experiment B: the decode step as one persistent kernel (kernels/mega.cu, SS_CUDA_MEGA=1):
 # tools/gpu/mega_checks.sh (its test, the step against the PDL-chained kernels at 135M / 1B / 8B, the
-# per-part trace, ncu), its files under $RES/mega. Predicted (H100, batch 1): 135M 0.78 -> ~0.35 ms,
-# 1B 1.38 -> ~0.9 ms, 8B 5.85 -> ~4.9 ms (docs/perf/gpu-scheduling.md, experiment B).
+# per-part trace, ncu), its files under $RES/mega. Measured on an H100 (2026-12-06, batch 1): 1.65 /
+# 2.01 / 8.04 ms against the chain's 0.78 / 1.39 / 5.91 (docs/perf/gpu-scheduling.md, experiment B).
 if want 240 "persistent decode kernel"; then
   OUT=$RES/mega LIMIT_S=240 timeout 300 tools/gpu/mega_checks.sh > "$RES/mega.log" 2>&1
   stage "persistent decode kernel rc=$? $(cut -d' ' -f3- "$RES/mega/progress" 2> /dev/null | tr '\n' ';' | cut -c1-900)"

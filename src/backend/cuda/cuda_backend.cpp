@@ -836,7 +836,7 @@ Status CudaBackend::collect_mega_trace() {
   mega_trace_us_[10] += 1e-3 * static_cast<double>(t[10 * L_ + 1] - t[10 * L_ - 1]);
   // The barriers alone, then each of a layer's five split: CTA 0's arrival to the last CTA's
   // (waiting for the slowest), and the last arrival to CTA 0 leaving (the barrier itself).
-  const unsigned long long* last = t + 10 * L_ + 4;
+  const unsigned long long* last = t + cuda::kern::mega_trace_arrivals(L_);
   constexpr int P = cuda::kern::kMegaTraceProbe;
   mega_probe_us_ += 1e-3 * static_cast<double>(t[10 * L_ + 3] - t[10 * L_ + 2]) / P;
   for (int l = 0; l < L_; ++l)

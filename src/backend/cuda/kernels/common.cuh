@@ -46,14 +46,6 @@ __device__ __forceinline__ float block_sum(float v, float* part /* [32] shared *
   return warp_sum(t);
 }
 
-// An L2 policy under which the lines a load or copy brings in are the first evicted (createpolicy;
-// not volatile, so the compiler hoists it out of loops and shares it between uses).
-__device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
 // 16 bytes from global memory that is read once (weights): no L1 allocation. Not volatile, so the
 // compiler may schedule the loads freely (the data is read-only for the kernel's lifetime). No L2
 // policy: evict-first measured nothing here (docs/perf/gpu.md, 2026-12-06 05:23 UTC), unlike in
@@ -61,8 +53,8 @@ __device__ __forceinline__ uint64_t l2_evict_first() {
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
   return r;
 }
 

@@ -338,7 +338,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   }
 }
 
-
 struct Tuning {
   int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
 };
@@ -382,7 +381,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
   // of loads: S minimises that (the larger S on a tie, shorter serial chains).
-  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  const int n_sm = device_sm_count(), sms = n_sm > 0 ? n_sm : 132;
   const int64_t slots = static_cast<int64_t>(kWarps) * kCtasPerSm * sms, chunks = a.K / 32;
   int S = 1;
   int64_t best = -1;

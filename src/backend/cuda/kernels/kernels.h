@@ -191,7 +191,8 @@ struct MegaDecode {
   unsigned long long* trace = nullptr;
 };
 constexpr int kMegaTraceProbe = 16;
-constexpr int mega_trace_words(int L) { return 10 * L + 4 + kMegaTraceProbe + 5 * L; }
+__host__ __device__ constexpr int mega_trace_arrivals(int L) { return 10 * L + 4; }  // where the last arrivals start
+constexpr int mega_trace_words(int L) { return mega_trace_arrivals(L) + kMegaTraceProbe + 5 * L; }
 // Empty when the kernel runs this model, else why not (head dim 64/128, GQA groups <= 4, no q/k norms).
 std::string mega_unsupported(const MegaDecode& shape);
 size_t mega_work_bytes(const MegaDecode& shape);

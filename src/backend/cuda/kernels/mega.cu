@@ -88,6 +88,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
       "r"(parity)
       : "memory");
 }
+// An L2 policy under which the lines a copy brings in are the first evicted (createpolicy; not
+// volatile, so the compiler hoists it out of the producer's loop).
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 // bytes (a multiple of 16) from global to shared, completing on bar's transaction count. The
 // weights' copies, so L2 evict-first: the K/V, activations and partials the step reads again stay
 // in L2 (1B batch 1 2.44 -> 2.00 ms on an H100, docs/perf/gpu-scheduling.md).
@@ -684,11 +691,11 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
   sm.ssq = sm.red + kRedFloats;
   sm.xs = reinterpret_cast<uint16_t*>(sm.ssq + kSsqFloats);
   sm.xstride = xstride;
-  // Tracing: barrier k's last arrival at trace[10 L + 4 + k]; first kMegaTraceProbe barriers with no
+  // Tracing: barrier k's last arrival at trace[mega_trace_arrivals(L) + k]; first kMegaTraceProbe barriers with no
   // work between them (the barrier's own cost while the producers stream), stamped 10 L + 2 / + 3.
   int nb = 0;
   auto sync = [&] {
-    grid_sync(w.bar, m.trace ? m.trace + 10 * m.L + 4 + nb : nullptr);
+    grid_sync(w.bar, m.trace ? m.trace + mega_trace_arrivals(m.L) + nb : nullptr);
     ++nb;
   };
   if (m.trace) {
