@@ -39,7 +39,7 @@ constexpr int kWarps = 8;       // a CTA
 constexpr int kThreads = kWarps * 32;
 // Chunks (32 K wide) in flight per warp: kU x 2 x 16-byte loads a lane. kU 4 fits 80 registers a
 // thread (three CTAs a SM: two of this kernel, one of the next, under PDL); kU 8 needs 128 (two).
-// Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas> overrides both for tuning.
+// Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas>[,<pipe>] overrides them for tuning.
 
 
 __device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b) {
@@ -105,8 +105,12 @@ struct Round {
 // tile's K (fixed order reduction through shared memory); CTAs loop over tiles, and the next
 // tile's first chunks are in flight while the current one reduces. Quantized formats (F) build
 // the same A fragment from the packed quants in registers and scale each chunk's mma partial.
-template <Op OP, int kU, WFormat F>
-__global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
+//
+// kPipe (bf16): two rounds of registers, the next round's loads issued before the current round's
+// mmas, so a warp's loads stay in flight across its whole K range instead of one round trip a round
+// (without it, each round's kU loads are issued only once the previous round is consumed).
+template <Op OP, int kU, WFormat F, bool kPipe = false>
+__global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr bool kNorm = OP != Op::Add;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -125,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
 
   const uint4 *pa = nullptr, *pb = nullptr;
   const uint4 *da = nullptr, *db = nullptr, *ma = nullptr, *mb = nullptr;
-  Round<F, kU> w;
+  Round<F, kU> w, w2;  // w2: the second round of the pipelined loop (kPipe)
   auto set_rows = [&](int tile) {
     int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
     r0 = r0 < 0 ? 0 : r0, r1 = r1 < 0 ? 0 : r1;  // a row past the matrix: loads row 0, result dropped
@@ -147,25 +151,25 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
       }
     }
   };
-  auto load = [&](int c0) {
+  auto load = [&](Round<F, kU>& r, int c0) {
     if constexpr (F == WFormat::BF16) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
-        if (c0 + u < c_end) w.a[u] = ld_stream(pa + 4 * (c0 + u)), w.b[u] = ld_stream(pb + 4 * (c0 + u));
+        if (c0 + u < c_end) r.a[u] = ld_stream(pa + 4 * (c0 + u)), r.b[u] = ld_stream(pb + 4 * (c0 + u));
     } else {
       // c0 % 8 == 0; a 64-byte group (4 lanes x 16 bytes) holds 4 chunks (Q4) or 2 (Q8).
       constexpr int per = kBits8<F> ? 2 : 4;
 #pragma unroll
       for (int v = 0; v < Round<F, kU>::kVecs; ++v)
-        if (c0 + v * per < c_end) w.a[v] = ld_stream(pa + 4 * (c0 / per + v)), w.b[v] = ld_stream(pb + 4 * (c0 / per + v));
+        if (c0 + v * per < c_end) r.a[v] = ld_stream(pa + 4 * (c0 / per + v)), r.b[v] = ld_stream(pb + 4 * (c0 / per + v));
       if (c0 >= c_end) return;  // an empty K split (a short row over many warps): no scales to read
       if constexpr (F == WFormat::Q6_K) {  // a round is one super-block: its scales, then d
-        w.da = ld_stream(da + c0 / 4), w.ma = ld_stream(da + c0 / 4 + 1);
-        w.db = ld_stream(db + c0 / 4), w.mb = ld_stream(db + c0 / 4 + 1);
+        r.da = ld_stream(da + c0 / 4), r.ma = ld_stream(da + c0 / 4 + 1);
+        r.db = ld_stream(db + c0 / 4), r.mb = ld_stream(db + c0 / 4 + 1);
       } else {
-        w.da = ld_stream(da + c0 / 8), w.db = ld_stream(db + c0 / 8);
+        r.da = ld_stream(da + c0 / 8), r.db = ld_stream(db + c0 / 8);
       }
-      if constexpr (kMinArray<F>) w.ma = ld_stream(ma + c0 / 8), w.mb = ld_stream(mb + c0 / 8);
+      if constexpr (kMinArray<F>) r.ma = ld_stream(ma + c0 / 8), r.mb = ld_stream(mb + c0 / 8);
     }
   };
 
@@ -173,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
   const int tstride = gridDim.x * TPC;
   if (tb + tw < a.tiles) {  // before the wait: weights only
     set_rows(tb + tw);
-    load(c_begin);
+    load(w, c_begin);
   }
   pdl_wait();
   pdl_trigger();
@@ -232,93 +236,107 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
     __syncthreads();
   }
 
+  // One round: kU chunks of the tile from the round's registers r, starting at chunk c0.
+  auto mma_round = [&](const Round<F, kU>& r, int c0, float (&c)[4]) {
+  #pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (c0 + u >= c_end) break;
+      const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
+      if constexpr (F == WFormat::BF16) {
+        mma_bf16(c, r.a[u].x, r.b[u].x, r.a[u].y, r.b[u].y, xv.x, xv.y);
+        mma_bf16(c, r.a[u].z, r.b[u].z, r.a[u].w, r.b[u].w, xv.z, xv.w);
+      } else {
+        uint32_t pa4[4], pb4[4];  // the lane's 8 weights of rows g and g + 8 as bf16 pairs
+        if constexpr (kBits8<F>) {
+          const uint4& va = r.a[u / 2];
+          const uint4& vb = r.b[u / 2];
+          const uint32_t a0 = (u & 1) ? va.z : va.x, a1 = (u & 1) ? va.w : va.y;
+          const uint32_t b0 = (u & 1) ? vb.z : vb.x, b1 = (u & 1) ? vb.w : vb.y;
+          pa4[0] = i8x2_bf(a0, 0), pa4[1] = i8x2_bf(a0, 2), pa4[2] = i8x2_bf(a1, 0), pa4[3] = i8x2_bf(a1, 2);
+          pb4[0] = i8x2_bf(b0, 0), pb4[1] = i8x2_bf(b0, 2), pb4[2] = i8x2_bf(b1, 0), pb4[3] = i8x2_bf(b1, 2);
+        } else {
+          // 128 + q as bf16 (0x4300 | q), then minus 136 (Q4_0: q - 8) or 128 (Q4_1: q), exactly.
+          const uint32_t off = F == WFormat::Q4_0 ? 0x43084308u : 0x43004300u;
+          const uint32_t wa32 = word_at(r.a[u / 4], u % 4), wb32 = word_at(r.b[u / 4], u % 4);
+  #pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            pa4[i] = bf2_sub(((wa32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
+            pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
+          }
+        }
+        if constexpr (F == WFormat::Q6_K) {
+          // Two 16-weight sub-blocks a chunk, each its own scale: lanes 0-1 hold the first
+          // (weights 0..15), lanes 2-3 the second, so each sub-block's products come from the
+          // same mmas with the other lanes' weights zeroed; d * sc in fp32, as GGUF's value.
+          const bool lo = t < 2;
+          uint32_t z0[4], z1[4], y0[4], y1[4];
+  #pragma unroll
+          for (int i = 0; i < 4; ++i) z0[i] = lo ? pa4[i] : 0u, y0[i] = lo ? pb4[i] : 0u, z1[i] = lo ? 0u : pa4[i], y1[i] = lo ? 0u : pb4[i];
+          float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, p1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_bf16(p0, z0[0], y0[0], z0[1], y0[1], xv.x, xv.y);
+          mma_bf16(p0, z0[2], y0[2], z0[3], y0[3], xv.z, xv.w);
+          mma_bf16(p1, z1[0], y1[0], z1[1], y1[1], xv.x, xv.y);
+          mma_bf16(p1, z1[2], y1[2], z1[3], y1[3], xv.z, xv.w);
+          const float d = h2f(static_cast<uint16_t>(r.ma.x & 0xffffu)), d8 = h2f(static_cast<uint16_t>(r.mb.x & 0xffffu));
+          const float s0 = d * static_cast<float>(static_cast<int8_t>(byte_at(r.da, 2 * u)));
+          const float s1 = d * static_cast<float>(static_cast<int8_t>(byte_at(r.da, 2 * u + 1)));
+          const float s08 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(r.db, 2 * u)));
+          const float s18 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(r.db, 2 * u + 1)));
+          c[0] = fmaf(s0, p0[0], fmaf(s1, p1[0], c[0])), c[1] = fmaf(s0, p0[1], fmaf(s1, p1[1], c[1]));
+          c[2] = fmaf(s08, p0[2], fmaf(s18, p1[2], c[2])), c[3] = fmaf(s08, p0[3], fmaf(s18, p1[3], c[3]));
+        } else {
+          float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
+          mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
+          float dg, dg8, mg = 0.0f, mg8 = 0.0f;
+          if constexpr (kKHeader<F>) {
+            // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
+            // chunk is sub-block u: value = (d * sc) q - dmin * m.
+            int sc, mn, sc8, mn8;
+            header_scale_min(r.da, u, &sc, &mn);
+            header_scale_min(r.db, u, &sc8, &mn8);
+            dg = h2f(static_cast<uint16_t>(r.da.x & 0xffffu)) * static_cast<float>(sc);
+            dg8 = h2f(static_cast<uint16_t>(r.db.x & 0xffffu)) * static_cast<float>(sc8);
+            mg = -(h2f(static_cast<uint16_t>(r.da.x >> 16)) * static_cast<float>(mn));
+            mg8 = -(h2f(static_cast<uint16_t>(r.db.x >> 16)) * static_cast<float>(mn8));
+          } else {
+            dg = h_at(r.da, u), dg8 = h_at(r.db, u);
+            if constexpr (kMinArray<F>) mg = h_at(r.ma, u), mg8 = h_at(r.mb, u);
+          }
+          c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
+          c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
+          if constexpr (kHasMin<F>) {
+            const float s0 = sx[(2 * t) * chunks + c0 + u], s1 = sx[(2 * t + 1) * chunks + c0 + u];
+            c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
+            c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
+          }
+        }
+      }
+    }
+  };
+
   for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
-      for (int c0 = c_begin; c0 < c_end; c0 += kU) {
-        if (c0 != c_begin) load(c0);
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          if (c0 + u >= c_end) break;
-          const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
-          if constexpr (F == WFormat::BF16) {
-            mma_bf16(c, w.a[u].x, w.b[u].x, w.a[u].y, w.b[u].y, xv.x, xv.y);
-            mma_bf16(c, w.a[u].z, w.b[u].z, w.a[u].w, w.b[u].w, xv.z, xv.w);
-          } else {
-            uint32_t pa4[4], pb4[4];  // the lane's 8 weights of rows g and g + 8 as bf16 pairs
-            if constexpr (kBits8<F>) {
-              const uint4& va = w.a[u / 2];
-              const uint4& vb = w.b[u / 2];
-              const uint32_t a0 = (u & 1) ? va.z : va.x, a1 = (u & 1) ? va.w : va.y;
-              const uint32_t b0 = (u & 1) ? vb.z : vb.x, b1 = (u & 1) ? vb.w : vb.y;
-              pa4[0] = i8x2_bf(a0, 0), pa4[1] = i8x2_bf(a0, 2), pa4[2] = i8x2_bf(a1, 0), pa4[3] = i8x2_bf(a1, 2);
-              pb4[0] = i8x2_bf(b0, 0), pb4[1] = i8x2_bf(b0, 2), pb4[2] = i8x2_bf(b1, 0), pb4[3] = i8x2_bf(b1, 2);
-            } else {
-              // 128 + q as bf16 (0x4300 | q), then minus 136 (Q4_0: q - 8) or 128 (Q4_1: q), exactly.
-              const uint32_t off = F == WFormat::Q4_0 ? 0x43084308u : 0x43004300u;
-              const uint32_t wa32 = word_at(w.a[u / 4], u % 4), wb32 = word_at(w.b[u / 4], u % 4);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                pa4[i] = bf2_sub(((wa32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
-                pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
-              }
-            }
-            if constexpr (F == WFormat::Q6_K) {
-              // Two 16-weight sub-blocks a chunk, each its own scale: lanes 0-1 hold the first
-              // (weights 0..15), lanes 2-3 the second, so each sub-block's products come from the
-              // same mmas with the other lanes' weights zeroed; d * sc in fp32, as GGUF's value.
-              const bool lo = t < 2;
-              uint32_t z0[4], z1[4], y0[4], y1[4];
-#pragma unroll
-              for (int i = 0; i < 4; ++i) z0[i] = lo ? pa4[i] : 0u, y0[i] = lo ? pb4[i] : 0u, z1[i] = lo ? 0u : pa4[i], y1[i] = lo ? 0u : pb4[i];
-              float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, p1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_bf16(p0, z0[0], y0[0], z0[1], y0[1], xv.x, xv.y);
-              mma_bf16(p0, z0[2], y0[2], z0[3], y0[3], xv.z, xv.w);
-              mma_bf16(p1, z1[0], y1[0], z1[1], y1[1], xv.x, xv.y);
-              mma_bf16(p1, z1[2], y1[2], z1[3], y1[3], xv.z, xv.w);
-              const float d = h2f(static_cast<uint16_t>(w.ma.x & 0xffffu)), d8 = h2f(static_cast<uint16_t>(w.mb.x & 0xffffu));
-              const float s0 = d * static_cast<float>(static_cast<int8_t>(byte_at(w.da, 2 * u)));
-              const float s1 = d * static_cast<float>(static_cast<int8_t>(byte_at(w.da, 2 * u + 1)));
-              const float s08 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(w.db, 2 * u)));
-              const float s18 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(w.db, 2 * u + 1)));
-              c[0] = fmaf(s0, p0[0], fmaf(s1, p1[0], c[0])), c[1] = fmaf(s0, p0[1], fmaf(s1, p1[1], c[1]));
-              c[2] = fmaf(s08, p0[2], fmaf(s18, p1[2], c[2])), c[3] = fmaf(s08, p0[3], fmaf(s18, p1[3], c[3]));
-            } else {
-              float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
-              mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
-              float dg, dg8, mg = 0.0f, mg8 = 0.0f;
-              if constexpr (kKHeader<F>) {
-                // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
-                // chunk is sub-block u: value = (d * sc) q - dmin * m.
-                int sc, mn, sc8, mn8;
-                header_scale_min(w.da, u, &sc, &mn);
-                header_scale_min(w.db, u, &sc8, &mn8);
-                dg = h2f(static_cast<uint16_t>(w.da.x & 0xffffu)) * static_cast<float>(sc);
-                dg8 = h2f(static_cast<uint16_t>(w.db.x & 0xffffu)) * static_cast<float>(sc8);
-                mg = -(h2f(static_cast<uint16_t>(w.da.x >> 16)) * static_cast<float>(mn));
-                mg8 = -(h2f(static_cast<uint16_t>(w.db.x >> 16)) * static_cast<float>(mn8));
-              } else {
-                dg = h_at(w.da, u), dg8 = h_at(w.db, u);
-                if constexpr (kMinArray<F>) mg = h_at(w.ma, u), mg8 = h_at(w.mb, u);
-              }
-              c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
-              c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
-              if constexpr (kHasMin<F>) {
-                const float s0 = sx[(2 * t) * chunks + c0 + u], s1 = sx[(2 * t + 1) * chunks + c0 + u];
-                c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
-                c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
-              }
-            }
-          }
+      if constexpr (kPipe) {
+        for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+          if (c0 + kU < c_end) load(w2, c0 + kU);
+          mma_round(w, c0, c);
+          if (c0 + 2 * kU < c_end) load(w, c0 + 2 * kU);
+          if (c0 + kU < c_end) mma_round(w2, c0 + kU, c);
+        }
+      } else {
+        for (int c0 = c_begin; c0 < c_end; c0 += kU) {
+          if (c0 != c_begin) load(w, c0);
+          mma_round(w, c0, c);
         }
       }
     }
     if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
       set_rows(tile + tstride);
-      load(c_begin);
+      load(w, c_begin);
     }
     if (S == 1) {
       if (valid) epilogue<OP>(a, tile, g, t, c);
@@ -340,13 +358,19 @@ __global__ void __launch_bounds__(kThreads, kU == 4 ? 3 : 2) dec_k(DecArgs a) {
 
 struct Tuning {
   int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
+  bool pipe = false;    // bf16: the pipelined loop (two rounds of kU = 4 in registers)
 };
 const Tuning& tuning() {
   static Tuning t = [] {
     Tuning r;
-    if (const char* e = std::getenv("SS_CUDA_DEC")) {
-      int u = 0, c = 0;
-      if (std::sscanf(e, "%d,%d", &u, &c) == 2 && (u == 4 || u == 8) && c >= 1 && c <= 8) r.u = u, r.ctas = c;
+    if (const char* e = std::getenv("SS_CUDA_DEC")) {  // <kU>,<ctas>[,<pipe 0|1>]
+      int u = 0, c = 0, p = 0;
+      const int n = std::sscanf(e, "%d,%d,%d", &u, &c, &p);
+      if (n >= 2 && (u == 4 || u == 8) && c >= 1 && c <= 8 && (p == 0 || (u == 4 && c <= 2)))
+        r.u = u, r.ctas = c, r.pipe = p != 0;
+      else
+        std::fprintf(stderr, "selfserve: SS_CUDA_DEC=%s ignored (want kU 4|8, CTAs 1..8, pipe only with kU 4 "
+                     "and at most 2 CTAs)\n", e);
     }
     return r;
   }();
@@ -401,6 +425,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
             : W.format == WFormat::Q5_0 ? dec_k<OP, 8, WFormat::Q5_0>
             : W.format == WFormat::Q5_1 ? dec_k<OP, 8, WFormat::Q5_1>
             : W.format == WFormat::Q5_K ? dec_k<OP, 8, WFormat::Q5_K>
+            : kU == 4 && tuning().pipe  ? dec_k<OP, 4, WFormat::BF16, true>
             : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
                                         : dec_k<OP, 8, WFormat::BF16>;
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

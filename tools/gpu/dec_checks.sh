@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# On the GPU machine, one device call (~6 minutes): the fused decode kernels' tuning variants A/B.
+# Builds selfserve, test_gpu and test_gpu_backend; runs the decode kernels' tests and the backend's
+# forward tests under every variant; times the graph-replayed decode step of each variant,
+# interleaved a shape at a time (135M, 1B, 8B bf16, context 512); ncu on the 8B batch-1 projections
+# of each variant; the persistent kernel's barrier trace (SS_CUDA_MEGA_TRACE=1) when MEGA_TRACE=1.
+#   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
+#   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
+# Results in $OUT (progress, logs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out-gpu}
+mkdir -p "$OUT"
+T0=$(date +%s)
+stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
+LIMIT_S=${LIMIT_S:-330}
+want() { [ $(($(date +%s) - T0 + $1)) -le "$LIMIT_S" ] && return 0; stage "skipped (time): $2"; return 1; }
+VARIANTS=${VARIANTS:-"base: pipe:SS_CUDA_DEC=4,2,1"}
+SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
+BATCHES=${BATCHES:-1,8}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
+tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
+stage build
+source build-gpu/env.sh
+B=build-gpu M=/tmp/ssm
+mkdir -p $M
+for s in $SHAPES; do
+  [ -s $M/$s-bf16.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
+done
+stage synth
+# venv NAME:ENVS -> "ENV=V ENV2=V2" for env(1)
+envof() { local e=${1#*:}; echo "${e//,/ }"; }
+summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAILED  \]' "$1" | head -4 | tr '\n' ';'; }
+for v in $VARIANTS; do
+  n=${v%%:*}
+  want 40 "tests $n" || continue
+  env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter='GpuDecode*' > "$OUT/t-dec-$n.txt" 2>&1
+  stage "test_gpu GpuDecode* [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
+  env $(envof "$v") timeout 150 $B/test_gpu_backend --gtest_filter='CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*' \
+    > "$OUT/t-be-$n.txt" 2>&1
+  stage "test_gpu_backend forward [$n] rc=$? $(summary "$OUT/t-be-$n.txt")"
+done
+rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
+for s in $SHAPES; do
+  est=12
+  [ $s = llama3-8b ] && est=45
+  for v in $VARIANTS; do
+    n=${v%%:*}
+    want $est "decode $s [$n]" || continue
+    f="$OUT/dec-$s-$n.txt"
+    env $(envof "$v") timeout 150 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch $BATCHES \
+      --context 512 --steps 64 --reps 3 > "$f" 2>&1
+    stage "decode $s [$n] rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
+  done
+done
+if [ "${MEGA_TRACE:-1}" = 1 ]; then
+  for s in smollm2-135m llama3-8b; do
+    want 50 "mega trace $s" || continue
+    SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
+      --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
+    stage "mega trace $s rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s.txt" | tr '\n' ' ')"
+  done
+fi
+if [ "${NCU:-1}" = 1 ]; then
+  for v in $VARIANTS; do
+    n=${v%%:*}
+    want 70 "ncu 8B [$n]" || continue
+    env $(envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
+      --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager \
+      --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-8b-$n.txt" 2>&1
+    stage "ncu 8B [$n] rc=$? $(grep -E '^  [a-z_:]*dec_k|Duration|DRAM Throughput' "$OUT/ncu-8b-$n.txt" | sed -E 's/ +/ /g; s/void ss::cuda::kern::[^ ]*dec_k<ss::cuda::kern::dec::Op::([A-Za-z]+).*/\1/' | tr '\n' ';')"
+  done
+fi
+stage done
