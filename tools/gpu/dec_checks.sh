@@ -4,7 +4,7 @@
 # forward tests under every variant; times the graph-replayed decode step of each variant,
 # interleaved a shape at a time (135M, 1B, 8B bf16, context 512); ncu on the 8B batch-1 projections
 # of each variant; the persistent kernel's barrier trace (SS_CUDA_MEGA_TRACE=1) when MEGA_TRACE=1.
-#   VARIANTS: space-separated name:ENV=VALUE[+ENV=VALUE] ("base:" runs with no extra environment);
+#   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # Results in $OUT (progress, logs).
 set -uo pipefail
@@ -28,8 +28,8 @@ for s in $SHAPES; do
   [ -s $M/$s-bf16.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
 done
 stage synth
-# envof NAME:ENV=V+ENV2=V2 -> "ENV=V ENV2=V2" for env(1)
-envof() { local e=${1#*:}; echo "${e//+/ }"; }
+# venv NAME:ENVS -> "ENV=V ENV2=V2" for env(1)
+envof() { local e=${1#*:}; echo "${e//,/ }"; }
 summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAILED  \]' "$1" | head -4 | tr '\n' ';'; }
 for v in $VARIANTS; do
   n=${v%%:*}

@@ -212,7 +212,6 @@ class CudaBackend final : public Backend {
   bool split_attention_ = false;
   int sm_count_ = 0, max_splits_ = 64;
   int64_t l2_prefetch_bytes_ = 0;  // kern::Attention::l2_prefetch_bytes
-  int64_t next_prefetch_bytes_ = 0;  // kern::Attention::next_w: o_proj's weights up to this size
   bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
   size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;
@@ -352,10 +351,6 @@ Status CudaBackend::init() {
   l2_prefetch_bytes_ = static_cast<int64_t>(prop.l2CacheSize) / 2;
   if (const char* e = std::getenv("SS_CUDA_ATTN_L2_PREFETCH_MB"); e && *e)
     l2_prefetch_bytes_ = static_cast<int64_t>(std::strtod(e, nullptr) * (1 << 20));
-  // The fused decode's attention prefetches o_proj's weights to L2 when they take at most this many
-  // bytes; SS_CUDA_NEXT_PREFETCH_MB=<MiB> sets it (0: off).
-  if (const char* e = std::getenv("SS_CUDA_NEXT_PREFETCH_MB"); e && *e)
-    next_prefetch_bytes_ = static_cast<int64_t>(std::strtod(e, nullptr) * (1 << 20));
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
   SS_CUBLAS(cublasSetStream(blas_, stream_));
@@ -913,9 +908,6 @@ Status CudaBackend::forward_fused(int T, int R) {
                    max_splits_, attn_counters_};
     a.pdl = pdl;
     a.l2_prefetch_bytes = l2_prefetch_bytes_;
-    const int64_t wo_bytes = d.wo.format == k::WFormat::BF16 ? static_cast<int64_t>(sizeof(bf16_bits)) * H_ * qd_
-                                                             : static_cast<int64_t>(k::packed_q_bytes(d.wo.format, H_, qd_));
-    if (on('o') && wo_bytes <= next_prefetch_bytes_) a.next_w = d.wo.q, a.next_w_bytes = wo_bytes;
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
     if (on('a')) SS_TRY(k::attention(a, T, max_splits_, stream_));

@@ -100,13 +100,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = a.n_heads / a.n_kv;
-  if (a.next_w_bytes > 0) {  // the next kernel's weights: 128-byte lines, consecutive lines to consecutive threads
-    const int64_t lines = (a.next_w_bytes + 127) / 128, nctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-    const int64_t cta = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const char* w = static_cast<const char*>(a.next_w);
-    for (int64_t i = cta * blockDim.x + threadIdx.x; i < lines; i += nctas * blockDim.x)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w + i * 128));
-  }
   // Before the wait, what the previous kernel (the QKV projection) does not write: the context
   // length and block table (host inputs of the step) and the keys and values of this split, which
   // go to L2 (prefetch, no registers). L2 is where writes land, so a line the QKV kernel is still

@@ -246,11 +246,6 @@ struct Attention {
   // K/V, estimated as every CTA reading as many keys as this one, fits in this many bytes: a batch
   // whose K/V is larger than L2 would only evict what other CTAs are about to read.
   int64_t l2_prefetch_bytes = INT64_MAX;
-  // The next kernel's weights (the fused decode layer's o_proj), prefetched to L2 by all the grid's
-  // CTAs before the wait, spread evenly over them: attention reads little from DRAM, so the weight
-  // stream need not stop while it runs. None when next_w_bytes is 0.
-  const void* next_w = nullptr;
-  int64_t next_w_bytes = 0;
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
