@@ -54,7 +54,9 @@ Dot host_dot(const float* w, const Normed& n, int K) {
 TEST(GpuDecode, AddAccumulatesIntoTheResidual) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(31);
-  for (auto [N, K] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}, std::pair{1, 32}}) {
+  // K 14336 and 14368 (449 chunks, an odd number of rounds a warp) run the pipelined loop.
+  for (auto [N, K] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}, std::pair{64, 14368},
+                      std::pair{1, 32}}) {
     std::vector<float> wf;
     auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
     DeviceBuf<uint16_t> dW(W);
@@ -84,7 +86,7 @@ TEST(GpuDecode, AddAccumulatesIntoTheResidual) {
 TEST(GpuDecode, NormGemvMatchesHostAndIsBatchInvariant) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(32);
-  for (auto [N, K] : {std::pair{1001, 576}, std::pair{515, 2048}, std::pair{33, 4096}}) {
+  for (auto [N, K] : {std::pair{1001, 576}, std::pair{515, 2048}, std::pair{33, 4096}, std::pair{20, 4128}}) {
     std::vector<float> wf;
     auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
     const auto nw = random_f32(rng, K, 0.5f, 1.5f);
@@ -123,7 +125,7 @@ TEST(GpuDecode, NormGemvMatchesHostAndIsBatchInvariant) {
 TEST(GpuDecode, GateUpMatchesHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(33);
-  for (auto [F, K] : {std::pair{1536, 576}, std::pair{1001, 2048}}) {
+  for (auto [F, K] : {std::pair{1536, 576}, std::pair{1001, 2048}, std::pair{200, 4192}}) {  // 4192: pipelined
     std::vector<float> wf;
     auto W = random_bf16(rng, static_cast<size_t>(2 * F) * K, -1, 1, &wf);
     const auto nw = random_f32(rng, K, 0.5f, 1.5f);
@@ -156,7 +158,8 @@ TEST(GpuDecode, QkvRotatesAndStoresFromTheNormalisedResidual) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(34);
   struct Shape { int n_heads, n_kv, hd, rope_dim, K; };
-  for (Shape sh : {Shape{9, 3, 64, 64, 576}, Shape{8, 2, 128, 128, 2048}, Shape{4, 2, 128, 64, 256}}) {
+  for (Shape sh : {Shape{9, 3, 64, 64, 576}, Shape{8, 2, 128, 128, 2048}, Shape{4, 2, 128, 64, 256},
+                   Shape{4, 2, 128, 64, 4160}}) {  // K 4160: the pipelined loop, an odd number of rounds
     for (bool inter : {false, true}) {
       for (int batch : {1, 3, 8}) {
         const int max_pos = 2048, max_blocks = max_pos / kBlockTokens, rows = (sh.n_heads + 2 * sh.n_kv) * sh.hd;

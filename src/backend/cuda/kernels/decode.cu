@@ -39,7 +39,8 @@ constexpr int kWarps = 8;       // a CTA
 constexpr int kThreads = kWarps * 32;
 // Chunks (32 K wide) in flight per warp: kU x 2 x 16-byte loads a lane. kU 4 fits 80 registers a
 // thread (three CTAs a SM: two of this kernel, one of the next, under PDL); kU 8 needs 128 (two).
-// Default kU 8, two CTAs a SM; SS_CUDA_DEC=<kU>,<ctas>[,<pipe>] overrides them for tuning.
+// Default kU 8, two CTAs a SM, pipelined where a warp has more than one round (Tuning below);
+// SS_CUDA_DEC=<kU>,<ctas>[,<pipe 0|1>] overrides them for tuning.
 
 
 __device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b) {
@@ -358,7 +359,10 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
 struct Tuning {
   int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
-  bool pipe = false;    // bf16: the pipelined loop (two rounds of kU = 4 in registers)
+  // bf16: the pipelined loop (two rounds of kU = 4 in registers). -1 (the default): wherever a warp's
+  // K range holds more than one round of kU = 8 chunks, i.e. where the plain loop would expose a
+  // round trip per round (H100, 2026-12-06: 8B 1-2.5% faster; at 135M, one round a warp, 1% slower).
+  int pipe = -1;
 };
 const Tuning& tuning() {
   static Tuning t = [] {
@@ -367,7 +371,7 @@ const Tuning& tuning() {
       int u = 0, c = 0, p = 0;
       const int n = std::sscanf(e, "%d,%d,%d", &u, &c, &p);
       if (n >= 2 && (u == 4 || u == 8) && c >= 1 && c <= 8 && (p == 0 || (u == 4 && c <= 2)))
-        r.u = u, r.ctas = c, r.pipe = p != 0;
+        r.u = u, r.ctas = c, r.pipe = p;
       else
         std::fprintf(stderr, "selfserve: SS_CUDA_DEC=%s ignored (want kU 4|8, CTAs 1..8, pipe only with kU 4 "
                      "and at most 2 CTAs)\n", e);
@@ -381,7 +385,8 @@ template <Op OP>
 Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s) {
   a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
   const bool quant = W.format != WFormat::BF16;
-  const int kU = quant ? 8 : tuning().u, kCtasPerSm = tuning().ctas;
+  int kU = quant ? 8 : tuning().u;
+  const int kCtasPerSm = tuning().ctas;
   if (quant && (!W.d || (has_min_array(W.format) && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
                 (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
     return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1, Q5_1)");
@@ -415,6 +420,10 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     if (best < 0 || rounds <= best) best = rounds, S = s2;
   }
   a.S = S;
+  // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
+  // chosen for the rounds of kU above.
+  const bool pipe = !quant && (tuning().pipe == -1 ? (chunks + S - 1) / S > kU : tuning().pipe == 1);
+  if (pipe) kU = 4;
   const int tpc = kWarps / S;
   const int grid = static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms));
   auto* k = W.format == WFormat::Q4_0   ? dec_k<OP, 8, WFormat::Q4_0>
@@ -425,7 +434,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
             : W.format == WFormat::Q5_0 ? dec_k<OP, 8, WFormat::Q5_0>
             : W.format == WFormat::Q5_1 ? dec_k<OP, 8, WFormat::Q5_1>
             : W.format == WFormat::Q5_K ? dec_k<OP, 8, WFormat::Q5_K>
-            : kU == 4 && tuning().pipe  ? dec_k<OP, 4, WFormat::BF16, true>
+            : pipe                      ? dec_k<OP, 4, WFormat::BF16, true>
             : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
                                         : dec_k<OP, 8, WFormat::BF16>;
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
