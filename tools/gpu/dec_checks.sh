@@ -5,6 +5,8 @@
 # interleaved a shape at a time (135M, 1B, 8B bf16, context 512); ncu on the 8B batch-1 projections
 # of each variant; the persistent kernel's barrier trace (SS_CUDA_MEGA_TRACE=1) when MEGA_TRACE=1.
 #   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
+#   TEST_FILTER: test_gpu's tests run under each variant (default GpuDecode*);
+#   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # Results in $OUT (progress, logs).
 set -uo pipefail
@@ -34,12 +36,21 @@ summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAI
 for v in $VARIANTS; do
   n=${v%%:*}
   want 40 "tests $n" || continue
-  env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter='GpuDecode*' > "$OUT/t-dec-$n.txt" 2>&1
-  stage "test_gpu GpuDecode* [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
+  env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
+  stage "test_gpu ${TEST_FILTER:-GpuDecode*} [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
   env $(envof "$v") timeout 150 $B/test_gpu_backend --gtest_filter='CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*' \
     > "$OUT/t-be-$n.txt" 2>&1
   stage "test_gpu_backend forward [$n] rc=$? $(summary "$OUT/t-be-$n.txt")"
 done
+# SANITIZE_FILTER: test_gpu's tests under compute-sanitizer memcheck and racecheck (default variant).
+if [ -n "${SANITIZE_FILTER:-}" ]; then
+  for tool in memcheck racecheck; do
+    want 90 "$tool" || continue
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 $B/test_gpu --gtest_filter="$SANITIZE_FILTER" \
+      > "$OUT/san-$tool.txt" 2>&1
+    stage "$tool $SANITIZE_FILTER rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.txt" | tr '\n' ' ') $(summary "$OUT/san-$tool.txt")"
+  done
+fi
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
 for s in $SHAPES; do
   est=12

@@ -212,6 +212,7 @@ class CudaBackend final : public Backend {
   bool split_attention_ = false;
   int sm_count_ = 0, max_splits_ = 64;
   int64_t l2_prefetch_bytes_ = 0;  // kern::Attention::l2_prefetch_bytes
+  int attn_cluster_ = 0;           // kern::Attention::cluster of the fused decode's attention
   bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
   size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;
@@ -351,6 +352,9 @@ Status CudaBackend::init() {
   l2_prefetch_bytes_ = static_cast<int64_t>(prop.l2CacheSize) / 2;
   if (const char* e = std::getenv("SS_CUDA_ATTN_L2_PREFETCH_MB"); e && *e)
     l2_prefetch_bytes_ = static_cast<int64_t>(std::strtod(e, nullptr) * (1 << 20));
+  // The fused decode's attention merges a row's splits in a cluster of this many (0: by ticket);
+  // SS_CUDA_ATTN_CLUSTER=<0|2..16> (a divisor of the 64 splits).
+  if (const char* e = std::getenv("SS_CUDA_ATTN_CLUSTER"); e && *e) attn_cluster_ = std::atoi(e);
   SS_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   SS_CUBLAS(cublasCreate(&blas_));
   SS_CUBLAS(cublasSetStream(blas_, stream_));
@@ -908,6 +912,7 @@ Status CudaBackend::forward_fused(int T, int R) {
                    max_splits_, attn_counters_};
     a.pdl = pdl;
     a.l2_prefetch_bytes = l2_prefetch_bytes_;
+    a.cluster = attn_cluster_;
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
     if (on('a')) SS_TRY(k::attention(a, T, max_splits_, stream_));

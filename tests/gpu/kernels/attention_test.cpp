@@ -91,7 +91,7 @@ std::vector<double> host_attention(const Paged& p, const float* q, int seq, int 
 
 // merge_in_place: the splits merged by their last CTA (counters) instead of the combine kernel.
 void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len, const std::vector<int32_t>& seq_of_q,
-              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false) {
+              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false, int cluster = 0) {
   const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
   const int n_q = static_cast<int>(ctx.size());
   const size_t qsz = static_cast<size_t>(n_q) * c.n_heads * c.hd;
@@ -112,6 +112,7 @@ void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len,
   CUDA_OK(cudaMemset(counters.get(), 0, counters.size() * sizeof(unsigned)));
   Attention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dseq.get(), dtab.get(),
               p.max_blocks, dout.get(), dws.get(), max_splits, merge_in_place ? counters.get() : nullptr};
+  a.cluster = cluster;
   LAUNCH_OK(attention(a, n_q, splits, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "a split counter was not left at zero";
@@ -145,6 +146,38 @@ TEST(GpuAttention, DecodeMatchesHostAtOddContextsAndBatches) {
       }
     }
   }
+}
+
+// Splits merged through distributed shared memory in a cluster (the fused decode's launch: 64
+// splits, in-place merge): contexts whose live splits fit one cluster take that path, longer ones
+// (and a single split) the ticket merge; both against the host, at head dims 64 and 128.
+TEST(GpuAttention, ClusterMergeMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  for (int cluster : {8, 16}) {
+    for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}}) {
+      for (int len : {1, 33, 100, 256, 257, 512, 513, 1024, 1500}) {
+        run_case(rng, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, cluster);
+        if (HasFatalFailure()) return;
+      }
+      // Rows of different lengths in one launch: some merge in the cluster, some by ticket.
+      run_case(rng, c, {17, 300, 1100}, {0, 1, 2}, {17, 300, 1100}, 64, /*merge_in_place=*/true, cluster);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(GpuAttention, RejectsABadCluster) {
+  Attention a{};
+  a.n_heads = 8, a.n_kv = 2, a.hd = 64, a.max_splits = 64, a.cluster = 12;
+  float ws = 0;
+  unsigned counters = 0;
+  a.workspace = &ws, a.split_counters = &counters;
+  EXPECT_FALSE(attention(a, 1, 64, nullptr).ok());  // 12 does not divide 64
+  a.cluster = 16, a.split_counters = nullptr;
+  EXPECT_FALSE(attention(a, 1, 64, nullptr).ok());  // no split counters
+  a.cluster = 32, a.split_counters = &counters;
+  EXPECT_FALSE(attention(a, 1, 64, nullptr).ok());  // past 16
 }
 
 TEST(GpuAttention, EveryContextLengthWithSplits) {

@@ -4,6 +4,7 @@
 // consecutive dims of q for each head and of the key), keeps an online softmax per head in
 // registers, and the warps merge through shared memory. Long contexts are split across CTAs
 // (flash-decoding): each split writes (max, sum, unnormalised output) and attn_combine_k merges them.
+#include <cooperative_groups.h>
 #include <string>
 
 #include "backend/cuda/kernels/common.cuh"
@@ -108,12 +109,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int ctx = a.ctx_len[qi];
   const int per = split_keys<HD>(ctx, splits);
   const int ns = (ctx + per - 1) / per;  // splits holding keys: the others have nothing to do
-  if (split >= ns) return;
-  const int begin = split * per, end = min(ctx, begin + per);
+  // Merged in the cluster (a.cluster): the empty splits of the first cluster stay for its barriers.
+  const bool clustered = a.cluster > 1 && ns > 1 && ns <= a.cluster;
+  if (split >= ns && !(clustered && split < a.cluster)) return;
+  const bool live = split < ns;
+  const int begin = live ? split * per : 0, end = live ? min(ctx, begin + per) : 0;
   const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
   const int64_t kv_stride = static_cast<int64_t>(a.n_kv) * kBlockTokens * HD;  // K -> V of a block
   const int64_t step_bytes = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * (end - begin) * HD * 2 * 2;
-  if (step_bytes <= a.l2_prefetch_bytes) {
+  if (live && step_bytes <= a.l2_prefetch_bytes) {
     constexpr int kLines = kBlockTokens * HD * 2 / 128;  // 128-byte lines of one head's K (or V) in a block
     const int b0 = begin / kBlockTokens, nb = (end - 1) / kBlockTokens - b0 + 1;
     for (int i = threadIdx.x; i < nb * 2 * kLines; i += blockDim.x) {
@@ -189,6 +193,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   // Merge the warps: per head, the max of the warps' maxima, then their rescaled sums.
   __shared__ float sm_m[kAttnWarps][MG], sm_l[kAttnWarps][MG];
   __shared__ float sm_acc[kAttnWarps][MG][HD];
+  __shared__ float cl_m[MG], cl_l[MG], cl_acc[MG][HD];  // this split's result, for the cluster's merge
 #pragma unroll
   for (int g = 0; g < MG; ++g) {
     if (g >= G) break;
@@ -212,7 +217,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       }
     }
     const int h = kvh * G + g;
-    if (ns == 1) {
+    if (clustered) {
+      if (d == 0) cl_m[g] = M, cl_l[g] = L;
+      cl_acc[g][d] = A;
+    } else if (ns == 1) {
       a.out[(static_cast<int64_t>(qi) * a.n_heads + h) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
     } else {
       if (d == 0) {
@@ -221,6 +229,31 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       }
       ws_acc(a, gridDim.x, qi, h, split)[d] = A;
     }
+  }
+  if (clustered) {
+    // Every split's (max, sum, output) is in its CTA's shared memory: after the barrier, the
+    // cluster's CTAs merge the group's outputs together (CTA r takes elements r x 128 + thread,
+    // strided), reading the live splits' results remotely in split order; the second barrier keeps
+    // each CTA's shared memory alive until every remote read of it is done.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int rank = static_cast<int>(cluster.block_rank());
+    for (int i = rank * blockDim.x + threadIdx.x; i < G * HD; i += a.cluster * blockDim.x) {
+      const int g = i / HD, d = i % HD;
+      float M = -INFINITY;
+      for (int sp = 0; sp < ns; ++sp) M = fmaxf(M, *cluster.map_shared_rank(&cl_m[g], sp));
+      float L = 0.0f, A = 0.0f;
+      for (int sp = 0; sp < ns; ++sp) {
+        const float m = *cluster.map_shared_rank(&cl_m[g], sp);
+        const float f = m == -INFINITY ? 0.0f : exp2f(m - M);
+        L += *cluster.map_shared_rank(&cl_l[g], sp) * f;
+        A += *cluster.map_shared_rank(&cl_acc[g][d], sp) * f;
+      }
+      a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+    }
+    cluster.sync();
+    return;
   }
   if (ns == 1 || !a.split_counters) return;
   // The last split CTA of this (row, KV head) merges the splits (their partials read from L2).
@@ -252,18 +285,30 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_combine_k(Attention a, i
 }
 
 template <int HD>
-void launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
+cudaError_t launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(n_q, a.n_kv, splits);
   cfg.blockDim = dim3(kAttnWarps * 32);
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n_attr = 0;
+  if (a.pdl) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  auto* k = split_kernel<HD>(a.n_heads / a.n_kv);
+  if (a.cluster > 1) {
+    if (a.cluster > 8) cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = 1, attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr++].val.clusterDim.z = static_cast<unsigned>(a.cluster);
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = a.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, split_kernel<HD>(a.n_heads / a.n_kv), a, splits);
+  cfg.numAttrs = n_attr;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, a, splits);
+  if (e != cudaSuccess) return e;
   if (splits > 1 && !a.split_counters) attn_combine_k<HD><<<dim3(n_q, a.n_kv), kAttnWarps * 32, 0, s>>>(a, splits);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -288,13 +333,15 @@ Status attention(const Attention& a, int n_q, int splits, cudaStream_t s) {
   if (splits < 1 || splits > 64 || (splits > 1 && (splits > a.max_splits || !a.workspace)))
     return make_error("attention: splits " + std::to_string(splits) + " outside 1..max_splits (" +
                       std::to_string(a.max_splits) + ") or no workspace");
+  if (a.cluster != 0 && (a.cluster < 2 || a.cluster > 16 || splits % a.cluster != 0 || !a.split_counters))
+    return make_error("attention: a cluster of " + std::to_string(a.cluster) + " splits needs 2..16 dividing the splits (" +
+                      std::to_string(splits) + ") and split counters");
   if (n_q <= 0) return {};
   if (a.n_kv > 65535) return make_error("attention: too many KV heads for the grid");
-  switch (a.hd) {
-    case 64: launch_attn<64>(a, n_q, splits, s); break;
-    case 128: launch_attn<128>(a, n_q, splits, s); break;
-    default: launch_attn<256>(a, n_q, splits, s); break;
-  }
+  const cudaError_t e = a.hd == 64    ? launch_attn<64>(a, n_q, splits, s)
+                        : a.hd == 128 ? launch_attn<128>(a, n_q, splits, s)
+                                      : launch_attn<256>(a, n_q, splits, s);
+  SS_CUDA_TRY(e);
   SS_CUDA_LAUNCHED();
   return {};
 }

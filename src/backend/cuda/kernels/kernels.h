@@ -246,6 +246,11 @@ struct Attention {
   // K/V, estimated as every CTA reading as many keys as this one, fits in this many bytes: a batch
   // whose K/V is larger than L2 would only evict what other CTAs are about to read.
   int64_t l2_prefetch_bytes = INT64_MAX;
+  // Splits a thread-block cluster (0: none; 2..16, dividing the launch's splits; needs
+  // split_counters): a row whose live splits all fall in its first cluster (2..cluster of them)
+  // merges them through distributed shared memory, with no workspace, fence or ticket; other rows
+  // merge as without it. Which path a row takes depends on its context length only.
+  int cluster = 0;
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
