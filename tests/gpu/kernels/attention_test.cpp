@@ -91,7 +91,8 @@ std::vector<double> host_attention(const Paged& p, const float* q, int seq, int 
 
 // merge_in_place: the splits merged by their last CTA (counters) instead of the combine kernel.
 void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len, const std::vector<int32_t>& seq_of_q,
-              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false, int cluster = 0) {
+              const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false, int cluster = 0,
+              std::vector<uint16_t>* out_bits = nullptr) {
   const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
   const int n_q = static_cast<int>(ctx.size());
   const size_t qsz = static_cast<size_t>(n_q) * c.n_heads * c.hd;
@@ -117,6 +118,7 @@ void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len,
   CUDA_OK(cudaDeviceSynchronize());
   for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "a split counter was not left at zero";
   const auto out = dout.download();
+  if (out_bits) *out_bits = out;
   for (int i = 0; i < n_q; ++i) {
     const auto ref = host_attention(p, q.data() + static_cast<size_t>(i) * c.n_heads * c.hd, seq_of_q[i], ctx[i], c, scale);
     for (size_t j = 0; j < ref.size(); ++j)
@@ -150,15 +152,22 @@ TEST(GpuAttention, DecodeMatchesHostAtOddContextsAndBatches) {
 
 // Splits merged through distributed shared memory in a cluster (the fused decode's launch: 64
 // splits, in-place merge): contexts whose live splits fit one cluster take that path, longer ones
-// (and a single split) the ticket merge; both against the host, at head dims 64 and 128.
+// (and a single split) the ticket merge; both against the host, at head dims 64 and 128, and
+// bit-identical to the ticket merge of the same inputs (the decode uses clusters at batch 1 only,
+// so a row's result must not change with the merge).
 TEST(GpuAttention, ClusterMergeMatchesHost) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(23);
   for (int cluster : {8, 16}) {
     for (Case c : {Case{9, 3, 64}, Case{32, 8, 128}}) {
       for (int len : {1, 33, 100, 256, 257, 512, 513, 1024, 1500}) {
-        run_case(rng, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, cluster);
+        std::mt19937 same = rng;  // the same inputs for both merges
+        std::vector<uint16_t> by_ticket, by_cluster;
+        run_case(same, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, 0, &by_ticket);
         if (HasFatalFailure()) return;
+        run_case(rng, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, cluster, &by_cluster);
+        if (HasFatalFailure()) return;
+        ASSERT_EQ(by_ticket, by_cluster) << "cluster " << cluster << " hd " << c.hd << " ctx " << len;
       }
       // Rows of different lengths in one launch: some merge in the cluster, some by ticket.
       run_case(rng, c, {17, 300, 1100}, {0, 1, 2}, {17, 300, 1100}, 64, /*merge_in_place=*/true, cluster);

@@ -72,7 +72,9 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
     const float l1 = lane + 32 < ns ? __ldcg(ml0 + 2 * (lane + 32) + 1) : 0.0f;
     const float M = warp_max(fmaxf(m0, m1));
     const float f0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - M), f1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - M);
-    const float L = warp_sum(l0 * f0 + l1 * f1);
+    // L and A accumulate in split order with fmaf, as the cluster merge does (bit-identical results
+    // whichever merge a row takes).
+    float L = 0.0f;
     float A[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; ++e) A[e] = 0.0f;
@@ -80,6 +82,7 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
 #pragma unroll 4
     for (int sp = 0; sp < ns; ++sp) {
       const float f = __shfl_sync(0xffffffffu, sp < 32 ? f0 : f1, sp & 31);
+      L = fmaf(__shfl_sync(0xffffffffu, sp < 32 ? l0 : l1, sp & 31), f, L);
       const float* p = acc0 + static_cast<int64_t>(sp) * HD;
 #pragma unroll
       for (int e = 0; e < EPL; e += 2) {
@@ -243,14 +246,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       const int g = i / HD, d = i % HD;
       float M = -INFINITY;
       for (int sp = 0; sp < ns; ++sp) M = fmaxf(M, *cluster.map_shared_rank(&cl_m[g], sp));
-      float L = 0.0f, A = 0.0f;
+      float L = 0.0f, A = 0.0f;  // merge_splits' arithmetic, in its order
       for (int sp = 0; sp < ns; ++sp) {
         const float m = *cluster.map_shared_rank(&cl_m[g], sp);
         const float f = m == -INFINITY ? 0.0f : exp2f(m - M);
-        L += *cluster.map_shared_rank(&cl_l[g], sp) * f;
-        A += *cluster.map_shared_rank(&cl_acc[g][d], sp) * f;
+        L = fmaf(*cluster.map_shared_rank(&cl_l[g], sp), f, L);
+        A = fmaf(f, *cluster.map_shared_rank(&cl_acc[g][d], sp), A);
       }
-      a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(L > 0.0f ? A / L : 0.0f);
+      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+      a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(A * inv);
     }
     cluster.sync();
     return;
@@ -322,6 +326,30 @@ int attention_splits(int n_q, int n_kv, int sm_count, int max_splits) {
   int64_t want = (2 * static_cast<int64_t>(sm_count) + ctas - 1) / ctas;
   if (want < 1) want = 1;
   return static_cast<int>(want < max_splits ? want : max_splits);
+}
+
+int attention_max_cluster(int want, int hd, int g) {
+  if (hd != 64 && hd != 128 && hd != 256) return 0;
+  if (g < 1 || g > kMaxGroup) return 0;
+  auto* k = hd == 64 ? split_kernel<64>(g) : hd == 128 ? split_kernel<128>(g) : split_kernel<256>(g);
+  for (int c = want >= 16 ? 16 : want >= 8 ? 8 : 0; c >= 8; c /= 2) {
+    if (c > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1, 1, 64);
+    cfg.blockDim = dim3(kAttnWarps * 32);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = static_cast<unsigned>(c);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess && n >= 1) return c;
+    cudaGetLastError();
+  }
+  return 0;
 }
 
 Status attention(const Attention& a, int n_q, int splits, cudaStream_t s) {

@@ -255,6 +255,9 @@ struct Attention {
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
 int attention_splits(int n_q, int n_kv, int sm_count, int max_splits);
+// The largest cluster of `want` or fewer splits (16, 8 or 0) this device can launch for the
+// attention kernel of head dim hd and group g (cudaOccupancyMaxActiveClusters >= 1).
+int attention_max_cluster(int want, int hd, int g);
 Status attention(const Attention& a, int n_q, int splits, cudaStream_t s);
 
 // --- prefill attention on tensor cores ------------------------------------------------------------
