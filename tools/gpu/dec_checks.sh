@@ -6,6 +6,8 @@
 # of each variant; the persistent kernel's barrier trace (SS_CUDA_MEGA_TRACE=1) when MEGA_TRACE=1.
 #   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
 #   TEST_FILTER: test_gpu's tests run under each variant (default GpuDecode*);
+#   BE_FILTER: test_gpu_backend's tests run under each variant (default: the forward tests);
+#   TESTS_FIRST_ONLY=1: the tests under the first variant only;
 #   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # Results in $OUT (progress, logs).
@@ -38,9 +40,10 @@ for v in $VARIANTS; do
   want 40 "tests $n" || continue
   env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
   stage "test_gpu ${TEST_FILTER:-GpuDecode*} [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
-  env $(envof "$v") timeout 150 $B/test_gpu_backend --gtest_filter='CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*' \
+  env $(envof "$v") timeout 200 $B/test_gpu_backend --gtest_filter="${BE_FILTER:-CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*}" \
     > "$OUT/t-be-$n.txt" 2>&1
-  stage "test_gpu_backend forward [$n] rc=$? $(summary "$OUT/t-be-$n.txt")"
+  stage "test_gpu_backend ${BE_FILTER:-forward} [$n] rc=$? $(summary "$OUT/t-be-$n.txt")"
+  [ "${TESTS_FIRST_ONLY:-0}" = 1 ] && break
 done
 # SANITIZE_FILTER: test_gpu's tests under compute-sanitizer memcheck and racecheck (default variant).
 if [ -n "${SANITIZE_FILTER:-}" ]; then
