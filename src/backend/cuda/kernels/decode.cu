@@ -113,6 +113,11 @@ struct Round {
 template <Op OP, int kU, WFormat F, bool kPipe = false>
 __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  if (a.empty) {  // benchmarking only: the kernel boundary alone
+    pdl_wait();
+    pdl_trigger();
+    return;
+  }
   constexpr bool kNorm = OP != Op::Add;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -363,10 +368,17 @@ struct Tuning {
   // K range holds more than one round of kU = 8 chunks, i.e. where the plain loop would expose a
   // round trip per round (H100, 2026-12-06: 8B 1-2.5% faster; at 135M, one round a warp, 1% slower).
   int pipe = -1;
+  // Benchmarking only: SS_CUDA_EMPTY=1 launches every fused decode kernel (and the attention, through
+  // the backend) with its grid, to wait and exit, so a step's time is its kernel boundaries alone.
+  bool empty = false;
 };
 const Tuning& tuning() {
   static Tuning t = [] {
     Tuning r;
+    if (const char* e = std::getenv("SS_CUDA_EMPTY"); e && std::string(e) == "1") {
+      r.empty = true;
+      std::fprintf(stderr, "SS_CUDA_EMPTY=1: every fused decode kernel exits at once, outputs are WRONG\n");
+    }
     if (const char* e = std::getenv("SS_CUDA_DEC")) {  // <kU>,<ctas>[,<pipe 0|1>]
       int u = 0, c = 0, p = 0;
       const int n = std::sscanf(e, "%d,%d,%d", &u, &c, &p);
@@ -420,6 +432,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     if (best < 0 || rounds <= best) best = rounds, S = s2;
   }
   a.S = S;
+  a.empty = tuning().empty;
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const bool pipe = !quant && (tuning().pipe == -1 ? (chunks + S - 1) / S > kU : tuning().pipe == 1);

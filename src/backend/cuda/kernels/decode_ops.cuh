@@ -28,6 +28,7 @@ struct DecArgs {
   float* y;              // Add: the residual [B][N] (+=); Logits: [B][N]
   uint16_t* act;         // GateUp: [B][F]
   RopeKv rk;             // Qkv
+  bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
 };
 
 // Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,

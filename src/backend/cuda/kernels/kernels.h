@@ -251,6 +251,7 @@ struct Attention {
   // merges them through distributed shared memory, with no workspace, fence or ticket; other rows
   // merge as without it. Which path a row takes depends on its context length only.
   int cluster = 0;
+  bool empty = false;  // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
