@@ -824,3 +824,66 @@ TEST(CudaKvBlocks, RegisteredHostMemoryCopiesInPlaceExactly) {
     std::copy(want.begin(), want.end(), arena.begin());
   }
 }
+
+// Batched copies (write_kv_blocks / read_kv_blocks, what a restore step uses): one batch mixing
+// blocks in registered memory (DMA in place, one wait for all) and staged ones (more than the
+// staging ring), written to scattered blocks, reads back exact both batched and one at a time, and
+// the registered bytes may be overwritten as soon as the call returns. A batch with one bad entry
+// (out of range, a wrong size) is refused and copies nothing, not even the good entries before it.
+TEST(CudaKvBlocks, BatchedCopiesAreExactAndBadBatchesCopyNothing) {
+  SKIP_WITHOUT_GPU();
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  auto be = cuda_backend(*model);
+  ASSERT_NE(be, nullptr);
+  const size_t bytes = static_cast<size_t>(be->kv_block_bytes());
+  constexpr int kBlocks = 24;  // half registered, half staged (12 > the 8 staging slots)
+  std::vector<uint8_t> arena(bytes * kBlocks);
+  std::vector<std::vector<uint8_t>> loose(kBlocks, std::vector<uint8_t>(bytes));
+  std::mt19937 rng(13);
+  for (auto& v : arena) v = static_cast<uint8_t>(rng() & 0x3f);  // finite bf16 patterns
+  const std::vector<uint8_t> want(arena);
+  be->register_host_memory(arena.data(), arena.size());
+  ASSERT_EQ(be->memory().host_registered_bytes, static_cast<int64_t>(arena.size())) << "not page-locked";
+  auto dst_block = [](int i) { return 3 + 5 * i % 47; };  // scattered, distinct for i < 24
+  std::vector<ss::backend::KvBlockIn> in;
+  for (int i = 0; i < kBlocks; ++i) {
+    const uint8_t* src = arena.data() + bytes * static_cast<size_t>(i);
+    if (i % 2) {
+      std::copy(src, src + bytes, loose[static_cast<size_t>(i)].begin());
+      in.push_back({dst_block(i), loose[static_cast<size_t>(i)]});
+    } else {
+      in.push_back({dst_block(i), std::span<const uint8_t>(src, bytes)});
+    }
+  }
+  ASSERT_TRUE(be->write_kv_blocks(in).ok());
+  std::fill(arena.begin(), arena.end(), 0xff);  // reused at once: the batch has waited for its DMAs
+  for (auto& l : loose) std::fill(l.begin(), l.end(), 0xff);
+  std::vector<ss::backend::KvBlockOut> out;
+  for (int i = 0; i < kBlocks; ++i)  // back into the arena (even: in place) and into loose buffers (odd: staged)
+    out.push_back({dst_block(i), i % 2 ? std::span<uint8_t>(loose[static_cast<size_t>(i)])
+                                       : std::span<uint8_t>(arena.data() + bytes * static_cast<size_t>(i), bytes)});
+  ASSERT_TRUE(be->read_kv_blocks(out).ok());
+  std::vector<uint8_t> got(bytes);
+  for (int i = 0; i < kBlocks; ++i) {
+    const auto w = want.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(i));
+    EXPECT_TRUE(std::equal(out[static_cast<size_t>(i)].bytes.begin(), out[static_cast<size_t>(i)].bytes.end(), w))
+        << "block " << i << " read batched";
+    ASSERT_TRUE(be->read_kv_block(dst_block(i), got).ok());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), w)) << "block " << i << " read alone";
+  }
+  // Refused whole: a good entry, then a block out of range; a good entry, then a short one.
+  const std::vector<uint8_t> noise(bytes, 0x11), short_buf(bytes - 1, 0x11);
+  auto st = be->write_kv_blocks(std::vector<ss::backend::KvBlockIn>{{dst_block(0), noise}, {be->kv_config().num_blocks, noise}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("nothing copied"), std::string::npos) << st.message();
+  st = be->write_kv_blocks(std::vector<ss::backend::KvBlockIn>{{dst_block(1), noise}, {dst_block(2), short_buf}});
+  ASSERT_FALSE(st.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(be->read_kv_block(dst_block(i), got).ok());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + static_cast<std::ptrdiff_t>(bytes * static_cast<size_t>(i))))
+        << "block " << i << " was written by a refused batch";
+  }
+  be->unregister_host_memory(arena.data());
+  EXPECT_EQ(be->memory().host_registered_bytes, 0);
+}
