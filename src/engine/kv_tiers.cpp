@@ -863,20 +863,49 @@ KvTiers::Loaded KvTiers::load_one(const LoadJob& j) {
 }
 
 bool KvTiers::apply_load(const Loaded& l, const LoadItem& item, BlockId b) {
-  if (!l.ok) return false;
-  const std::span<const uint8_t> block =
-      l.bytes ? std::span<const uint8_t>(*l.bytes) : l.kept ? l.kept->contiguous() : std::span<const uint8_t>{};
-  if (static_cast<int64_t>(block.size()) != block_bytes_ || !be_.write_kv_block(b, block).ok()) return false;
-  if (l.from_disk) {
-    if (l.kept) host_adopt(item.hash, item.parent, item.tokens, l.kept);  // a queued write's bytes: no copy
-    else if (l.stored) host_insert_copy(item.hash, item.parent, item.tokens, *l.stored, l.compressed);
-  } else if (auto it = host_.find(item.hash); it != host_.end()) {
-    host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
+  const Apply a{&l, &item, b};
+  std::vector<char> ok;
+  apply_loads(std::span<const Apply>(&a, 1), ok);
+  return ok[0] != 0;
+}
+
+void KvTiers::apply_loads(std::span<const Apply> loads, std::vector<char>& ok) {
+  ok.assign(loads.size(), 0);
+  copies_.clear();
+  copy_of_.clear();
+  for (size_t i = 0; i < loads.size(); ++i) {
+    const Loaded& l = *loads[i].loaded;
+    if (!l.ok) continue;
+    const std::span<const uint8_t> block =
+        l.bytes ? std::span<const uint8_t>(*l.bytes) : l.kept ? l.kept->contiguous() : std::span<const uint8_t>{};
+    if (static_cast<int64_t>(block.size()) != block_bytes_) continue;
+    copies_.push_back({loads[i].block, block});
+    copy_of_.push_back(static_cast<int>(i));
+  }
+  if (copies_.empty()) return;
+  // One call for the whole batch: the bytes stay alive (held by the loads) until it returns.
+  if (Status st = be_.write_kv_blocks(copies_); !st.ok()) {
+    std::fprintf(stderr, "kv tiers: restore of %zu blocks failed: %s\n", copies_.size(), st.message().c_str());
+    return;
+  }
+  int64_t from_host = 0, from_disk = 0, queued = 0;
+  for (const int i : copy_of_) {
+    ok[static_cast<size_t>(i)] = 1;
+    const Loaded& l = *loads[static_cast<size_t>(i)].loaded;
+    const LoadItem& item = *loads[static_cast<size_t>(i)].item;
+    if (l.from_disk) {
+      if (l.kept) host_adopt(item.hash, item.parent, item.tokens, l.kept);  // a queued write's bytes: no copy
+      else if (l.stored) host_insert_copy(item.hash, item.parent, item.tokens, *l.stored, l.compressed);
+    } else if (auto it = host_.find(item.hash); it != host_.end()) {
+      host_lru_.splice(host_lru_.end(), host_lru_, it->second.lru);
+    }
+    ++(l.from_disk ? from_disk : from_host);
+    if (l.queued) ++queued;
   }
   std::lock_guard<std::mutex> lk(mu_);
-  ++(l.from_disk ? st_.restored_disk : st_.restored_host);
-  if (l.queued) ++st_.restored_queued;
-  return true;
+  st_.restored_host += from_host;
+  st_.restored_disk += from_disk;
+  st_.restored_queued += queued;
 }
 
 KvTierStats KvTiers::stats() const {

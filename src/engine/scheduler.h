@@ -7,8 +7,9 @@
 // lane, then the long lane) with what is left. When KV blocks run out, the newest running
 // sequence is preempted (blocks freed, recomputed later from prompt + output).
 // A request whose prefix a lower KV tier holds leaves its queue to restore it: it holds its blocks
-// and a seat while the tiers' loader reads them, the others keep stepping, and at most
-// kMaxRestoreBlocksPerStep loaded blocks are copied into the pool per step; then it goes back to
+// and a seat while the tiers' loader reads them, the others keep stepping, and the loaded blocks
+// are copied into the pool in one batched copy a step (at most max_restore_bytes_per_step of them
+// while sequences run); then it goes back to
 // the front of its queue and is admitted like any other, its restored blocks as cached ones.
 #pragma once
 #include <algorithm>
@@ -53,6 +54,17 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   int max_model_len = 0;  // prompt + max_tokens limit; 0: the whole KV cache
   PressureConfig pressure;  // memory pressure levels (memory_pressure.h)
+  // Restored bytes copied into the pool per step while sequences run (everything loaded when nothing
+  // runs; at least one block). A step's restores are one batched copy (Backend::write_kv_blocks:
+  // every block issued, one wait), so what they cost the running streams is their bytes over the
+  // link, not a round trip per block: hence a bound in bytes, the same stall whatever a block weighs
+  // (368,640 bytes on the default model, 2 MiB at Llama-3-8B bf16). 64 MiB is ~1.3-2.7 ms at the
+  // ~25-50 GB/s of pinned host-to-GPU copies, against an 8B decode step of ~5-7 ms; on the CPU
+  // backend it is a host memcpy (a few GB/s: several ms, against a 12-25 ms step at 8 streams on
+  // the development VM). The streams lose the history's bytes over the link in total whatever the
+  // bound; it sets how many steps that is spread over, and the returning turn waits one step per
+  // 64 MiB. At 8B it is the 32 blocks a step of before, now one wait instead of 32.
+  int64_t max_restore_bytes_per_step = int64_t(64) << 20;
 
   Status validate() const;
 };
@@ -176,9 +188,9 @@ class Scheduler {
   // A 4,000-token history is 250 blocks (92 MB on the default model): copied out in one step, it
   // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
   static constexpr int kMaxIdleDemotionsPerStep = 32;
-  // Restored blocks copied into the pool per step while sequences run, for the same reason (all of
-  // them when nothing runs).
-  static constexpr int kMaxRestoreBlocksPerStep = 32;
+  // Restored blocks copied into the pool per step while sequences run (max_restore_bytes_per_step
+  // in blocks of the tiers' size, at least 1; INT_MAX without tiers).
+  int max_restore_blocks_per_step() const;
   const SchedulerCounters& counters() const { return counters_; }
   // The memory-pressure level of the last step (0..3), its actions, and the host's available
   // memory fraction it saw (1 when unknown).

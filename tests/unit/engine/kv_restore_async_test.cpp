@@ -117,10 +117,11 @@ KvTierConfig disk_tier(const std::string& dir, uint64_t model_hash) {
 }
 
 std::unique_ptr<HostExecutor> make_executor(backend::Backend& be, const KvTierConfig& tc,
-                                            std::function<Clock::time_point()> clock) {
+                                            std::function<Clock::time_point()> clock, int64_t restore_bytes_per_step = 0) {
   SchedulerConfig sc;
   sc.max_num_seqs = 4;
   sc.max_num_batched_tokens = 64;
+  if (restore_bytes_per_step > 0) sc.max_restore_bytes_per_step = restore_bytes_per_step;
   auto ex = HostExecutor::create(be, sc, std::move(clock), tc);
   EXPECT_TRUE(ex.ok()) << (ex.ok() ? "" : ex.message());
   return ex.ok() ? std::move(ex).value() : nullptr;
@@ -236,8 +237,9 @@ TEST(KvRestoreAsync, RestoreInFlightDoesNotStallOtherSequences) {
   EXPECT_EQ(restore_marks, 1);
 }
 
-// With sequences running, at most kMaxRestoreBlocksPerStep loaded blocks are copied into the pool
-// per step; the restored turn still matches the request run alone.
+// With sequences running, at most max_restore_bytes_per_step of loaded blocks (k blocks here; the
+// bound is in bytes, rounded down to whole blocks) are copied into the pool per step, each step's
+// in one batched copy; the restored turn still matches the request run alone.
 TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
   std::mt19937 g(37);
   TestClock clock;
@@ -245,10 +247,10 @@ TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
   KvTierConfig tc;
   tc.host_bytes = 1 << 22;
   tc.ttl_ms = 1000;
-  auto ex = make_executor(be, tc, clock.fn());
+  const int k = 24;
+  auto ex = make_executor(be, tc, clock.fn(), k * be.kv_block_bytes() + be.kv_block_bytes() / 2);
   ASSERT_TRUE(ex);
   Driver d(*ex);
-  const int k = Scheduler::kMaxRestoreBlocksPerStep;
   const Spec t1 = spec(random_tokens(g, (2 * k + 5) * kBlock + 3, kVocab), 1);
   const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
   const Spec t2 = next_turn(t1, answer, g, 4);
@@ -269,6 +271,7 @@ TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::vector<int> per_step;
   int before = be.blocks_written;
+  be.write_batches.clear();
   while (d.lives[3].tokens.empty() && ex->has_work()) {
     d.poll();
     per_step.push_back(be.blocks_written - before);
@@ -278,6 +281,7 @@ TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
   EXPECT_EQ(per_step[0], k);
   EXPECT_EQ(per_step[1], k);
   EXPECT_EQ(per_step[2], history_blocks - 2 * k);
+  EXPECT_EQ(be.write_batches, (std::vector<int>{k, k, history_blocks - 2 * k}));  // one batched copy a step
   d.run_all();
   EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
   EXPECT_EQ(d.lives[2].tokens, run_alone(stream, kVocab).tokens);
