@@ -884,9 +884,16 @@ void KvTiers::apply_loads(std::span<const Apply> loads, std::vector<char>& ok) {
   }
   if (copies_.empty()) return;
   // One call for the whole batch: the bytes stay alive (held by the loads) until it returns.
+  const auto t0 = std::chrono::steady_clock::now();
   if (Status st = be_.write_kv_blocks(copies_); !st.ok()) {
     std::fprintf(stderr, "kv tiers: restore of %zu blocks failed: %s\n", copies_.size(), st.message().c_str());
     return;
+  }
+  const int64_t bytes = static_cast<int64_t>(copies_.size()) * block_bytes_;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (bytes >= kTimedBatchBytes && s > 0) {  // smaller batches time mostly the call's fixed cost
+    const double r = double(bytes) / s;
+    copy_rate_ = copy_rate_ > 0 ? 0.75 * copy_rate_ + 0.25 * r : r;
   }
   int64_t from_host = 0, from_disk = 0, queued = 0;
   for (const int i : copy_of_) {
@@ -925,6 +932,7 @@ KvTierStats KvTiers::stats() const {
   s.loads_ready = ready;
   s.load_failures = failures;
   s.staging_bytes = staging;
+  s.restore_copy_bytes_per_s = copy_rate_;
   s.arena_bytes = arena_bytes;
   s.write_queue_bytes = queued_bytes_;
   s.host_capacity_bytes = cfg_.host_bytes > 0 ? arena_bytes : 0;

@@ -99,6 +99,7 @@ struct KvTierStats {
   int64_t loads_ready = 0;      // of them, loaded and waiting to be taken
   int64_t load_failures = 0;    // blocks a load could not deliver (gone, corrupt): recomputed
   int64_t staging_bytes = 0;    // loaded blocks' bytes waiting for apply_load (their own copies)
+  double restore_copy_bytes_per_s = 0;  // copy_bytes_per_s()
 };
 
 class KvTiers {
@@ -113,6 +114,12 @@ class KvTiers {
 
   const KvTierConfig& config() const { return cfg_; }
   int64_t block_bytes() const { return block_bytes_; }  // the backend's kv_block_bytes()
+  // The rate apply_loads' batched copies into the pool ran at (bytes a second, a moving average of
+  // the batches of at least kTimedBatchBytes, timed around Backend::write_kv_blocks); 0 until one
+  // was timed. The scheduler sizes a step's restores by it.
+  double copy_bytes_per_s() const { return copy_rate_; }
+  void set_copy_bytes_per_s(double rate) { copy_rate_ = rate; }  // tests: as if measured
+  static constexpr int64_t kTimedBatchBytes = int64_t(1) << 20;
   // Why a block is demoted: the pool needed its room, it idled past the TTL, or the engine is
   // shutting down (a copy for the disk tier; not counted as a demotion).
   enum class Why { Evicted, Idle, Shutdown };
@@ -290,6 +297,7 @@ class KvTiers {
   std::thread loader_;
   std::vector<backend::KvBlockIn> copies_;  // apply_loads' batch (engine thread; capacity kept)
   std::vector<int> copy_of_;
+  double copy_rate_ = 0;
 };
 
 }  // namespace ss::engine

@@ -26,6 +26,8 @@ Status SchedulerConfig::validate() const {
   if (max_model_len < 0) return make_error("max_model_len must be >= 0, got " + std::to_string(max_model_len));
   if (max_restore_bytes_per_step < 1)
     return make_error("max_restore_bytes_per_step must be >= 1, got " + std::to_string(max_restore_bytes_per_step));
+  if (!(restore_ms_per_step >= 0))
+    return make_error("restore_ms_per_step must be >= 0 (0: off), got " + std::to_string(restore_ms_per_step));
   if (pressure.enabled) SS_TRY(pressure.validate());
   return {};
 }
@@ -401,7 +403,14 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
 int Scheduler::max_restore_blocks_per_step() const {
   const int64_t bb = kv_.tiers() ? kv_.tiers()->block_bytes() : 0;
   if (bb <= 0) return INT_MAX;
-  return static_cast<int>(std::clamp<int64_t>(cfg_.max_restore_bytes_per_step / bb, 1, INT_MAX));
+  int64_t bytes = cfg_.max_restore_bytes_per_step;
+  if (cfg_.restore_ms_per_step > 0) {
+    constexpr int64_t kUntimed = int64_t(8) << 20;  // until a batch has been timed
+    const double rate = kv_.tiers()->copy_bytes_per_s();
+    const double in_budget = rate > 0 ? rate * cfg_.restore_ms_per_step / 1000.0 : double(kUntimed);
+    bytes = std::min<int64_t>(bytes, static_cast<int64_t>(std::min(in_budget, double(INT64_MAX / 2))));
+  }
+  return static_cast<int>(std::clamp<int64_t>(bytes / bb, 1, INT_MAX));
 }
 
 void Scheduler::finish_restores() {

@@ -54,17 +54,26 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   int max_model_len = 0;  // prompt + max_tokens limit; 0: the whole KV cache
   PressureConfig pressure;  // memory pressure levels (memory_pressure.h)
-  // Restored bytes copied into the pool per step while sequences run (everything loaded when nothing
-  // runs; at least one block). A step's restores are one batched copy (Backend::write_kv_blocks:
-  // every block issued, one wait), so what they cost the running streams is their bytes over the
-  // link, not a round trip per block: hence a bound in bytes, the same stall whatever a block weighs
-  // (368,640 bytes on the default model, 2 MiB at Llama-3-8B bf16). 64 MiB is ~1.3-2.7 ms at the
-  // ~25-50 GB/s of pinned host-to-GPU copies, against an 8B decode step of ~5-7 ms; on the CPU
-  // backend it is a host memcpy (a few GB/s: several ms, against a 12-25 ms step at 8 streams on
-  // the development VM). The streams lose the history's bytes over the link in total whatever the
-  // bound; it sets how many steps that is spread over, and the returning turn waits one step per
-  // 64 MiB. At 8B it is the 32 blocks a step of before, now one wait instead of 32.
+  // Restores while sequences run (everything loaded goes at once when nothing runs; at least one
+  // block a step). A step's restores are one batched copy (Backend::write_kv_blocks: every block
+  // issued, one wait), so what they cost the running streams is their bytes over the link, not a
+  // round trip per block; and the link is ~25-50 GB/s of pinned host-to-GPU DMA on a GPU but a host
+  // memcpy of a few GB/s on the CPU backend (1.5-2.8 GB/s into the pool measured by bench_kv_tiers
+  // on the development VM, 2026-12-06), so no one byte count suits both. Hence two bounds:
+  //  - restore_ms_per_step: the bytes the tiers' measured copy rate (KvTiers::copy_bytes_per_s, the
+  //    batches timed as they go) moves in this long; 8 MiB until a batch has been timed. 0: off. On
+  //    the CPU backend a restoring step costs more than its timed copy (the copied bytes evict the
+  //    weights from the caches): with 4 ms, restoring steps ran ~10 ms longer than others on the VM,
+  //    and with 64 MiB alone ~25-45 ms (docs/perf/memory.md, 2026-12-06). 2 ms is about the old
+  //    32-block pace there (restoring steps ~4 ms longer, ~30% of a 12-25 ms step), and 50-100 MB
+  //    at a GPU's 25-50 GB/s.
+  //  - max_restore_bytes_per_step: a cap in bytes whatever the rate. 64 MiB is ~1.3-2.7 ms at
+  //    25-50 GB/s against an 8B decode step of ~5-7 ms, and at 8B the 32 blocks of before (with one
+  //    wait instead of 32): on a GPU above ~33 GB/s it is the bound that holds.
+  // The streams lose the history's bytes over the link in total whatever the bounds; they set how
+  // many steps that is spread over, and so the stall of each and the returning turn's wait.
   int64_t max_restore_bytes_per_step = int64_t(64) << 20;
+  double restore_ms_per_step = 2.0;
 
   Status validate() const;
 };
@@ -188,8 +197,8 @@ class Scheduler {
   // A 4,000-token history is 250 blocks (92 MB on the default model): copied out in one step, it
   // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
   static constexpr int kMaxIdleDemotionsPerStep = 32;
-  // Restored blocks copied into the pool per step while sequences run (max_restore_bytes_per_step
-  // in blocks of the tiers' size, at least 1; INT_MAX without tiers).
+  // Restored blocks copied into the pool per step while sequences run (SchedulerConfig's two
+  // bounds in blocks of the tiers' size, at least 1; INT_MAX without tiers).
   int max_restore_blocks_per_step() const;
   const SchedulerCounters& counters() const { return counters_; }
   // The memory-pressure level of the last step (0..3), its actions, and the host's available
