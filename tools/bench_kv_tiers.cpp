@@ -14,7 +14,7 @@
 // Both windows do the same compute (the returning turn's new message and its decodes); they differ
 // by the tier traffic only. Reported: the streams' tokens per second in each kind of window, the
 // mean step time of the steps that copied blocks, and what the windows moved.
-//   bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]
+//   bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] [--restore-ms N] MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]
 // Without DISK_DIR (or with -) the tier is host RAM (2 GiB; 8 GiB on cuda); with it, the disk tier
 // alone (8 GiB bound). `null`: the tier windows do not jump the clock either (both kinds are control
 // windows): the difference then measured is the method's noise on this machine.
@@ -22,8 +22,9 @@
 // `serve --device cuda`; the pool is --kv-pool-mib (default 512 on cpu, 8192 on cuda: the 8B shape's
 // 2 MiB blocks need room for the streams and a round's histories). On a GPU the process's CPU time
 // counts the engine thread waiting on the device, so wall time (tok/s, median step) is the measure.
-// --restore-mib: SchedulerConfig::max_restore_bytes_per_step (default 64 MiB; 11.25 on the default
-// model is the 32 blocks a step of before 2026-12-06).
+// --restore-mib, --restore-ms: SchedulerConfig::max_restore_bytes_per_step (default 64) and
+// restore_ms_per_step (default 2; 0: off). `--restore-mib 11.25 --restore-ms 0` on the default model
+// is the 32 blocks a step of before 2026-12-06.
 #include <stdlib.h>
 #include <sys/resource.h>
 
@@ -79,7 +80,7 @@ int64_t restored(const engine::EngineStats& s) { return s.kv_restored_host + s.k
 int main(int argc0, char** argv0) {
   // The options, anywhere; the rest are positional, as before they existed.
   std::string device = "cpu";
-  double pool_mib = 0, restore_mib = 0;
+  double pool_mib = 0, restore_mib = 0, restore_ms = -1;
   std::vector<char*> args;
   for (int i = 0; i < argc0; ++i) {
     const std::string a = argv0[i];
@@ -95,12 +96,16 @@ int main(int argc0, char** argv0) {
       restore_mib = std::atof(argv0[++i]);
       continue;
     }
+    if (a == "--restore-ms" && i + 1 < argc0) {
+      restore_ms = std::atof(argv0[++i]);
+      continue;
+    }
     args.push_back(argv0[i]);
   }
   const int argc = static_cast<int>(args.size());
   char** argv = args.data();
   if (argc < 7 || argc > 9 || (device != "cpu" && device != "cuda")) {
-    std::fprintf(stderr, "usage: bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] MODEL STREAMS HISTORY_TOKENS ROUNDS "
+    std::fprintf(stderr, "usage: bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] [--restore-ms N] MODEL STREAMS HISTORY_TOKENS ROUNDS "
                  "WINDOW_STEPS THREADS [DISK_DIR|-] [null]\n");
     return 2;
   }
@@ -141,6 +146,7 @@ int main(int argc0, char** argv0) {
   ec.scheduler.max_num_seqs = 32;
   ec.scheduler.max_num_batched_tokens = 512;
   if (restore_mib > 0) ec.scheduler.max_restore_bytes_per_step = static_cast<int64_t>(restore_mib * 1048576.0);
+  if (restore_ms >= 0) ec.scheduler.restore_ms_per_step = restore_ms;
   ec.scheduler.max_model_len = std::min(mc.max_context > 0 ? mc.max_context : 4096,
                                         (*be)->kv_config().num_blocks * (*be)->kv_config().block_size);
   ec.tiers.ttl_ms = ttl_ms;
@@ -320,9 +326,9 @@ int main(int argc0, char** argv0) {
   std::printf("device: %s (%s), KV pool %d blocks of %lld bytes\n", device.c_str(), (*be)->name().c_str(),
               (*be)->kv_config().num_blocks, static_cast<long long>((*be)->kv_block_bytes()));
   std::printf("tier: %s; %d streams; %d-token histories; %d rounds of %d-step windows; %d threads; restores "
-              "at most %lld bytes a step\n",
+              "at most %lld bytes and %.2f ms (0: no time bound) a step\n",
               disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, threads,
-              static_cast<long long>(ec.scheduler.max_restore_bytes_per_step));
+              static_cast<long long>(ec.scheduler.max_restore_bytes_per_step), ec.scheduler.restore_ms_per_step);
   std::printf("load average: start %.2f %.2f %.2f, end %.2f %.2f %.2f\n", load0[0], load0[1], load0[2], load1[0],
               load1[1], load1[2]);
   for (const auto* w : {&ctrl, &tier}) {
@@ -347,6 +353,7 @@ int main(int argc0, char** argv0) {
     const engine::EngineStats es = eng.stats();
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
+    std::printf("restores' batched copies into the pool: %.2f GB/s (moving average)\n", es.kv_restore_copy_bytes_per_s / 1e9);
     std::printf("host tier: capacity %lld bytes, used %lld, %lld blocks; restored from host %lld, from disk %lld; "
                 "peak RSS %lld MiB\n",
                 static_cast<long long>(es.kv_host_capacity_bytes), static_cast<long long>(es.kv_host_used_bytes),

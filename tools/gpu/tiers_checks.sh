@@ -80,7 +80,7 @@ slow() {  # slow NAME ARGS...: one bench_kv_tiers run; its lines that carry the 
   shift
   timeout "$(cap 120)" $B/bench_kv_tiers --device cuda $M/llama3-8b-bf16.gguf 8 4000 4 96 16 "$@" > "$OUT/slow-$name.txt" 2>&1
   local rc=$?
-  stage "decode slowdown $name rc=$rc $(grep -E '^(device|control|tiers|median|streams)' "$OUT/slow-$name.txt" | cut -c1-260 | tr '\n' ';')$([ $rc -eq 0 ] || tail -2 "$OUT/slow-$name.txt" | cut -c1-300 | tr '\n' ';')"
+  stage "decode slowdown $name rc=$rc $(grep -E '^(device|control|tiers|median|streams|restores)' "$OUT/slow-$name.txt" | cut -c1-260 | tr '\n' ';')$([ $rc -eq 0 ] || tail -2 "$OUT/slow-$name.txt" | cut -c1-300 | tr '\n' ';')"
 }
 [ -s $M/llama3-8b-bf16.gguf ] && want 60 "decode slowdown, host tier" && slow host
 
