@@ -797,10 +797,25 @@ void KvTiers::set_load_hook(std::function<void(BlockHash)> hook) {
 }
 
 void KvTiers::loader_loop() {
+  // A plain host entry (or queued write) is read in place: nothing to do but hand it over. A run of
+  // them is handed over together, under the lock, so a returning history's host-tier blocks reach
+  // the engine at once and go into the pool in one batched copy (apply_loads), not in pieces as the
+  // engine wakes. Everything else (and everything while a test hook is set) is read unlocked.
+  const auto in_place = [&](const LoadJob& j) {
+    return j.kept && !j.kept->compressed() && static_cast<int64_t>(j.kept->contiguous().size()) == block_bytes_;
+  };
   std::unique_lock<std::mutex> lk(load_mu_);
   for (;;) {
     load_cv_.wait(lk, [&] { return load_stop_ || !loads_.empty(); });
     if (load_stop_) return;
+    if (!load_hook_ && in_place(loads_.front())) {
+      while (!loads_.empty() && in_place(loads_.front())) {
+        ready_.push_back(load_one(loads_.front()));  // no copy, no I/O: the arena's bytes, kept
+        loads_.pop_front();
+      }
+      ready_cv_.notify_all();
+      continue;
+    }
     LoadJob j = std::move(loads_.front());
     loads_.pop_front();
     loading_ticket_ = j.ticket;

@@ -290,6 +290,32 @@ void expect_restores_of_k_blocks_a_step(int k, const std::function<std::unique_p
   EXPECT_EQ(ex->stats().kv_restored_host, history_blocks);
 }
 
+// With nothing else running, a returning history held by the host tier reaches the pool in one
+// batched copy: the loader hands a run of in-place blocks over together, and the step takes them all.
+// (Without that hand-over this held here too, because the loader outran the engine's wake-up with
+// these tiny blocks; the hand-over makes it hold whatever the threads' timing.)
+TEST(KvRestoreAsync, ReturningHostHistoryIsOneBatchedCopyWhenNothingRuns) {
+  std::mt19937 g(43);
+  TestClock clock;
+  FakeBackend be(256, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.host_bytes = 1 << 22;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 40 * kBlock + 5, kVocab), 3);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  const Spec t2 = next_turn(t1, answer, g, 4);
+  const int history_blocks = (static_cast<int>(t1.prompt.size()) + 3 - 1) / kBlock;
+  be.write_batches.clear();
+  d.start(3, t2);
+  d.run_all();
+  EXPECT_EQ(be.write_batches, std::vector<int>{history_blocks});
+  EXPECT_EQ(ex->stats().kv_restored_host, history_blocks);
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+}
+
 // The byte cap (max_restore_bytes_per_step, rounded down to whole blocks): 24.5 blocks' bytes give
 // 24 a step. The time bound does not bind: no batch was big enough to time, so it allows 8 MiB.
 TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedInBytesPerStepWhileStreamsRun) {
