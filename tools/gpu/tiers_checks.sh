@@ -50,7 +50,7 @@ stage "build selfserve rc=$rc"
 source build-gpu/env.sh
 B=build-gpu M=/tmp/ssm
 mkdir -p $M
-SPID= HAVE8B=0
+SPID="" HAVE8B=0
 if [ -s $M/llama3-8b-bf16.gguf ]; then
   HAVE8B=1  # left by an earlier call on this machine
 else
