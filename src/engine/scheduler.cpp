@@ -280,7 +280,8 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     pressure_.demoted_early += kv_.expire_idle(now, max_demote - demoted, ttl);
   }
   reap(now, out);
-  // Loaded blocks into the pool, one batched copy, bounded in bytes while streams run.
+  // Loaded blocks into the pool, one batched copy, bounded (time at the copy rate, bytes) while
+  // streams run.
   kv_.apply_restores(running_.empty() ? INT_MAX : max_restore_blocks_per_step());
   finish_restores();
 
