@@ -5,7 +5,8 @@
 # so a short call still brings back the steps before it:
 #   1. build selfserve, then (while the 8B model is synthesised beside it) the CUDA plugin,
 #      bench_kv_tiers and test_gpu_backend;
-#   2. the block copies' tests: CudaKvBlocks.* (batched copies exact, bad batches copy nothing);
+#   2. the block copies' tests: CudaKvBlocks.* (batched copies exact, bad batches copy nothing) and
+#      CudaKvTiers.* (histories restored through the engine give the pool hits' greedy tokens);
 #   3. returning-turn TTFT from the host and disk tiers at Llama-3-8B bf16 (bench_kv_tiers.sh,
 #      CONV=3, as measured on 2026-12-06 before the change: host 0.027 s, 5.4x the recompute);
 #   4. running streams' decode during demotions and restores on the GPU (bench_kv_tiers --device
@@ -82,8 +83,8 @@ stage "topology rc=$? $(grep -oE '"(h2d_pinned|d2h_pinned|name)": *("[^"]*"|[0-9
 
 # 2. The copies the restores now make, before anything is timed with them.
 summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$1" | grep -v ' ms)$' | tr '\n' ' '; }
-timeout "$(cap 90)" $B/test_gpu_backend --gtest_filter='CudaKvBlocks.*' > "$R/t-kv-blocks.txt" 2>&1
-stage "test_gpu_backend CudaKvBlocks.* rc=$? $(summary "$R/t-kv-blocks.txt") $(grep -E 'Failure|error' "$R/t-kv-blocks.txt" | head -3 | cut -c1-200 | tr '\n' ';')"
+timeout "$(cap 90)" $B/test_gpu_backend --gtest_filter='CudaKvBlocks.*:CudaKvTiers.*' > "$R/t-kv-blocks.txt" 2>&1
+stage "test_gpu_backend CudaKvBlocks.* CudaKvTiers.* rc=$? $(summary "$R/t-kv-blocks.txt") $(grep -E 'Failure|error' "$R/t-kv-blocks.txt" | head -3 | cut -c1-200 | tr '\n' ';')"
 
 # 3. Returning-turn TTFT, host then disk tier (each: server start and 8B load, 3 conversations).
 if [ "$HAVE8B" = 1 ] && want 170 "TTFT host and disk tiers"; then
