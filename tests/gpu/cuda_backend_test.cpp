@@ -981,6 +981,10 @@ TEST(CudaKvTiers, HistoriesRestoredInBatchesGiveTheSameTokensAsPoolHits) {
   EXPECT_GT(tier.registered_bytes, 0) << "the tiers' arena was not page-locked: copies were staged";
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(tier.tokens[i].size(), i < 2 ? 16u : 40u) << i;
-    EXPECT_EQ(tier.tokens[i], pool.tokens[i]) << (i == 0 ? "A2 (restored alone)" : i == 1 ? "B2 (restored beside a stream)" : "the stream");
+    EXPECT_EQ(tier.tokens[i], pool.tokens[i])
+        << (i == 0   ? "A2 (restored alone)"
+            : i == 1 ? "B2 (restored beside a stream)"
+                     : "the stream (its steps meet B2's prefill at another position in the two runs: a difference "
+                       "here alone is batch variance, not the tiers)");
   }
 }
