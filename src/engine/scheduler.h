@@ -58,15 +58,15 @@ struct SchedulerConfig {
   // block a step). A step's restores are one batched copy (Backend::write_kv_blocks: every block
   // issued, one wait), so what they cost the running streams is their bytes over the link, not a
   // round trip per block; and the link is ~25-50 GB/s of pinned host-to-GPU DMA on a GPU but a host
-  // memcpy of a few GB/s on the CPU backend (1.5-2.8 GB/s into the pool measured by bench_kv_tiers
-  // on the development VM, 2026-12-06), so no one byte count suits both. Hence two bounds:
+  // memcpy on the CPU backend (~7 GB/s timed into the pool on the 2-core development VM by
+  // bench_kv_tiers, 2026-12-06), so no one byte count suits both. Hence two bounds:
   //  - restore_ms_per_step: the bytes the tiers' measured copy rate (KvTiers::copy_bytes_per_s, the
   //    batches timed as they go) moves in this long; 8 MiB until a batch has been timed. 0: off. On
   //    the CPU backend a restoring step costs more than its timed copy (the copied bytes evict the
-  //    weights from the caches): with 4 ms, restoring steps ran ~10 ms longer than others on the VM,
-  //    and with 64 MiB alone ~25-45 ms (docs/perf/memory.md, 2026-12-06). 2 ms is about the old
-  //    32-block pace there (restoring steps ~4 ms longer, ~30% of a 12-25 ms step), and 50-100 MB
-  //    at a GPU's 25-50 GB/s.
+  //    weights from the caches): with 4 ms, restoring steps ran 10-11 ms longer than others on the VM,
+  //    and with 64 MiB alone 27-42 ms (docs/perf/memory.md, 2026-12-06). 2 ms is about the old
+  //    32-block pace there (~38 blocks a step; restoring steps 5-7 ms longer, the old bound's ~4,
+  //    on a 12-25 ms step), and 50-100 MB at a GPU's 25-50 GB/s.
   //  - max_restore_bytes_per_step: a cap in bytes whatever the rate. 64 MiB is ~1.3-2.7 ms at
   //    25-50 GB/s against an 8B decode step of ~5-7 ms, and at 8B the 32 blocks of before (with one
   //    wait instead of 32): on a GPU above ~33 GB/s it is the bound that holds.
