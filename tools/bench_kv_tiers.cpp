@@ -1,21 +1,30 @@
 // Running streams' decode while other conversations' KV goes down to a tier and comes back (issue
 // 18: "demotion and restore must not slow running streams' decode by more than 5%"). The engine is
-// driven directly on the CPU backend, with the server's defaults (512 MiB pool, 512 tokens a step,
-// 32 sequences), and a clock the tool moves forward to make histories idle past the TTL at will.
+// driven directly on the CPU backend (or the CUDA one: --device cuda), with the server's defaults
+// (512 MiB pool, 512 tokens a step, 32 sequences), and a clock the tool moves forward to make
+// histories idle past the TTL at will.
 //
 // N streams decode throughout. Each round has two windows of W steps each, in alternating order:
 //   control: at step W/3 a conversation returns whose history is still in the pool (a hit);
 //   tiers:   at step 0 the clock jumps past the TTL, so the idle histories leave the pool for the
 //            tier (demotions, at most 32 blocks a step), and at step W/3 a conversation returns
-//            whose history is in the tier (its restore: loader thread, then at most 32 blocks
-//            copied a step).
+//            whose history is in the tier (its restore: loader thread, then one batched copy a
+//            step of at most SchedulerConfig::max_restore_bytes_per_step; before 2026-12-06, at
+//            most 32 blocks a step, one copy and one wait each).
 // Both windows do the same compute (the returning turn's new message and its decodes); they differ
 // by the tier traffic only. Reported: the streams' tokens per second in each kind of window, the
 // mean step time of the steps that copied blocks, and what the windows moved.
-//   bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]
-// Without DISK_DIR (or with -) the tier is host RAM (2 GiB); with it, the disk tier alone (8 GiB
-// bound). `null`: the tier windows do not jump the clock either (both kinds are control windows):
-// the difference then measured is the method's noise on this machine.
+//   bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] [--restore-ms N] MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]
+// Without DISK_DIR (or with -) the tier is host RAM (2 GiB; 8 GiB on cuda); with it, the disk tier
+// alone (8 GiB bound). `null`: the tier windows do not jump the clock either (both kinds are control
+// windows): the difference then measured is the method's noise on this machine.
+// --device cuda (libselfserve_cuda.so beside the tool): the device's KV pool is the first tier, as in
+// `serve --device cuda`; the pool is --kv-pool-mib (default 512 on cpu, 8192 on cuda: the 8B shape's
+// 2 MiB blocks need room for the streams and a round's histories). On a GPU the process's CPU time
+// counts the engine thread waiting on the device, so wall time (tok/s, median step) is the measure.
+// --restore-mib, --restore-ms: SchedulerConfig::max_restore_bytes_per_step (default 64) and
+// restore_ms_per_step (default 2; 0: off). `--restore-mib 11.25 --restore-ms 0` on the default model
+// is the 32 blocks a step of before 2026-12-06.
 #include <stdlib.h>
 #include <sys/resource.h>
 
@@ -68,11 +77,40 @@ int64_t restored(const engine::EngineStats& s) { return s.kv_restored_host + s.k
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc < 7 || argc > 9) {
-    std::fprintf(stderr, "usage: bench_kv_tiers MODEL STREAMS HISTORY_TOKENS ROUNDS WINDOW_STEPS THREADS [DISK_DIR|-] [null]\n");
+int main(int argc0, char** argv0) {
+  // The options, anywhere; the rest are positional, as before they existed.
+  std::string device = "cpu";
+  double pool_mib = 0, restore_mib = 0, restore_ms = -1;
+  std::vector<char*> args;
+  for (int i = 0; i < argc0; ++i) {
+    const std::string a = argv0[i];
+    if (a == "--device" && i + 1 < argc0) {
+      device = argv0[++i];
+      continue;
+    }
+    if (a == "--kv-pool-mib" && i + 1 < argc0) {
+      pool_mib = std::atof(argv0[++i]);
+      continue;
+    }
+    if (a == "--restore-mib" && i + 1 < argc0) {
+      restore_mib = std::atof(argv0[++i]);
+      continue;
+    }
+    if (a == "--restore-ms" && i + 1 < argc0) {
+      restore_ms = std::atof(argv0[++i]);
+      continue;
+    }
+    args.push_back(argv0[i]);
+  }
+  const int argc = static_cast<int>(args.size());
+  char** argv = args.data();
+  if (argc < 7 || argc > 9 || (device != "cpu" && device != "cuda")) {
+    std::fprintf(stderr, "usage: bench_kv_tiers [--device cpu|cuda] [--kv-pool-mib N] [--restore-mib N] [--restore-ms N] MODEL STREAMS HISTORY_TOKENS ROUNDS "
+                 "WINDOW_STEPS THREADS [DISK_DIR|-] [null]\n");
     return 2;
   }
+  const bool cuda = device == "cuda";
+  if (pool_mib <= 0) pool_mib = cuda ? 8192 : 512;
   const std::string path = argv[1];
   const int streams = std::atoi(argv[2]), history = std::atoi(argv[3]), rounds = std::atoi(argv[4]),
             window = std::atoi(argv[5]), threads = std::atoi(argv[6]);
@@ -93,9 +131,11 @@ int main(int argc, char** argv) {
   bo.kv.block_size = 16;
   bo.max_batch_tokens = 512;
   bo.max_slots = 32;
-  bo.kv.num_blocks = static_cast<int>(512.0 * 1048576.0 /
+  // The CPU layout's block size (f16, 16 slots) is the CUDA backend's bf16 block too, as serve's
+  // --kv-cache-mib counts it.
+  bo.kv.num_blocks = static_cast<int>(pool_mib * 1048576.0 /
                                       backend::cpu_kv_block_bytes(bo.kv, mc.n_layers, mc.n_kv_heads, mc.head_dim));
-  auto be = backend::make_cpu_backend(**m, bo);
+  auto be = cuda ? backend::make_cuda_backend(**m, bo) : backend::make_cpu_backend(**m, bo);
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.message().c_str());
     return 1;
@@ -105,11 +145,13 @@ int main(int argc, char** argv) {
   engine::EngineConfig ec;
   ec.scheduler.max_num_seqs = 32;
   ec.scheduler.max_num_batched_tokens = 512;
+  if (restore_mib > 0) ec.scheduler.max_restore_bytes_per_step = static_cast<int64_t>(restore_mib * 1048576.0);
+  if (restore_ms >= 0) ec.scheduler.restore_ms_per_step = restore_ms;
   ec.scheduler.max_model_len = std::min(mc.max_context > 0 ? mc.max_context : 4096,
                                         (*be)->kv_config().num_blocks * (*be)->kv_config().block_size);
   ec.tiers.ttl_ms = ttl_ms;
   if (disk_dir.empty()) {
-    ec.tiers.host_bytes = int64_t(2) << 30;
+    ec.tiers.host_bytes = int64_t(cuda ? 8 : 2) << 30;
   } else {
     ec.tiers.disk_dir = disk_dir;
     ec.tiers.disk_bytes = int64_t(8) << 30;
@@ -281,8 +323,12 @@ int main(int argc, char** argv) {
   auto ms = [](double s, int64_t n) { return n > 0 ? 1e3 * s / double(n) : 0.0; };
   const double slow = rate(tier) > 0 ? rate(ctrl) / rate(tier) - 1.0 : 0.0;
   if (null_run) std::printf("NULL RUN: no clock jumps, both kinds of window are control windows\n");
-  std::printf("tier: %s; %d streams; %d-token histories; %d rounds of %d-step windows; %d threads\n",
-              disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, threads);
+  std::printf("device: %s (%s), KV pool %d blocks of %lld bytes\n", device.c_str(), (*be)->name().c_str(),
+              (*be)->kv_config().num_blocks, static_cast<long long>((*be)->kv_block_bytes()));
+  std::printf("tier: %s; %d streams; %d-token histories; %d rounds of %d-step windows; %d threads; restores "
+              "at most %lld bytes and %.2f ms (0: no time bound) a step\n",
+              disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, threads,
+              static_cast<long long>(ec.scheduler.max_restore_bytes_per_step), ec.scheduler.restore_ms_per_step);
   std::printf("load average: start %.2f %.2f %.2f, end %.2f %.2f %.2f\n", load0[0], load0[1], load0[2], load1[0],
               load1[1], load1[2]);
   for (const auto* w : {&ctrl, &tier}) {
@@ -307,17 +353,18 @@ int main(int argc, char** argv) {
     const engine::EngineStats es = eng.stats();
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
+    std::printf("restores' batched copies into the pool: %.2f GB/s (moving average)\n", es.kv_restore_copy_bytes_per_s / 1e9);
     std::printf("host tier: capacity %lld bytes, used %lld, %lld blocks; restored from host %lld, from disk %lld; "
                 "peak RSS %lld MiB\n",
                 static_cast<long long>(es.kv_host_capacity_bytes), static_cast<long long>(es.kv_host_used_bytes),
                 static_cast<long long>(es.kv_host_blocks), static_cast<long long>(es.kv_restored_host),
                 static_cast<long long>(es.kv_restored_disk), static_cast<long long>(ru.ru_maxrss / 1024));
   }
-  std::printf("{\"tier\":\"%s\",\"streams\":%d,\"history\":%d,\"rounds\":%d,\"window\":%d,\"ctrl_tok_s\":%.2f,"
+  std::printf("{\"device\":\"%s\",\"tier\":\"%s\",\"streams\":%d,\"history\":%d,\"rounds\":%d,\"window\":%d,\"ctrl_tok_s\":%.2f,"
               "\"tier_tok_s\":%.2f,\"slowdown\":%.4f,\"ctrl_step_ms\":%.3f,\"tier_step_ms\":%.3f,"
               "\"tier_copy_step_ms\":%.3f,\"tier_demote_step_ms\":%.3f,\"tier_restore_step_ms\":%.3f,"
               "\"ctrl_cpu_ms_per_step\":%.3f,\"tier_cpu_ms_per_step\":%.3f,\"demoted\":%lld,\"restored\":%lld}\n",
-              disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, rate(ctrl), rate(tier), slow,
+              device.c_str(), disk_dir.empty() ? "host" : "disk", streams, history, rounds, window, rate(ctrl), rate(tier), slow,
               ms(ctrl.seconds, ctrl.steps), ms(tier.seconds, tier.steps), ms(tier.copy_seconds, tier.copy_steps),
               ms(tier.demote_seconds, tier.demote_steps), ms(tier.restore_seconds, tier.restore_steps), cpu_ctrl, cpu_tier,
               static_cast<long long>(tier.demoted), static_cast<long long>(tier.restored));

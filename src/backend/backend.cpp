@@ -147,4 +147,38 @@ Status validate_batch(const StepBatch& b, const BlockTables& tables, int num_blo
 }
 
 
+namespace {
+template <class Copy>
+Status check_copies(std::span<const Copy> blocks, int num_blocks, int64_t block_bytes, const std::string& who) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Copy& c = blocks[i];
+    if (c.block < 0 || c.block >= num_blocks || static_cast<int64_t>(c.bytes.size()) != block_bytes || !c.bytes.data())
+      return make_error(who + ": KV block copy " + std::to_string(i) + " of " + std::to_string(blocks.size()) +
+                        " (block " + std::to_string(c.block) + ", " + std::to_string(c.bytes.size()) +
+                        " bytes): want a block in [0, " + std::to_string(num_blocks) + ") and " +
+                        std::to_string(block_bytes) + " bytes; nothing copied");
+  }
+  return {};
+}
+}  // namespace
+
+Status check_kv_block_copies(std::span<const KvBlockOut> blocks, int num_blocks, int64_t block_bytes, const std::string& who) {
+  return check_copies(blocks, num_blocks, block_bytes, who);
+}
+Status check_kv_block_copies(std::span<const KvBlockIn> blocks, int num_blocks, int64_t block_bytes, const std::string& who) {
+  return check_copies(blocks, num_blocks, block_bytes, who);
+}
+
+Status Backend::read_kv_blocks(std::span<const KvBlockOut> blocks) {
+  SS_TRY(check_kv_block_copies(blocks, kv_config().num_blocks, kv_block_bytes(), name()));
+  for (const KvBlockOut& b : blocks) SS_TRY(read_kv_block(b.block, b.bytes));
+  return {};
+}
+
+Status Backend::write_kv_blocks(std::span<const KvBlockIn> blocks) {
+  SS_TRY(check_kv_block_copies(blocks, kv_config().num_blocks, kv_block_bytes(), name()));
+  for (const KvBlockIn& b : blocks) SS_TRY(write_kv_block(b.block, b.bytes));
+  return {};
+}
+
 }  // namespace ss::backend

@@ -159,6 +159,17 @@ struct BackendOptions {
   bool gpu_device_sampling = true;
 };
 
+// One block of a batched KV copy (Backend::read_kv_blocks / write_kv_blocks): pool block `block`
+// and its kv_block_bytes() bytes on the host.
+struct KvBlockOut {
+  int32_t block = 0;
+  std::span<uint8_t> bytes;
+};
+struct KvBlockIn {
+  int32_t block = 0;
+  std::span<const uint8_t> bytes;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -181,6 +192,13 @@ class Backend {
   virtual Status write_kv_block(int32_t /*block*/, std::span<const uint8_t> /*in*/) {
     return make_error("backend " + name() + " cannot copy KV blocks in");
   }
+  // Many blocks in one call (a returning history's restore, a step's worth at once). Every entry is
+  // checked first (check_kv_block_copies: the block in range, exactly kv_block_bytes() bytes); a bad
+  // one is an error that names it, and nothing is copied. All are copied when the call returns, and
+  // the host bytes may be reused then. The default is a loop over read_kv_block / write_kv_block
+  // (the CPU backend: a memcpy each); CUDA issues every copy, then waits once.
+  virtual Status read_kv_blocks(std::span<const KvBlockOut> blocks);
+  virtual Status write_kv_blocks(std::span<const KvBlockIn> blocks);
   // Host memory that KV blocks are copied out of and into (the tiers' arena, allocated once): a
   // backend whose copies can use it in place registers it (CUDA: page-locked, so a block moves by
   // DMA with no staging copy); the default does nothing. Registering is an optimisation: a backend
@@ -217,6 +235,11 @@ std::string cuda_device_summary();
 // sequences consistent, slots and blocks in range, every position's block present in its table,
 // sample / score / logits rows in range. `tables`: the tables after the batch's edits.
 Status validate_batch(const StepBatch& b, const BlockTables& tables, int num_blocks, int block_size, int vocab);
+
+// What every backend checks of a batched KV copy before it copies anything: each block in
+// [0, num_blocks) and each entry exactly block_bytes bytes. The error names the first bad entry.
+Status check_kv_block_copies(std::span<const KvBlockOut> blocks, int num_blocks, int64_t block_bytes, const std::string& who);
+Status check_kv_block_copies(std::span<const KvBlockIn> blocks, int num_blocks, int64_t block_bytes, const std::string& who);
 
 // Samples and scores rows on the host from logits the caller computed: row r of `logits` (vocab
 // floats, modified in place) belongs to sample row r, then score row r - sample_rows.size(). Rows

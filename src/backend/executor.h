@@ -154,6 +154,9 @@ struct ExecutorStats {
   // The disk writer's queue: its bytes now, restores served from it (of kv_restored_disk), idle
   // demotions put off while it is full, and blocks not written because it was (chains' tails).
   int64_t kv_disk_queue_bytes = 0, kv_restored_queued = 0, kv_demote_deferred = 0, kv_disk_behind_dropped = 0;
+  // The rate restores' batched copies into the pool ran at (bytes a second, a moving average; 0
+  // until one was timed): what the scheduler sizes a step's restores by.
+  double kv_restore_copy_bytes_per_s = 0;
   // Memory classes (Backend::memory(), bytes) and the KV pool's block size in bytes (0: unknown).
   int64_t mem_weights_bytes = 0, mem_kv_pool_bytes = 0, mem_scratch_bytes = 0;
   std::string mem_where = "host";

@@ -166,6 +166,7 @@ void HostExecutor::refresh_stats() {
     s.kv_demoted_idle = t.demoted_idle;
     s.kv_restored_host = t.restored_host;
     s.kv_restored_disk = t.restored_disk;
+    s.kv_restore_copy_bytes_per_s = t.restore_copy_bytes_per_s;
     s.kv_host_dropped = t.host_dropped;
     s.kv_disk_dropped = t.disk_dropped;
     s.kv_disk_writes = t.disk_writes;

@@ -107,27 +107,51 @@ int KvCacheManager::apply_restores(int max_blocks) {
   if (!tiers_ || restores_.empty() || max_blocks <= 0) return 0;
   loaded_.clear();
   tiers_->take_loaded(max_blocks, loaded_);
-  int copied = 0;
-  for (const KvTiers::Loaded& l : loaded_) {
+  // Every loaded block of this step goes into the pool in one batched copy. Items of a ticket
+  // arrive in order, and after a failure the rest of its chain is of no use: left out.
+  applies_.clear();
+  apply_owner_.clear();
+  for (size_t k = 0; k < loaded_.size(); ++k) {
+    const KvTiers::Loaded& l = loaded_[k];
     auto it = restores_.find(l.ticket);
     if (it == restores_.end()) continue;  // cancelled
     Restore& r = it->second;
-    SeqBlocks& seq = *r.seq;
-    RestoreState& st = seq.restore;
-    --st.pending;
+    RestoreState& st = r.seq->restore;
     const int ti = r.table_index[static_cast<size_t>(l.index)];
-    const KvTiers::LoadItem& item = r.items[static_cast<size_t>(l.index)];
-    if (st.failed_at < 0) {  // items arrive in order: after a failure the chain is of no use
-      if (tiers_->apply_load(l, item, seq.table[ti])) {
-        pool_.publish(seq.table[ti], item.hash, item.parent, item.tokens);  // false: a twin was published first; ours stays private
-        ++st.blocks;
-        if (l.from_disk) ++st.from_disk;
-        ++copied;
-      } else {
-        st.failed_at = ti;
-      }
+    if (st.failed_at >= 0) continue;
+    if (!l.ok) {
+      st.failed_at = ti;
+      continue;
     }
-    if (st.pending == 0) end_restore(seq);
+    applies_.push_back({&l, &r.items[static_cast<size_t>(l.index)], r.seq->table[static_cast<size_t>(ti)]});
+    apply_owner_.push_back({&r, ti});
+  }
+  tiers_->apply_loads(applies_, applied_);
+  // A block that was not copied fails its chain from there (the earliest such block wins).
+  for (size_t i = 0; i < applies_.size(); ++i) {
+    if (applied_[i]) continue;
+    RestoreState& st = apply_owner_[i].first->seq->restore;
+    const int ti = apply_owner_[i].second;
+    if (st.failed_at < 0 || ti < st.failed_at) st.failed_at = ti;
+  }
+  int copied = 0;
+  for (size_t i = 0; i < applies_.size(); ++i) {
+    SeqBlocks& seq = *apply_owner_[i].first->seq;
+    RestoreState& st = seq.restore;
+    const int ti = apply_owner_[i].second;
+    if (!applied_[i] || (st.failed_at >= 0 && ti > st.failed_at)) continue;  // past a failure: not used
+    const KvTiers::LoadItem& item = *applies_[i].item;
+    pool_.publish(seq.table[static_cast<size_t>(ti)], item.hash, item.parent, item.tokens);  // false: a twin was published first; ours stays private
+    ++st.blocks;
+    if (applies_[i].loaded->from_disk) ++st.from_disk;
+    ++copied;
+  }
+  // Restores whose last block came end (this invalidates the Restore pointers above).
+  for (const KvTiers::Loaded& l : loaded_) {
+    auto it = restores_.find(l.ticket);
+    if (it == restores_.end()) continue;
+    SeqBlocks& seq = *it->second.seq;
+    if (--seq.restore.pending == 0) end_restore(seq);
   }
   return copied;
 }

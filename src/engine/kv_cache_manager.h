@@ -85,8 +85,8 @@ class KvCacheManager {
   // Returns the number of blocks being restored (0: nothing started, seq unchanged). While
   // seq.restoring(), seq holds its blocks; apply_restores completes it.
   int start_restore(std::span<const int32_t> tokens, SeqBlocks& seq, std::span<const BlockId> hits);
-  // Copies up to max_blocks loaded blocks into the pool (Backend::write_kv_block) and publishes
-  // them. A restore whose last block is done ends: seq.restore.ticket is 0 and seq.table holds the
+  // Copies up to max_blocks loaded blocks into the pool, all in one batched copy
+  // (KvTiers::apply_loads, Backend::write_kv_blocks), and publishes them. A restore whose last block is done ends: seq.restore.ticket is 0 and seq.table holds the
   // prefix up to the first block that failed (the rest is recomputed). Returns blocks copied.
   int apply_restores(int max_blocks);
   int num_restoring() const { return static_cast<int>(restores_.size()); }
@@ -125,6 +125,9 @@ class KvCacheManager {
   std::vector<BlockId> pinned_;
   std::unordered_map<uint64_t, Restore> restores_;  // by ticket
   std::vector<KvTiers::Loaded> loaded_;
+  std::vector<KvTiers::Apply> applies_;                // apply_restores' batch, and whose each is
+  std::vector<std::pair<Restore*, int>> apply_owner_;  // (its restore, its table index)
+  std::vector<char> applied_;
   PrefixCacheStats stats_;
 };
 

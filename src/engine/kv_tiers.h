@@ -21,9 +21,10 @@
 // from there until its file is in. Bytes are the backend's own (Backend::read_kv_block): restored
 // K/V are bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader
 // thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
-// the engine steps other sequences; the engine thread then copies each ready block into the pool
-// (apply_load, Backend::write_kv_block) between steps. Engine-thread only, except the writer and
-// loader threads inside.
+// the engine steps other sequences; the engine thread then copies the ready blocks into the pool
+// between steps, all of a step's in one batched copy (apply_loads, Backend::write_kv_blocks: on a GPU
+// every block's DMA issued, then one wait). Engine-thread only, except the writer and loader threads
+// inside.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -98,6 +99,7 @@ struct KvTierStats {
   int64_t loads_ready = 0;      // of them, loaded and waiting to be taken
   int64_t load_failures = 0;    // blocks a load could not deliver (gone, corrupt): recomputed
   int64_t staging_bytes = 0;    // loaded blocks' bytes waiting for apply_load (their own copies)
+  double restore_copy_bytes_per_s = 0;  // copy_bytes_per_s()
 };
 
 class KvTiers {
@@ -111,6 +113,13 @@ class KvTiers {
   KvTiers& operator=(const KvTiers&) = delete;
 
   const KvTierConfig& config() const { return cfg_; }
+  int64_t block_bytes() const { return block_bytes_; }  // the backend's kv_block_bytes()
+  // The rate apply_loads' batched copies into the pool ran at (bytes a second, a moving average of
+  // the batches of at least kTimedBatchBytes, timed around Backend::write_kv_blocks); 0 until one
+  // was timed. The scheduler sizes a step's restores by it.
+  double copy_bytes_per_s() const { return copy_rate_; }
+  void set_copy_bytes_per_s(double rate) { copy_rate_ = rate; }  // tests: as if measured
+  static constexpr int64_t kTimedBatchBytes = int64_t(1) << 20;
   // Why a block is demoted: the pool needed its room, it idled past the TTL, or the engine is
   // shutting down (a copy for the disk tier; not counted as a demotion).
   enum class Why { Evicted, Idle, Shutdown };
@@ -163,6 +172,15 @@ class KvTiers {
   // Copies a delivered block into pool block b (write_kv_block), promotes a disk entry to the host
   // tier and counts the restore. False if the backend refused the write.
   bool apply_load(const Loaded& l, const LoadItem& item, BlockId b);
+  // The same for many delivered blocks in one batched backend copy (Backend::write_kv_blocks).
+  // ok[i] (resized to loads.size()): loads[i] was copied. A load that is not ok or not a block's
+  // size is left out; if the backend refuses the batch, none is copied.
+  struct Apply {
+    const Loaded* loaded;
+    const LoadItem* item;
+    BlockId block;
+  };
+  void apply_loads(std::span<const Apply> loads, std::vector<char>& ok);
   // Tests: runs on the loader thread before each item is read (a slow or blocked tier).
   void set_load_hook(std::function<void(BlockHash)> hook);
 
@@ -277,6 +295,9 @@ class KvTiers {
   int64_t staging_bytes_ = 0, load_failures_ = 0;
   std::function<void(BlockHash)> load_hook_;
   std::thread loader_;
+  std::vector<backend::KvBlockIn> copies_;  // apply_loads' batch (engine thread; capacity kept)
+  std::vector<int> copy_of_;
+  double copy_rate_ = 0;
 };
 
 }  // namespace ss::engine

@@ -666,6 +666,24 @@ class SharedBackend final : public backend::Backend {
     loop_.run_on_loop([&] { st = in_.write_kv_block(block + share_.first_block, in); });
     return st;
   }
+  // Batched: checked against this share (the inner backend knows only its whole pool), then one
+  // batch on the loop's thread.
+  Status read_kv_blocks(std::span<const backend::KvBlockOut> blocks) override {
+    SS_TRY(backend::check_kv_block_copies(blocks, kv_.num_blocks, kv_block_bytes(), name()));
+    out_copies_.assign(blocks.begin(), blocks.end());
+    for (backend::KvBlockOut& b : out_copies_) b.block += share_.first_block;
+    Status st = kNotRun;
+    loop_.run_on_loop([&] { st = in_.read_kv_blocks(out_copies_); });
+    return st;
+  }
+  Status write_kv_blocks(std::span<const backend::KvBlockIn> blocks) override {
+    SS_TRY(backend::check_kv_block_copies(blocks, kv_.num_blocks, kv_block_bytes(), name()));
+    in_copies_.assign(blocks.begin(), blocks.end());
+    for (backend::KvBlockIn& b : in_copies_) b.block += share_.first_block;
+    Status st = kNotRun;
+    loop_.run_on_loop([&] { st = in_.write_kv_blocks(in_copies_); });
+    return st;
+  }
   // Between the loop's steps too: page-locking must not meet a running chain or a graph capture.
   void register_host_memory(void* p, size_t bytes) override {
     loop_.run_on_loop([&] { in_.register_host_memory(p, bytes); });
@@ -680,6 +698,8 @@ class SharedBackend final : public backend::Backend {
   LoopShare share_;
   backend::KvCacheConfig kv_;
   backend::StepBatch b_;
+  std::vector<backend::KvBlockOut> out_copies_;
+  std::vector<backend::KvBlockIn> in_copies_;
 };
 
 // Each sequence goes where it can run: the resident loop when it takes it, else the host executor.

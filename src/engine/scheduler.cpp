@@ -24,6 +24,10 @@ Status SchedulerConfig::validate() const {
   if (max_wait_steps < 1) return make_error("max_wait_steps must be >= 1, got " + std::to_string(max_wait_steps));
   if (max_wait_time.count() < 0) return make_error("max_wait_time must be >= 0");
   if (max_model_len < 0) return make_error("max_model_len must be >= 0, got " + std::to_string(max_model_len));
+  if (max_restore_bytes_per_step < 1)
+    return make_error("max_restore_bytes_per_step must be >= 1, got " + std::to_string(max_restore_bytes_per_step));
+  if (!(restore_ms_per_step >= 0))
+    return make_error("restore_ms_per_step must be >= 0 (0: off), got " + std::to_string(restore_ms_per_step));
   if (pressure.enabled) SS_TRY(pressure.validate());
   return {};
 }
@@ -276,8 +280,9 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
     pressure_.demoted_early += kv_.expire_idle(now, max_demote - demoted, ttl);
   }
   reap(now, out);
-  // Loaded blocks into the pool, bounded like the demotions above while streams run.
-  kv_.apply_restores(running_.empty() ? INT_MAX : kMaxRestoreBlocksPerStep);
+  // Loaded blocks into the pool, one batched copy, bounded (time at the copy rate, bytes) while
+  // streams run.
+  kv_.apply_restores(running_.empty() ? INT_MAX : max_restore_blocks_per_step());
   finish_restores();
 
   // Level 2: fewer running sequences; the rest of the work waits (running ones are never preempted
@@ -394,6 +399,19 @@ void Scheduler::schedule(Clock::time_point now, StepPlan& plan, std::vector<Emis
       max_seqs < cfg_.max_num_seqs)
     ++pressure_.admissions_capped;
   if (level >= 3 && !cfg_.pressure.has_lower_backend) ++pressure_.no_lower_tier;
+}
+
+int Scheduler::max_restore_blocks_per_step() const {
+  const int64_t bb = kv_.tiers() ? kv_.tiers()->block_bytes() : 0;
+  if (bb <= 0) return INT_MAX;
+  int64_t bytes = cfg_.max_restore_bytes_per_step;
+  if (cfg_.restore_ms_per_step > 0) {
+    constexpr int64_t kUntimed = int64_t(8) << 20;  // until a batch has been timed
+    const double rate = kv_.tiers()->copy_bytes_per_s();
+    const double in_budget = rate > 0 ? rate * cfg_.restore_ms_per_step / 1000.0 : double(kUntimed);
+    bytes = std::min<int64_t>(bytes, static_cast<int64_t>(std::min(in_budget, double(INT64_MAX / 2))));
+  }
+  return static_cast<int>(std::clamp<int64_t>(bytes / bb, 1, INT_MAX));
 }
 
 void Scheduler::finish_restores() {

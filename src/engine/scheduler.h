@@ -7,8 +7,9 @@
 // lane, then the long lane) with what is left. When KV blocks run out, the newest running
 // sequence is preempted (blocks freed, recomputed later from prompt + output).
 // A request whose prefix a lower KV tier holds leaves its queue to restore it: it holds its blocks
-// and a seat while the tiers' loader reads them, the others keep stepping, and at most
-// kMaxRestoreBlocksPerStep loaded blocks are copied into the pool per step; then it goes back to
+// and a seat while the tiers' loader reads them, the others keep stepping, and the loaded blocks
+// are copied into the pool in one batched copy a step (at most max_restore_bytes_per_step of them
+// while sequences run); then it goes back to
 // the front of its queue and is admitted like any other, its restored blocks as cached ones.
 #pragma once
 #include <algorithm>
@@ -53,6 +54,26 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   int max_model_len = 0;  // prompt + max_tokens limit; 0: the whole KV cache
   PressureConfig pressure;  // memory pressure levels (memory_pressure.h)
+  // Restores while sequences run (everything loaded goes at once when nothing runs; at least one
+  // block a step). A step's restores are one batched copy (Backend::write_kv_blocks: every block
+  // issued, one wait), so what they cost the running streams is their bytes over the link, not a
+  // round trip per block; and the link is ~25-50 GB/s of pinned host-to-GPU DMA on a GPU but a host
+  // memcpy on the CPU backend (~7 GB/s timed into the pool on the 2-core development VM by
+  // bench_kv_tiers, 2026-12-06), so no one byte count suits both. Hence two bounds:
+  //  - restore_ms_per_step: the bytes the tiers' measured copy rate (KvTiers::copy_bytes_per_s, the
+  //    batches timed as they go) moves in this long; 8 MiB until a batch has been timed. 0: off. On
+  //    the CPU backend a restoring step costs more than its timed copy (the copied bytes evict the
+  //    weights from the caches): with 4 ms, restoring steps ran 10-11 ms longer than others on the VM,
+  //    and with 64 MiB alone 27-42 ms (docs/perf/memory.md, 2026-12-06). 2 ms is about the old
+  //    32-block pace there (~38 blocks a step; restoring steps 5-7 ms longer, the old bound's ~4,
+  //    on a 12-25 ms step), and 50-100 MB at a GPU's 25-50 GB/s.
+  //  - max_restore_bytes_per_step: a cap in bytes whatever the rate. 64 MiB is ~1.3-2.7 ms at
+  //    25-50 GB/s against an 8B decode step of ~5-7 ms, and at 8B the 32 blocks of before (with one
+  //    wait instead of 32): on a GPU above ~33 GB/s it is the bound that holds.
+  // The streams lose the history's bytes over the link in total whatever the bounds; they set how
+  // many steps that is spread over, and so the stall of each and the returning turn's wait.
+  int64_t max_restore_bytes_per_step = int64_t(64) << 20;
+  double restore_ms_per_step = 2.0;
 
   Status validate() const;
 };
@@ -176,9 +197,9 @@ class Scheduler {
   // A 4,000-token history is 250 blocks (92 MB on the default model): copied out in one step, it
   // would stall every running stream for that step. 32 blocks is ~12 MB a step there.
   static constexpr int kMaxIdleDemotionsPerStep = 32;
-  // Restored blocks copied into the pool per step while sequences run, for the same reason (all of
-  // them when nothing runs).
-  static constexpr int kMaxRestoreBlocksPerStep = 32;
+  // Restored blocks copied into the pool per step while sequences run (SchedulerConfig's two
+  // bounds in blocks of the tiers' size, at least 1; INT_MAX without tiers).
+  int max_restore_blocks_per_step() const;
   const SchedulerCounters& counters() const { return counters_; }
   // The memory-pressure level of the last step (0..3), its actions, and the host's available
   // memory fraction it saw (1 when unknown).

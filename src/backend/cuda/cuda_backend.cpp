@@ -110,16 +110,23 @@ class CudaBackend final : public Backend {
   Expected<std::unique_ptr<resident::LoopRunner>> make_loop_runner(const resident::Geometry& g,
                                                                   const resident::LoopShare& share) override;
   // A block's K/V is one run of block_elems per layer, the layers layer_cache_elems_ apart: one 2-D
-  // copy (L_ rows) on the step stream, synchronised, so the step that follows sees it.
+  // copy (L_ rows) on the step stream, so the step that follows sees it. A batch issues every
+  // block's copy, then waits once (write_kv_blocks, read_kv_blocks).
   int64_t kv_block_bytes() const override {
     return static_cast<int64_t>(sizeof(bf16_bits)) * 2 * nkv_ * kv_.block_size * hd_ * L_;
   }
   void register_host_memory(void* p, size_t bytes) override;
   void unregister_host_memory(void* p) override;
-  Status read_kv_block(int32_t block, std::span<uint8_t> out) override { return copy_kv_block(block, out.data(), out.size(), true); }
-  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
-    return copy_kv_block(block, const_cast<uint8_t*>(in.data()), in.size(), false);
+  Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
+    const KvBlockOut b{block, out};
+    return read_kv_blocks(std::span<const KvBlockOut>(&b, 1));
   }
+  Status write_kv_block(int32_t block, std::span<const uint8_t> in) override {
+    const KvBlockIn b{block, in};
+    return write_kv_blocks(std::span<const KvBlockIn>(&b, 1));
+  }
+  Status read_kv_blocks(std::span<const KvBlockOut> blocks) override;
+  Status write_kv_blocks(std::span<const KvBlockIn> blocks) override;
   BackendMemory memory() const override {  // the three device arenas, as reserved at start-up
     BackendMemory m{static_cast<int64_t>(weights_.capacity()), static_cast<int64_t>(kv_mem_.capacity()),
                     static_cast<int64_t>(scratch_.capacity()), "device"};
@@ -164,7 +171,9 @@ class CudaBackend final : public Backend {
   Status upload_table_edits(const StepBatch& b);
   Status sample_on_device(const StepBatch& b, StepOutput& out);
   bool device_samples(const StepBatch& b) const;
-  Status copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bool to_host);
+  // Issues one block's copy: registered host memory by DMA in place (not waited for: the caller
+  // waits once for the batch, *issued_in_place set), else through a staging slot.
+  Status copy_kv_block(int32_t block, uint8_t* host, bool to_host, bool* issued_in_place);
   enum Stage { kEmbed, kQkv, kAttn, kOProj, kGateUp, kDown, kNormQkvEtc, kLmHead, kSample, kStages };
   void mark(Stage st);   // the kernels since the previous mark belong to stage st
   void collect_marks();  // after the step's sync: adds the marked intervals to stage_ms_
@@ -1070,20 +1079,20 @@ bool simple_greedy(const SampleRow& r) {
 
 // One block's every layer, through cudaMemcpy2DAsync over the [layer][block][2][n_kv][block_size][hd]
 // cache: in place for registered host memory (written without a GPU, 2026-12-05), else staged.
-Status CudaBackend::copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bool to_host) {
-  if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(bytes) != kv_block_bytes())
-    return make_error("cuda backend: KV block copy of block " + std::to_string(block) + " (" + std::to_string(bytes) +
-                      " bytes): want a block in [0, " + std::to_string(kv_.num_blocks) + ") and " +
-                      std::to_string(kv_block_bytes()) + " bytes");
+// Batched (2026-12-06, written without a GPU): every block of a batch is issued, then one
+// cudaStreamSynchronize, where each block used to wait for its own (a 2 MiB block's DMA is only
+// ~40-80 us at 25-50 GB/s, so a wait and a launch a block were a large part of it).
+Status CudaBackend::copy_kv_block(int32_t block, uint8_t* host, bool to_host, bool* issued_in_place) {
+  const size_t bytes = static_cast<size_t>(kv_block_bytes());
   const size_t row = sizeof(bf16_bits) * 2 * static_cast<size_t>(nkv_) * kv_.block_size * hd_;  // one layer
   bf16_bits* dev = cache_ + static_cast<int64_t>(block) * 2 * nkv_ * kv_.block_size * hd_;
   const size_t pitch = sizeof(bf16_bits) * static_cast<size_t>(layer_cache_elems_);
-  if (is_registered(host, bytes)) {  // page-locked: DMA in place, done before the tiers reuse the bytes
+  if (is_registered(host, bytes)) {  // page-locked: DMA in place, waited for with the batch
     if (to_host)
       SS_CUDA(cudaMemcpy2DAsync(host, row, dev, pitch, row, L_, cudaMemcpyDeviceToHost, stream_));
     else
       SS_CUDA(cudaMemcpy2DAsync(dev, pitch, host, row, row, L_, cudaMemcpyHostToDevice, stream_));
-    SS_CUDA(cudaStreamSynchronize(stream_));
+    *issued_in_place = true;
     return {};
   }
   SS_TRY(ensure_kv_stage());
@@ -1102,6 +1111,29 @@ Status CudaBackend::copy_kv_block(int32_t block, uint8_t* host, size_t bytes, bo
   SS_CUDA(cudaMemcpy2DAsync(dev, pitch, st, row, row, L_, cudaMemcpyHostToDevice, stream_));
   SS_CUDA(cudaEventRecord(kv_stage_ev_[k], stream_));
   return {};
+}
+
+Status CudaBackend::read_kv_blocks(std::span<const KvBlockOut> blocks) {
+  SS_TRY(check_kv_block_copies(blocks, kv_.num_blocks, kv_block_bytes(), "cuda backend"));
+  bool in_place = false;
+  Status st;
+  for (const KvBlockOut& b : blocks)
+    if (st = copy_kv_block(b.block, b.bytes.data(), true, &in_place); !st.ok()) break;
+  // The registered blocks' DMAs are in flight: the caller reads those bytes once this returns.
+  if (in_place) SS_CUDA(cudaStreamSynchronize(stream_));
+  return st;
+}
+
+Status CudaBackend::write_kv_blocks(std::span<const KvBlockIn> blocks) {
+  SS_TRY(check_kv_block_copies(blocks, kv_.num_blocks, kv_block_bytes(), "cuda backend"));
+  bool in_place = false;
+  Status st;
+  for (const KvBlockIn& b : blocks)
+    if (st = copy_kv_block(b.block, const_cast<uint8_t*>(b.bytes.data()), false, &in_place); !st.ok()) break;
+  // In place: the tiers reuse the bytes once this returns. Staged copies need no wait (their slots
+  // hold the bytes; stream order puts them before the next step).
+  if (in_place) SS_CUDA(cudaStreamSynchronize(stream_));
+  return st;
 }
 
 void CudaBackend::register_host_memory(void* p, size_t bytes) {

@@ -501,6 +501,60 @@ TEST(CpuBackendOptions, GrowsPastMaxBatchTokens) {
   EXPECT_LT(max_d, 1e-2);
 }
 
+// Batched KV block copies (what the tiers' restores use): a prompt's blocks read out in one batch
+// and written back into other blocks in one batch come back bit-identical; a batch with one bad
+// entry (a block out of range, negative, a wrong size) is an error naming it, and copies nothing,
+// not even the good entries before it.
+TEST(CpuBackendKvBlocks, BatchedCopiesAreExactAndBadEntriesCopyNothing) {
+  auto model = load(kData + "/models/llama3-tiny");
+  ASSERT_NE(model, nullptr);
+  auto be = make_backend(*model, 8, 2, 16, KvType::F16);
+  ASSERT_NE(be, nullptr);
+  auto ref = load_synth_ref("llama3-tiny");
+  const int n = std::min<int>(32, static_cast<int>(ref.ids[1].size()));
+  ASSERT_GE(n, 17);  // two blocks hold computed K/V
+  step(*be, ref.V, ref.ids[1], 0, n, blocks(0, 2));
+  const size_t bytes = static_cast<size_t>(be->kv_block_bytes());
+  ASSERT_GT(bytes, 0u);
+  auto snapshot = [&] {  // every block, one at a time (the single-block path as the reference)
+    std::vector<std::vector<uint8_t>> all(8, std::vector<uint8_t>(bytes));
+    for (int b = 0; b < 8; ++b) EXPECT_TRUE(be->read_kv_block(b, all[static_cast<size_t>(b)]).ok());
+    return all;
+  };
+  const auto before = snapshot();
+  std::vector<std::vector<uint8_t>> got(2, std::vector<uint8_t>(bytes, 0xAB));
+  const std::vector<ss::backend::KvBlockOut> out = {{0, got[0]}, {1, got[1]}};
+  ASSERT_TRUE(be->read_kv_blocks(out).ok());
+  EXPECT_EQ(got[0], before[0]);
+  EXPECT_EQ(got[1], before[1]);
+  const std::vector<ss::backend::KvBlockIn> in = {{6, got[0]}, {5, got[1]}};
+  ASSERT_TRUE(be->write_kv_blocks(in).ok());
+  auto after = snapshot();
+  EXPECT_EQ(after[6], before[0]);
+  EXPECT_EQ(after[5], before[1]);
+
+  const std::vector<uint8_t> noise(bytes, 0x5A), short_block(bytes - 1, 0x5A);
+  const auto error_of = [&](std::vector<ss::backend::KvBlockIn> batch) {
+    const auto st = be->write_kv_blocks(batch);
+    return st.ok() ? std::string("<ok>") : st.message();
+  };
+  std::string e = error_of({{2, noise}, {8, noise}});  // the cache has blocks 0..7
+  EXPECT_NE(e.find("copy 1 of 2 (block 8,"), std::string::npos) << e;
+  EXPECT_NE(e.find("[0, 8)"), std::string::npos) << e;
+  EXPECT_NE(e.find("nothing copied"), std::string::npos) << e;
+  e = error_of({{-1, noise}});
+  EXPECT_NE(e.find("block -1"), std::string::npos) << e;
+  e = error_of({{2, noise}, {3, noise}, {4, short_block}});
+  EXPECT_NE(e.find("copy 2 of 3 (block 4, " + std::to_string(bytes - 1) + " bytes)"), std::string::npos) << e;
+  EXPECT_NE(e.find(std::to_string(bytes) + " bytes; nothing copied"), std::string::npos) << e;
+  EXPECT_EQ(snapshot(), after) << "a rejected batch wrote some of its blocks";
+  std::vector<uint8_t> untouched(bytes, 0xCD), small(bytes / 2, 0xCD);
+  const auto st = be->read_kv_blocks(std::vector<ss::backend::KvBlockOut>{{0, untouched}, {1, small}});
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(untouched, std::vector<uint8_t>(bytes, 0xCD)) << "a rejected read batch copied its first block";
+  EXPECT_TRUE(be->write_kv_blocks({}).ok());  // an empty batch is a no-op
+}
+
 // ------------------------------------------------------------------------------------------------
 // The default model, SmolLM2-135M-Instruct Q4_1, against transformers (skipped when not downloaded).
 

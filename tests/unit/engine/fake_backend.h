@@ -99,6 +99,12 @@ class FakeBackend : public backend::Backend {
     return {};
   }
   int blocks_read = 0, blocks_written = 0;
+  // Batched writes (the tiers' restores): the size of each call, in order.
+  Status write_kv_blocks(std::span<const backend::KvBlockIn> blocks) override {
+    write_batches.push_back(static_cast<int>(blocks.size()));
+    return Backend::write_kv_blocks(blocks);
+  }
+  std::vector<int> write_batches;
 
   // Limits every batch must respect (0: unchecked).
   int max_tokens = 0, max_seqs = 0;

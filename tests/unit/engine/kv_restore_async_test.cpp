@@ -117,10 +117,13 @@ KvTierConfig disk_tier(const std::string& dir, uint64_t model_hash) {
 }
 
 std::unique_ptr<HostExecutor> make_executor(backend::Backend& be, const KvTierConfig& tc,
-                                            std::function<Clock::time_point()> clock) {
+                                            std::function<Clock::time_point()> clock, int64_t restore_bytes_per_step = 0,
+                                            double restore_ms_per_step = -1) {
   SchedulerConfig sc;
   sc.max_num_seqs = 4;
   sc.max_num_batched_tokens = 64;
+  if (restore_bytes_per_step > 0) sc.max_restore_bytes_per_step = restore_bytes_per_step;
+  if (restore_ms_per_step >= 0) sc.restore_ms_per_step = restore_ms_per_step;
   auto ex = HostExecutor::create(be, sc, std::move(clock), tc);
   EXPECT_TRUE(ex.ok()) << (ex.ok() ? "" : ex.message());
   return ex.ok() ? std::move(ex).value() : nullptr;
@@ -236,19 +239,20 @@ TEST(KvRestoreAsync, RestoreInFlightDoesNotStallOtherSequences) {
   EXPECT_EQ(restore_marks, 1);
 }
 
-// With sequences running, at most kMaxRestoreBlocksPerStep loaded blocks are copied into the pool
-// per step; the restored turn still matches the request run alone.
-TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
+// With sequences running, a step copies at most k loaded blocks into the pool, all in one batched
+// copy, whichever bound sets k (`bound` makes the executor and says how); the restored turn still
+// matches the request run alone.
+void expect_restores_of_k_blocks_a_step(int k, const std::function<std::unique_ptr<HostExecutor>(
+                                                   FakeBackend&, const KvTierConfig&, TestClock&)>& bound) {
   std::mt19937 g(37);
   TestClock clock;
   FakeBackend be(256, kBlock, kVocab);
   KvTierConfig tc;
   tc.host_bytes = 1 << 22;
   tc.ttl_ms = 1000;
-  auto ex = make_executor(be, tc, clock.fn());
+  auto ex = bound(be, tc, clock);
   ASSERT_TRUE(ex);
   Driver d(*ex);
-  const int k = Scheduler::kMaxRestoreBlocksPerStep;
   const Spec t1 = spec(random_tokens(g, (2 * k + 5) * kBlock + 3, kVocab), 1);
   const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
   const Spec t2 = next_turn(t1, answer, g, 4);
@@ -269,6 +273,7 @@ TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   std::vector<int> per_step;
   int before = be.blocks_written;
+  be.write_batches.clear();
   while (d.lives[3].tokens.empty() && ex->has_work()) {
     d.poll();
     per_step.push_back(be.blocks_written - before);
@@ -278,10 +283,55 @@ TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedPerStepWhileStreamsRun) {
   EXPECT_EQ(per_step[0], k);
   EXPECT_EQ(per_step[1], k);
   EXPECT_EQ(per_step[2], history_blocks - 2 * k);
+  EXPECT_EQ(be.write_batches, (std::vector<int>{k, k, history_blocks - 2 * k}));  // one batched copy a step
   d.run_all();
   EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
   EXPECT_EQ(d.lives[2].tokens, run_alone(stream, kVocab).tokens);
   EXPECT_EQ(ex->stats().kv_restored_host, history_blocks);
+}
+
+// With nothing else running, a returning history held by the host tier reaches the pool in one
+// batched copy: the loader hands a run of in-place blocks over together, and the step takes them all.
+// (Without that hand-over this held here too, because the loader outran the engine's wake-up with
+// these tiny blocks; the hand-over makes it hold whatever the threads' timing.)
+TEST(KvRestoreAsync, ReturningHostHistoryIsOneBatchedCopyWhenNothingRuns) {
+  std::mt19937 g(43);
+  TestClock clock;
+  FakeBackend be(256, kBlock, kVocab);
+  KvTierConfig tc;
+  tc.host_bytes = 1 << 22;
+  tc.ttl_ms = 1000;
+  auto ex = make_executor(be, tc, clock.fn());
+  ASSERT_TRUE(ex);
+  Driver d(*ex);
+  const Spec t1 = spec(random_tokens(g, 40 * kBlock + 5, kVocab), 3);
+  const auto answer = run_and_demote(d, clock, t1, tc.ttl_ms);
+  const Spec t2 = next_turn(t1, answer, g, 4);
+  const int history_blocks = (static_cast<int>(t1.prompt.size()) + 3 - 1) / kBlock;
+  be.write_batches.clear();
+  d.start(3, t2);
+  d.run_all();
+  EXPECT_EQ(be.write_batches, std::vector<int>{history_blocks});
+  EXPECT_EQ(ex->stats().kv_restored_host, history_blocks);
+  EXPECT_EQ(d.lives[3].tokens, run_alone(t2, kVocab).tokens);
+}
+
+// The byte cap (max_restore_bytes_per_step, rounded down to whole blocks): 24.5 blocks' bytes give
+// 24 a step. The time bound does not bind: no batch was big enough to time, so it allows 8 MiB.
+TEST(KvRestoreAsync, CopiesIntoThePoolAreBoundedInBytesPerStepWhileStreamsRun) {
+  expect_restores_of_k_blocks_a_step(24, [](FakeBackend& be, const KvTierConfig& tc, TestClock& clock) {
+    return make_executor(be, tc, clock.fn(), 24 * be.kv_block_bytes() + be.kv_block_bytes() / 2);
+  });
+}
+
+// The time bound (restore_ms_per_step at the tiers' measured copy rate): at a rate that moves 10.5
+// blocks in 2 ms, 10 a step, under a byte cap of 1 GiB.
+TEST(KvRestoreAsync, CopiesIntoThePoolTakeTheirTimeBudgetAtTheMeasuredRate) {
+  expect_restores_of_k_blocks_a_step(10, [](FakeBackend& be, const KvTierConfig& tc, TestClock& clock) {
+    auto ex = make_executor(be, tc, clock.fn(), int64_t(1) << 30, 2.0);
+    if (ex) ex->tiers()->set_copy_bytes_per_s(10.5 * double(be.kv_block_bytes()) / 0.002);
+    return ex;
+  });
 }
 
 // A returning turn cancelled while its blocks are being read from disk: its finish event comes at
