@@ -182,18 +182,21 @@ TINY_POOL = ["--num-kv-blocks", "40", "--max-num-seqs", "16", "--max-num-batched
              "--max-prefill-tokens-with-decodes", "0", "--memory-mode", "balanced"]
 
 
-def _burst_lengths(prompts):
+def _burst_lengths(prompts, first=96):
     """Tokens each request of _burst_then_more asks for: the first half generates longer, so the pool
-    stays full (level 3) for a while after the second half is sent, even on a slow machine."""
+    stays full (level 3) for a while after the second half is sent, even on a slow machine. A GPU
+    primary runs 12 x 96 tokens in well under a second, less than the level gauge's polling sees
+    (2026-12-06, H100: "the first half finished without filling the pool"): there the first half asks
+    for `first` = 384, 29-31 blocks a sequence of the 40, so the pool stays full for seconds."""
     half = len(prompts) // 2
-    return [96] * half + [24] * (len(prompts) - half)
+    return [first] * half + [24] * (len(prompts) - half)
 
 
-def _burst_then_more(s, prompts):
+def _burst_then_more(s, prompts, first=96):
     """All prompts concurrent: the first half at once, the second half once the primary reports level 3
     (a burst that lands before the primary's first steps finds it at level 0, and goes to it whole)."""
     half = len(prompts) // 2
-    lengths = _burst_lengths(prompts)
+    lengths = _burst_lengths(prompts, first)
     clients = [s.client() for _ in prompts]  # made first: a client takes tens of ms to make
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
         first = [ex.submit(greedy_completion, s, p, n, c) for p, n, c in zip(prompts[:half], lengths, clients)]
@@ -220,11 +223,12 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
     if primary == "gpu" and not os.environ.get("SELFSERVE_E2E_GPU_MEMORY"):
         pytest.skip("a GPU primary: only on a GPU machine (tools/gpu/e2e_on_device.sh)")
     device = ["--device", "cpu"] if primary == "cpu" else []
+    first = 96 if primary == "cpu" else 384
     prompts = _prompts(24)
     ref = Server(tmp_path, "roomy", "--model", default_model, "--api-key", API_KEY, "--max-num-seqs", "8",
                  "--kv-cache-mib", "256", "--cpu-fallback", "on", *device)
     try:
-        expect = [greedy_completion(ref, p, n) for p, n in zip(prompts, _burst_lengths(prompts))]
+        expect = [greedy_completion(ref, p, n) for p, n in zip(prompts, _burst_lengths(prompts, first))]
         m = ref.metrics()
         assert m['selfserve_memory_pressure_steps_total{level="3"}'] == 0
         assert m["selfserve_cpu_fallback_requests_total"] == 0  # configured, never needed
@@ -235,7 +239,7 @@ def test_level_three_serves_new_requests_on_the_cpu_fallback(default_model, tmp_
     s = Server(tmp_path, "fallback", "--model", default_model, "--api-key", API_KEY, *TINY_POOL,
                "--cpu-fallback", "on", "--cpu-fallback-threads", "1", *device)
     try:
-        got = _burst_then_more(s, prompts)
+        got = _burst_then_more(s, prompts, first)
         if primary == "cpu":
             assert got == expect
         else:
