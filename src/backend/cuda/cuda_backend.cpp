@@ -277,6 +277,17 @@ class CudaBackend final : public Backend {
   double mega_trace_us_[11] = {};
   double mega_probe_us_ = 0, mega_wait_us_[5] = {}, mega_release_us_[5] = {};
   int64_t mega_traced_ = 0;
+  // SS_CUDA_CHAIN_TRACE=1 (benchmarking only): the fused decode's five kernels a layer stamp their
+  // phases (kernels/common.cuh, phase()) into [L_][5][kChainPhases] words, graph steps included; the
+  // means per kernel are printed at exit.
+  unsigned long long* d_chain_ = nullptr;
+  std::vector<unsigned long long> h_chain_;
+  bool chain_pending_ = false;          // a fused forward stamped since the last collection
+  double chain_us_[5][8] = {};          // phase i minus CTA 0's start (i = 7: the last CTA's exit)
+  double chain_start_us_[5] = {}, chain_released_us_[5] = {};  // CTA 0's start, its wait's release: minus the
+  int64_t chain_n_[5] = {}, chain_merge_n_ = 0;                // previous kernel's last exit
+  int64_t chain_steps_ = 0;
+  Status collect_chain_trace();
   cuda::kern::MegaLayer* d_mega_layers_ = nullptr;
   void* mega_work_ = nullptr;
   cuda::kern::MegaDecode mega_args() const;
@@ -334,6 +345,21 @@ CudaBackend::~CudaBackend() {
       std::fprintf(stderr, " %.2f+%.2f", mega_wait_us_[j] / mega_traced_, mega_release_us_[j] / mega_traced_);
     std::fprintf(stderr, "\n");
   }
+  if (chain_steps_ > 0) {
+    static const char* names[5] = {"qkv", "attention", "o_proj", "gate_up", "down"};
+    std::fprintf(stderr, "chain trace (%lld steps; us, mean over layers; CTA 0's start and release against the previous "
+                 "kernel's last CTA exit, then its phases and the last exit against its start):\n",
+                 static_cast<long long>(chain_steps_));
+    for (int k = 0; k < 5; ++k) {
+      const double n = static_cast<double>(std::max<int64_t>(1, chain_n_[k]));
+      std::fprintf(stderr, "  %-9s start %+.2f released %+.2f | phases", names[k], chain_start_us_[k] / n,
+                   chain_released_us_[k] / n);
+      for (int i = 1; i < 6; ++i) std::fprintf(stderr, " %.2f", chain_us_[k][i] / n);
+      if (k == 1 && chain_merge_n_ > 0) std::fprintf(stderr, " merged %.2f", chain_us_[k][6] / static_cast<double>(chain_merge_n_));
+      std::fprintf(stderr, " | last exit %.2f\n", chain_us_[k][7] / n);
+    }
+  }
+  if (d_chain_) cudaFree(d_chain_);
   if (cuda::start_api_counts()) std::fprintf(stderr, "%s\n", cuda::format_api_counts(cuda::api_counts()).c_str());
   for (cudaEvent_t e : kv_stage_ev_)
     if (e) cudaEventDestroy(e);
@@ -388,6 +414,11 @@ Status CudaBackend::init() {
   // SS_CUDA_ATTN_CLUSTER=<0|2..16> (a divisor of the 64 splits) sets it.
   attn_cluster_ = cuda::kern::attention_max_cluster(16, hd_, nh_ / std::max(1, nkv_));
   if (const char* e = std::getenv("SS_CUDA_ATTN_CLUSTER"); e && *e) attn_cluster_ = std::atoi(e);
+  if (const char* e = std::getenv("SS_CUDA_CHAIN_TRACE"); e && std::string(e) == "1") {
+    h_chain_.assign(static_cast<size_t>(L_) * 5 * cuda::kern::kChainPhases, 0);
+    SS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_chain_), sizeof(unsigned long long) * h_chain_.size()));
+    std::fprintf(stderr, "SS_CUDA_CHAIN_TRACE=1: the fused decode's kernels stamp their phases (a copy back a step)\n");
+  }
   if (rope_dim_ % 2 != 0 || rope_dim_ > hd_)
     return make_error("cuda backend: rope_dim " + std::to_string(rope_dim_) + " must be even and <= head_dim");
   if (kv_.block_size < 1) return make_error("cuda backend: block_size must be >= 1");
@@ -867,6 +898,32 @@ Status CudaBackend::collect_mega_trace() {
   return {};
 }
 
+Status CudaBackend::collect_chain_trace() {
+  chain_pending_ = false;
+  SS_CUDA(cudaMemcpy(h_chain_.data(), d_chain_, sizeof(unsigned long long) * h_chain_.size(), cudaMemcpyDeviceToHost));
+  constexpr int P = cuda::kern::kChainPhases;
+  auto at = [&](int l, int kk) { return h_chain_.data() + (static_cast<size_t>(l) * 5 + kk) * P; };
+  bool any = false;
+  for (int l = 0; l < L_; ++l)
+    for (int kk = 0; kk < 5; ++kk) {
+      const unsigned long long* p = at(l, kk);
+      const unsigned long long* prev = kk > 0 ? at(l, kk - 1) : l > 0 ? at(l - 1, 4) : nullptr;
+      if (!p[0] || !p[P - 1] || !prev || !prev[P - 1]) continue;  // not stamped (a skipped kernel), or layer 0's QKV
+      any = true;
+      const double t0 = static_cast<double>(p[0]), end_prev = static_cast<double>(prev[P - 1]);
+      chain_start_us_[kk] += 1e-3 * (t0 - end_prev);
+      chain_released_us_[kk] += 1e-3 * (static_cast<double>(p[1]) - end_prev);
+      for (int i = 1; i < P; ++i)
+        if (p[i] && i != 6) chain_us_[kk][i] += 1e-3 * (static_cast<double>(p[i]) - t0);
+      if (kk == 1 && p[6]) chain_us_[kk][6] += 1e-3 * (static_cast<double>(p[6]) - t0), ++chain_merge_n_;
+      ++chain_n_[kk];
+    }
+  if (any) ++chain_steps_;
+  // A later step that does not stamp (a batch past the fused path) must not count these again.
+  SS_CUDA(cudaMemset(d_chain_, 0, sizeof(unsigned long long) * h_chain_.size()));
+  return {};
+}
+
 Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
   const float eps = c_.rms_norm_eps;
@@ -895,6 +952,14 @@ Status CudaBackend::forward_fused(int T, int R) {
     mark(kLmHead);  // the whole step: its stages are not separable
     return {};
   }
+  if (d_chain_) {
+    SS_CUDA(cudaMemsetAsync(d_chain_, 0, sizeof(unsigned long long) * h_chain_.size(), stream_));
+    chain_pending_ = true;
+  }
+  // The phase trace's slot of kernel kk (0..4) of layer l, when tracing.
+  auto chain_slot = [&](int l, int kk) {
+    return d_chain_ ? d_chain_ + (static_cast<size_t>(l) * 5 + kk) * k::kChainPhases : nullptr;
+  };
   for (int l = 0; l < L_; ++l) {
     const Layer& d = layers_[static_cast<size_t>(l)];
     bf16_bits* layer_cache = cache_ + layer_cache_elems_ * l;
@@ -904,6 +969,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.cache = layer_cache, rk.bias = d.bqkv;
     rk.norm_eps = eps;
     float q_scale = 1.0f / std::sqrt(static_cast<float>(hd_));  // the attention's, unless q comes pre-scaled
+    if (on('q')) k::set_chain_slot(chain_slot(l, 0));
     if (!c_.qk_norm) {
       if (on('q')) SS_TRY(k::dec_qkv(d.wqkv, x_, d.attn_norm, eps, H_, T, rk, pdl, stream_));
     } else if (on('q')) {
@@ -930,15 +996,25 @@ Status CudaBackend::forward_fused(int T, int R) {
       return e && std::string(e) == "1";
     }();
     a.empty = empty;
+    a.stamps = chain_slot(l, 1);
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.
     if (on('a')) SS_TRY(k::attention(a, T, max_splits_, stream_));
     mark(kAttn);
-    if (on('o')) SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+    if (on('o')) {
+      k::set_chain_slot(chain_slot(l, 2));
+      SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+    }
     mark(kOProj);
-    if (on('g')) SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
+    if (on('g')) {
+      k::set_chain_slot(chain_slot(l, 3));
+      SS_TRY(k::dec_gate_up(d.wgu, x_, d.ffn_norm, eps, act_, I_, H_, T, pdl, stream_));
+    }
     mark(kGateUp);
-    if (on('d')) SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+    if (on('d')) {
+      k::set_chain_slot(chain_slot(l, 4));
+      SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+    }
     mark(kDown);
   }
   if (R == 0) return {};
@@ -1255,6 +1331,8 @@ Status CudaBackend::decode_graph(const StepBatch& b, StepOutput& out, bool* done
   }
   SS_CUDA(cudaGraphLaunch(g, stream_));
   SS_CUDA(cudaStreamSynchronize(stream_));
+  if (d_chain_) chain_pending_ = true;  // the captured step stamps at every replay
+  if (chain_pending_) SS_TRY(collect_chain_trace());
   out.tokens.assign(h_ids_, h_ids_ + T);
   out.logprobs.resize(static_cast<size_t>(T));
   for (auto& lp : out.logprobs) lp.top.clear();
@@ -1395,6 +1473,7 @@ Status CudaBackend::step(const StepBatch& b, StepOutput& out) {
   SS_CUDA(cudaStreamSynchronize(stream_));
   SS_CUDA(cudaGetLastError());
   collect_marks();
+  if (chain_pending_) SS_TRY(collect_chain_trace());
   const size_t raw0 = static_cast<size_t>(ns + static_cast<int>(b.score_rows.size()) - first) * V_;
   out.logits.assign(h_logits_ + raw0, h_logits_ + static_cast<size_t>(host_rows) * V_);
   if (device_greedy) {
@@ -1540,6 +1619,7 @@ Status CudaBackend::sample_on_device(const StepBatch& b, StepOutput& out) {
   SS_CUDA(cudaStreamSynchronize(stream_));
   SS_CUDA(cudaGetLastError());
   collect_marks();
+  if (chain_pending_) SS_TRY(collect_chain_trace());
   // A grammar consulted after the draw: a refused token is redrawn from the masked row.
   for (int i = 0; i < ns; ++i) {
     const SampleRow& r = b.sample_rows[static_cast<size_t>(i)];

@@ -109,6 +109,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
     pdl_trigger();
     return;
   }
+  // The phase trace: CTA (0, 0, 0) stamps its phases, every CTA its exit, the merger of (0, 0) slot 6.
+  unsigned long long* const st = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 ? a.stamps : nullptr;
+  phase(st, 0);
   // Before the wait, what the previous kernel (the QKV projection) does not write: the context
   // length and block table (host inputs of the step) and the keys and values of this split, which
   // go to L2 (prefetch, no registers). L2 is where writes land, so a line the QKV kernel is still
@@ -119,7 +122,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   const int ns = (ctx + per - 1) / per;  // splits holding keys: the others have nothing to do
   // Merged in the cluster (a.cluster): the empty splits of the first cluster stay for its barriers.
   const bool clustered = a.cluster > 1 && ns > 1 && ns <= a.cluster;
-  if (split >= ns && !(clustered && split < a.cluster)) return;
+  if (split >= ns && !(clustered && split < a.cluster)) {
+    phase_leave(a.stamps);
+    return;
+  }
   const bool live = split < ns;
   const int begin = live ? split * per : 0, end = live ? min(ctx, begin + per) : 0;
   const int32_t* table = a.tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
@@ -137,6 +143,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   }
   pdl_wait();
   pdl_trigger();
+  phase(st, 1);
 
   // q in registers, pre-scaled by scale * log2(e) so the softmax runs on exp2.
   float q[MG][EPL];
@@ -147,6 +154,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
     for (int e = 0; e < EPL; ++e)
       q[g][e] = g < G ? a.q[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + lane * EPL + e] * qs : 0.0f;
 
+  phase(st, 2);  // q loaded (the loads are used below: this is their issue, not their arrival)
   float m[MG], l[MG], acc[MG][EPL];
 #pragma unroll
   for (int g = 0; g < MG; ++g) {
@@ -198,6 +206,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
     }
   }
 
+  phase(st, 3);  // warp 0's keys done
   // Merge the warps: per head, the max of the warps' maxima, then their rescaled sums.
   __shared__ float sm_m[kAttnWarps][MG], sm_l[kAttnWarps][MG];
   __shared__ float sm_acc[kAttnWarps][MG][HD];
@@ -238,6 +247,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       ws_acc(a, gridDim.x, qi, h, split)[d] = A;
     }
   }
+  phase(st, 4);  // the split's result written (out, partials or shared memory)
   if (clustered) {
     // Every split's (max, sum, output) is in its CTA's shared memory: after the barrier, the
     // cluster's CTAs merge the group's outputs together (CTA r takes elements r x 128 + thread,
@@ -262,9 +272,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
       a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(A * inv);
     }
     cluster.sync();
+    if (qi == 0 && kvh == 0 && rank == 0 && a.stamps && threadIdx.x == 0) a.stamps[6] = gtimer();
+    phase(st, 5);
+    phase_leave(a.stamps);
     return;
   }
-  if (ns == 1 || !a.split_counters) return;
+  if (ns == 1 || !a.split_counters) {
+    phase(st, 5);
+    phase_leave(a.stamps);
+    return;
+  }
   // The last split CTA of this (row, KV head) merges the splits (their partials read from L2).
   __shared__ bool last;
   __threadfence();
@@ -272,10 +289,20 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   unsigned* counter = a.split_counters + static_cast<int64_t>(qi) * a.n_kv + kvh;
   if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(ns - 1);
   __syncthreads();
-  if (!last) return;
+  if (!last) {
+    phase(st, 5);
+    phase_leave(a.stamps);
+    return;
+  }
   __threadfence();
   merge_splits<HD>(a, gridDim.x, qi, kvh, G, ns);
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays)
+  if (a.stamps) {  // the phase trace: the merge of (row 0, KV head 0) done
+    __syncthreads();
+    if (qi == 0 && kvh == 0 && threadIdx.x == 0) a.stamps[6] = gtimer();
+  }
+  phase(st, 5);
+  phase_leave(a.stamps);
 }
 
 template <int HD>

@@ -101,6 +101,21 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The chain's phase trace (SS_CUDA_CHAIN_TRACE=1, benchmarking only): a kernel given a slot of
+// kChainPhases stamps writes %globaltimer at its phases from CTA 0's thread 0 (slot[0..6]), and every
+// CTA's thread 0 raises slot[7] to the time it leaves (the kernel's last CTA). Null: nothing.
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void phase(unsigned long long* slot, int i) {  // slot: CTA 0's, else null
+  if (slot && threadIdx.x == 0) slot[i] = gtimer();
+}
+__device__ __forceinline__ void phase_leave(unsigned long long* slot) {  // every CTA's, at its exit
+  if (slot && threadIdx.x == 0) atomicMax(slot + kChainPhases - 1, gtimer());
+}
+
 // Programmatic dependent launch: wait for the previous kernel in the stream (its writes visible),
 // then let the next one launch. No-ops when the kernel was not launched with the PDL attribute.
 __device__ __forceinline__ void pdl_wait() {

@@ -118,6 +118,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     pdl_trigger();
     return;
   }
+  unsigned long long* const st = blockIdx.x == 0 ? a.stamps : nullptr;  // the phase trace: CTA 0
+  phase(st, 0);
   constexpr bool kNorm = OP != Op::Add;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -187,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   }
   pdl_wait();
   pdl_trigger();
+  phase(st, 1);
 
   const uint16_t* x;
   if constexpr (kNorm) {
@@ -321,9 +324,11 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     }
   };
 
+  phase(st, 2);  // the norm's prologue done (the input staged)
   for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
+    const bool first_tile = tb == static_cast<int>(blockIdx.x) * TPC;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
       if constexpr (kPipe) {
@@ -340,6 +345,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
         }
       }
     }
+    if (first_tile) phase(st, 3);  // the first tile's products (warp 0's share)
     if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
       set_rows(tile + tstride);
       load(w, c_begin);
@@ -359,7 +365,10 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       }
       __syncthreads();
     }
+    if (first_tile) phase(st, 4);  // its reduction and epilogue
   }
+  phase(st, 5);
+  phase_leave(a.stamps);
 }
 
 struct Tuning {
@@ -391,6 +400,14 @@ const Tuning& tuning() {
     return r;
   }();
   return t;
+}
+
+// The phase-trace slot for the next launch (set_chain_slot), taken once.
+unsigned long long* g_chain_slot = nullptr;
+unsigned long long* take_chain_slot() {
+  unsigned long long* p = g_chain_slot;
+  g_chain_slot = nullptr;
+  return p;
 }
 
 template <Op OP>
@@ -433,6 +450,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   }
   a.S = S;
   a.empty = tuning().empty;
+  a.stamps = take_chain_slot();
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const bool pipe = !quant && (tuning().pipe == -1 ? (chunks + S - 1) / S > kU : tuning().pipe == 1);
@@ -467,6 +485,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
 }
 
 }  // namespace
+
+void set_chain_slot(unsigned long long* slot) { g_chain_slot = slot; }
 
 int device_sm_count() {
   static const int n = [] {

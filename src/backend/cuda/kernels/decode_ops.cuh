@@ -29,6 +29,7 @@ struct DecArgs {
   uint16_t* act;         // GateUp: [B][F]
   RopeKv rk;             // Qkv
   bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
+  unsigned long long* stamps;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
 };
 
 // Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,

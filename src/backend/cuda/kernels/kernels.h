@@ -155,6 +155,10 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
 // The current device's SM count, asked once per process (0 when there is no device).
 int device_sm_count();
+// Benchmarking only (SS_CUDA_CHAIN_TRACE=1): the next fused decode kernel launched (dec_*) stamps its
+// phases into this slot of kChainPhases words (common.cuh's phase()); taken by that one launch.
+constexpr int kChainPhases = 8;
+void set_chain_slot(unsigned long long* slot);
 
 // --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
 // Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
@@ -252,6 +256,7 @@ struct Attention {
   // merge as without it. Which path a row takes depends on its context length only.
   int cluster = 0;
   bool empty = false;  // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
+  unsigned long long* stamps = nullptr;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
 };
 int64_t attention_workspace_floats(int n_q, int n_heads, int hd, int max_splits);
 // Splits used for n_q rows on this many SMs: enough CTAs to cover the chip about twice.
