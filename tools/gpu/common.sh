@@ -1,4 +1,5 @@
-# Sourced by the GPU scripts (bench_scheduling.sh, bench_kv_tiers.sh, bench_serving.sh).
+# Sourced by the GPU scripts (bench_scheduling.sh, bench_kv_tiers.sh, bench_serving.sh, dec_checks.sh,
+# mega_checks.sh).
 # ss_model BIN DIR SHAPE: the path of DIR/SHAPE-bf16.gguf, written first by `selfserve synth` (random
 # weights of that real shape, seed 1) when absent.
 ss_model() {
@@ -19,3 +20,9 @@ ss_wait_healthy() {
   done
   return 1
 }
+# ss_limits OUT LIMIT_S: a device script's progress file (OUT/progress) and time limit, from now.
+# stage MSG: MSG stamped with the clock and the seconds since, printed and appended to the progress;
+# want EST NAME: true when EST more seconds end inside the limit, else says NAME is skipped.
+ss_limits() { SS_OUT=$1 SS_LIMIT=$2 SS_T0=$(date +%s); mkdir -p "$SS_OUT"; }
+stage() { echo "$(date +%T) [+$(($(date +%s) - SS_T0))s] $*" | tee -a "$SS_OUT/progress"; }
+want() { [ $(($(date +%s) - SS_T0 + $1)) -le "$SS_LIMIT" ] && return 0; stage "skipped (time): $2"; return 1; }

@@ -13,12 +13,9 @@
 # Results in $OUT (progress, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/gpu/common.sh
 OUT=${OUT:-$PWD/out-gpu}
-mkdir -p "$OUT"
-T0=$(date +%s)
-stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
-LIMIT_S=${LIMIT_S:-330}
-want() { [ $(($(date +%s) - T0 + $1)) -le "$LIMIT_S" ] && return 0; stage "skipped (time): $2"; return 1; }
+ss_limits "$OUT" "${LIMIT_S:-330}"
 VARIANTS=${VARIANTS:-"base: pipe:SS_CUDA_DEC=4,2,1"}
 SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
 BATCHES=${BATCHES:-1,8}

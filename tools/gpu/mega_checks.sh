@@ -6,13 +6,10 @@
 # launch. Results in $OUT (progress, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/gpu/common.sh
 OUT=${OUT:-$PWD/out-gpu}
-mkdir -p "$OUT"
-T0=$(date +%s)
-stage() { echo "$(date +%T) [+$(($(date +%s) - T0))s] $*" | tee -a "$OUT/progress"; }
 # LIMIT_S (default 300): want EST skips a step that would end past it (says so).
-LIMIT_S=${LIMIT_S:-300}
-want() { [ $(($(date +%s) - T0 + $1)) -le "$LIMIT_S" ] && return 0; stage "skipped (time): $2"; return 1; }
+ss_limits "$OUT" "${LIMIT_S:-300}"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
 tools/gpu/build_on_device.sh selfserve test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
 stage build
