@@ -3,7 +3,10 @@
 // of the group (GQA). Inside a CTA each warp walks its own keys (one key per step: a lane holds hd/32
 // consecutive dims of q for each head and of the key), keeps an online softmax per head in
 // registers, and the warps merge through shared memory. Long contexts are split across CTAs
-// (flash-decoding): each split writes (max, sum, unnormalised output) and attn_combine_k merges them.
+// (flash-decoding): each split writes (max, sum, unnormalised output), and the splits are merged by
+// attn_combine_k, or in place by the last split CTA (split_counters, a ticket), or, for a row whose
+// live splits fit one thread-block cluster (Attention::cluster; the fused decode at batch 1), through
+// the cluster's distributed shared memory. The three merges do the same arithmetic in split order.
 #include <cooperative_groups.h>
 #include <string>
 

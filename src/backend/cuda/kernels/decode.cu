@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   // One round: kU chunks of the tile from the round's registers r, starting at chunk c0.
   auto mma_round = [&](const Round<F, kU>& r, int c0, float (&c)[4]) {
-  #pragma unroll
+#pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (c0 + u >= c_end) break;
       const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           // 128 + q as bf16 (0x4300 | q), then minus 136 (Q4_0: q - 8) or 128 (Q4_1: q), exactly.
           const uint32_t off = F == WFormat::Q4_0 ? 0x43084308u : 0x43004300u;
           const uint32_t wa32 = word_at(r.a[u / 4], u % 4), wb32 = word_at(r.b[u / 4], u % 4);
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < 4; ++i) {
             pa4[i] = bf2_sub(((wa32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
             pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           // same mmas with the other lanes' weights zeroed; d * sc in fp32, as GGUF's value.
           const bool lo = t < 2;
           uint32_t z0[4], z1[4], y0[4], y1[4];
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < 4; ++i) z0[i] = lo ? pa4[i] : 0u, y0[i] = lo ? pb4[i] : 0u, z1[i] = lo ? 0u : pa4[i], y1[i] = lo ? 0u : pb4[i];
           float p0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, p1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           mma_bf16(p0, z0[0], y0[0], z0[1], y0[1], xv.x, xv.y);
@@ -391,7 +391,7 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC")) {  // <kU>,<ctas>[,<pipe 0|1>]
       int u = 0, c = 0, p = 0;
       const int n = std::sscanf(e, "%d,%d,%d", &u, &c, &p);
-      if (n >= 2 && (u == 4 || u == 8) && c >= 1 && c <= 8 && (p == 0 || (u == 4 && c <= 2)))
+      if (n >= 2 && (u == 4 || u == 8) && c >= 1 && c <= 8 && (p == 0 || (p == 1 && u == 4 && c <= 2)))
         r.u = u, r.ctas = c, r.pipe = p;
       else
         std::fprintf(stderr, "selfserve: SS_CUDA_DEC=%s ignored (want kU 4|8, CTAs 1..8, pipe only with kU 4 "
