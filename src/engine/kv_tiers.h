@@ -18,8 +18,10 @@
 // that is not written takes its queued and written descendants with it (they could never be
 // found past it). A queued write holds the block's bytes in the arena (the host entry's own,
 // or, without a host tier, an arena as big as the write queue's bound) and is found and restored
-// from there until its file is in. Bytes are the backend's own (Backend::read_kv_block): restored
-// K/V are bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader
+// from there until its file is in. Bytes are the backend's own (Backend::read_kv_blocks): restored
+// K/V are bit-identical. The blocks that leave the pool together (one allocation's evictions, one
+// step's TTL expiries) are demoted as one batch, their reads into plain arena chunks one batched
+// read (on a GPU every block's DMA issued, then one wait). Restores are asynchronous: load_async hands a run of blocks to a loader
 // thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
 // the engine steps other sequences; the engine thread then copies the ready blocks into the pool
 // between steps, all of a step's in one batched copy (apply_loads, Backend::write_kv_blocks: on a GPU
