@@ -476,6 +476,119 @@ TEST(KvTiers, NoArenaRoomInABatchDropsOnlyThoseBlocks) {
   }
 }
 
+// Random batches (chains and roots, blocks demoted again, failing reads, a small arena that the
+// batches overflow; host, host + disk, zstd) give after every batch what demoting the same blocks
+// one at a time gives. The writer finishes between batches, so both runs see the same disk.
+// Failing reads only where the arena holds every block: with a full arena a failed block's chunk
+// comes back at its batch's end, not before the next block's is taken (kv_tiers.h), so a batch
+// may push out one more older host entry than one-by-one demotion does.
+TEST(KvTiers, RandomBatchesMatchOneByOneDemotion) {
+  FakeBackend probe(1, 16, kVocab);
+  const int64_t bb = probe.kv_block_bytes();
+  int64_t pushed_out = 0, failed = 0, written = 0, behind = 0;  // what the seeds covered
+  for (int seed = 0; seed < 24; ++seed) {
+    const ScopedDir d1("rnd1"), d2("rnd2");
+    std::mt19937 g(static_cast<uint32_t>(1000 + seed));
+    const int kind = seed % 3;  // host / host + disk / zstd host + disk
+    const int n = 24;
+    const bool with_fails = seed % 2 == 1;
+    const int64_t host = bb * static_cast<int64_t>(with_fails ? n : 3 + g() % 10);
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<CachedBlock> blocks;
+    for (int b = 0; b < n; ++b) toks.push_back(random_tokens(g, 16, kVocab));
+    for (int b = 0; b < n; ++b) {  // a few chains: a block's parent is the one before it, or a root
+      const BlockHash p = b == 0 || g() % 4 == 0 ? kRootBlockHash : blocks.back().hash;
+      blocks.push_back(CachedBlock{b, hash_block(p, toks[static_cast<size_t>(b)]), p, toks[static_cast<size_t>(b)]});
+    }
+    std::vector<std::vector<int>> batches;
+    std::vector<std::set<int32_t>> fails;
+    for (int k = 0; k < 8; ++k) {
+      std::vector<int> order(static_cast<size_t>(n));
+      for (int b = 0; b < n; ++b) order[static_cast<size_t>(b)] = b;
+      std::shuffle(order.begin(), order.end(), g);
+      order.resize(1 + g() % 10);
+      if (g() % 2) std::sort(order.begin(), order.end());  // parents first, as a chain leaves
+      batches.push_back(order);
+      std::set<int32_t> f;
+      if (with_fails && g() % 3 == 0) f.insert(order[g() % order.size()]);
+      fails.push_back(f);
+    }
+    struct Snap {
+      KvTierStats st;
+      std::vector<KvTiers::Where> where;
+      std::vector<char> exact;
+    };
+    const auto run = [&](bool batched, const std::string& dir) {
+      FakeBackend be(2 * n, 16, kVocab);
+      std::mt19937 gb(7);
+      std::vector<std::vector<uint8_t>> bytes(static_cast<size_t>(n), std::vector<uint8_t>(static_cast<size_t>(bb)));
+      for (int b = 0; b < n; ++b) {
+        for (auto& x : bytes[static_cast<size_t>(b)]) x = static_cast<uint8_t>(gb() % 4);  // compressible
+        EXPECT_TRUE(be.write_kv_block(b, bytes[static_cast<size_t>(b)]).ok());
+      }
+      KvTierConfig tc = kind == 0 ? host_config(host) : disk_config(dir, host);
+      tc.host_compress = kind == 2;
+      auto t = KvTiers::create(tc, be);
+      EXPECT_TRUE(t.ok()) << t.message();
+      std::vector<Snap> snaps;
+      std::vector<CachedBlock> batch;
+      std::vector<uint8_t> back(static_cast<size_t>(bb));
+      for (size_t k = 0; k < batches.size(); ++k) {
+        batch.clear();
+        for (int b : batches[k]) batch.push_back(blocks[static_cast<size_t>(b)]);
+        be.fail_reads = fails[k];
+        const auto why = k % 2 ? KvTiers::Why::Idle : KvTiers::Why::Evicted;
+        if (batched) {
+          (*t)->demote(batch, why);
+        } else {
+          for (const CachedBlock& c : batch) (*t)->demote(c.block, c.hash, c.parent, c.tokens, why);
+        }
+        be.fail_reads.clear();
+        (*t)->wait_for_writes();
+        Snap sn;
+        sn.st = (*t)->stats();
+        for (const CachedBlock& c : blocks) sn.where.push_back((*t)->find(c.hash, c.parent, c.tokens));
+        snaps.push_back(std::move(sn));
+      }
+      // Last: everything still kept comes back bit-identical (restores promote, so only now).
+      for (int b = 0; b < n; ++b) {
+        const CachedBlock& c = blocks[static_cast<size_t>(b)];
+        const bool ok = snaps.back().where[static_cast<size_t>(b)] != KvTiers::Where::None &&
+                        (*t)->restore(c.hash, c.parent, c.tokens, n + b) && be.read_kv_block(n + b, back).ok() &&
+                        back == bytes[static_cast<size_t>(b)];
+        snaps.back().exact.push_back(ok);
+      }
+      return snaps;
+    };
+    const auto one = run(false, d1.path), all = run(true, d2.path);
+    ASSERT_EQ(one.size(), all.size());
+    for (size_t k = 0; k < one.size(); ++k) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " batch " + std::to_string(k));
+      EXPECT_EQ(all[k].st.demoted_evicted, one[k].st.demoted_evicted);
+      EXPECT_EQ(all[k].st.demoted_idle, one[k].st.demoted_idle);
+      EXPECT_EQ(all[k].st.demote_no_room, one[k].st.demote_no_room);
+      EXPECT_EQ(all[k].st.host_blocks, one[k].st.host_blocks);
+      EXPECT_EQ(all[k].st.host_used_bytes, one[k].st.host_used_bytes);
+      EXPECT_EQ(all[k].st.host_dropped, one[k].st.host_dropped);
+      EXPECT_EQ(all[k].st.disk_writes, one[k].st.disk_writes);
+      EXPECT_EQ(all[k].st.disk_blocks, one[k].st.disk_blocks);
+      EXPECT_EQ(all[k].st.disk_behind_dropped, one[k].st.disk_behind_dropped);
+      EXPECT_EQ(all[k].where, one[k].where);
+    }
+    EXPECT_EQ(all.back().exact, one.back().exact);
+    for (size_t b = 0; b < all.back().exact.size(); ++b)
+      EXPECT_EQ(all.back().exact[b], all.back().where[b] != KvTiers::Where::None) << "block " << b;
+    pushed_out += all.back().st.host_dropped;
+    written += all.back().st.disk_writes;
+    behind += all.back().st.disk_behind_dropped;
+    for (const auto& f : fails) failed += static_cast<int64_t>(f.size());
+  }
+  EXPECT_GT(pushed_out, 0);
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(written, 0);
+  EXPECT_GT(behind, 0);
+}
+
 // The disk tier survives a restart: a new engine on a blank backend hits the old prefix.
 TEST(KvTiers, DiskTierKeepsPrefixHitsAcrossRestart) {
   std::mt19937 g(9);
