@@ -21,8 +21,8 @@
 // from there until its file is in. Bytes are the backend's own (Backend::read_kv_blocks): restored
 // K/V are bit-identical. The blocks that leave the pool together (one allocation's evictions, one
 // step's TTL expiries) are demoted as one batch, their reads into plain arena chunks one batched
-// read (on a GPU every block's DMA issued, then one wait). Restores are asynchronous: load_async hands a run of blocks to a loader
-// thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
+// read (on a GPU every block's DMA issued, then one wait). Restores are asynchronous: load_async
+// hands a run of blocks to a loader thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
 // the engine steps other sequences; the engine thread then copies the ready blocks into the pool
 // between steps, all of a step's in one batched copy (apply_loads, Backend::write_kv_blocks: on a GPU
 // every block's DMA issued, then one wait). Engine-thread only, except the writer and loader threads
@@ -256,7 +256,7 @@ class KvTiers {
   // A demotion of demote(span) whose read and what follows it wait for the batch's end (flush).
   struct PendingDemotion {
     enum Kind : uint8_t {
-      Refresh,  // kept in the host tier and on disk: only fresher now (counted)
+      Refresh,  // kept in the host tier, no disk write needed: only fresher now (counted)
       Share,    // kept in the host tier, not on disk: the write shares the host entry's bytes
       Read,     // read into data's chunk at the flush, then into the tiers
       Copied,   // read (and compressed) already: into the tiers
