@@ -23,10 +23,10 @@
 // step's TTL expiries) are demoted as one batch, their reads into plain arena chunks one batched
 // read (on a GPU every block's DMA issued, then one wait). Restores are asynchronous: load_async
 // hands a run of blocks to a loader thread, which reads them (disk: read and checksum; zstd:
-// decompress) into staging memory while the engine steps other sequences; the engine thread then copies the ready blocks into the pool
-// between steps, all of a step's in one batched copy (apply_loads, Backend::write_kv_blocks: on a GPU
-// every block's DMA issued, then one wait). Engine-thread only, except the writer and loader threads
-// inside.
+// decompress) into staging memory while the engine steps other sequences; the engine thread then
+// copies the ready blocks into the pool between steps, all of a step's in one batched copy
+// (apply_loads, Backend::write_kv_blocks: on a GPU every block's DMA issued, then one wait).
+// Engine-thread only, except the writer and loader threads inside.
 #pragma once
 #include <chrono>
 #include <condition_variable>
