@@ -19,6 +19,7 @@ BlockPool::BlockPool(int num_blocks, int block_size)
       tokens_(static_cast<size_t>(num_blocks) * block_size, -1),
       idle_since_(num_blocks) {
   index_.reserve(num_blocks);
+  evicted_.reserve(static_cast<size_t>(num_blocks));
   for (BlockId b = 0; b < num_blocks; ++b) push_back(blank_, kBlank, b);
 }
 
@@ -45,15 +46,22 @@ BlockId BlockPool::pop_front(List& l) {
   return b;
 }
 
-void BlockPool::evict(BlockId b, bool idle) {
+void BlockPool::evict(BlockId b) {
   if (!cached_[b]) return;
-  if (on_evict_)
-    on_evict_(b, hash_[b], parent_[b],
-              std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(b) * block_size_, block_size_), idle);
+  if (on_evict_)  // its tokens stay in tokens_ until the block is published again
+    evicted_.push_back(CachedBlock{b, hash_[b], parent_[b],
+                                   std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(b) * block_size_, block_size_)});
   auto it = index_.find(hash_[b]);
   if (it != index_.end() && it->second == b) index_.erase(it);
   cached_[b] = 0;
   ++evictions_;
+}
+
+void BlockPool::report_evicted(bool idle) {
+  if (evicted_.empty()) return;
+  // Before the blocks are handed out: allocate() returns them, expire_idle() leaves them blank.
+  if (on_evict_) on_evict_(std::span<const CachedBlock>(evicted_), idle);
+  evicted_.clear();
 }
 
 bool BlockPool::allocate(int n, std::vector<BlockId>& out) {
@@ -62,11 +70,12 @@ bool BlockPool::allocate(int n, std::vector<BlockId>& out) {
     BlockId b = pop_front(blank_);
     if (b < 0) {
       b = pop_front(lru_);
-      evict(b, false);
+      evict(b);
     }
     ref_[b] = 1;
     out.push_back(b);
   }
+  report_evicted(false);
   return true;
 }
 
@@ -90,10 +99,11 @@ int BlockPool::expire_idle(TimePoint cutoff, int max_blocks) {
   // The LRU list is in the order blocks became evictable, so the expired ones lead it.
   while (n < max_blocks && lru_.head >= 0 && idle_since_[lru_.head] < cutoff) {
     const BlockId b = pop_front(lru_);
-    evict(b, true);
+    evict(b);
     push_back(blank_, kBlank, b);
     ++n;
   }
+  report_evicted(true);
   return n;
 }
 

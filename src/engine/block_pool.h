@@ -18,6 +18,14 @@ namespace ss::engine {
 using BlockId = int32_t;
 using BlockHash = uint64_t;
 
+// A cached block leaving the pool (or copied out at shutdown): its id, while its K/V is intact,
+// and the content that names it. tokens point into the pool (valid until the block is reused).
+struct CachedBlock {
+  BlockId block;
+  BlockHash hash, parent;
+  std::span<const int32_t> tokens;
+};
+
 class BlockPool {
  public:
   BlockPool(int num_blocks, int block_size);
@@ -51,9 +59,10 @@ class BlockPool {
 
   // Lower tiers (kv_tiers.h). The hook sees every cached block leaving the index while its K/V is
   // still intact (before the block is handed out again): `idle` tells a TTL expiry from an
-  // eviction for room.
+  // eviction for room. The blocks one allocate() or expire_idle() evicts come in one call, in the
+  // order they left (the least recently used first), so the tiers can copy them out together.
   using TimePoint = std::chrono::steady_clock::time_point;
-  using EvictHook = std::function<void(BlockId, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, bool idle)>;
+  using EvictHook = std::function<void(std::span<const CachedBlock> blocks, bool idle)>;
   void set_evict_hook(EvictHook hook) { on_evict_ = std::move(hook); }
   // The time unref() stamps on a block that becomes evictable (the executor's clock, per step).
   void set_now(TimePoint now) { now_ = now; }
@@ -75,7 +84,8 @@ class BlockPool {
   void push_back(List& l, uint8_t tag, BlockId b);
   void remove(List& l, BlockId b);
   BlockId pop_front(List& l);
-  void evict(BlockId b, bool idle);
+  void evict(BlockId b);               // out of the index; noted in evicted_ for the hook
+  void report_evicted(bool idle);      // the hook, once, with evicted_ (then cleared)
 
   int num_blocks_, block_size_;
   std::vector<int32_t> ref_;
@@ -90,6 +100,7 @@ class BlockPool {
   std::vector<TimePoint> idle_since_;
   TimePoint now_{};
   EvictHook on_evict_;
+  std::vector<CachedBlock> evicted_;  // capacity num_blocks from the start
 };
 
 }  // namespace ss::engine

@@ -176,8 +176,9 @@ void KvCacheManager::set_tiers(KvTiers* tiers) {
     pool_.set_evict_hook({});
     return;
   }
-  pool_.set_evict_hook([t = tiers_](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks, bool idle) {
-    t->demote(b, h, p, toks, idle ? KvTiers::Why::Idle : KvTiers::Why::Evicted);
+  // One call per allocate() / expire_idle(): the blocks that need reading are read in one batch.
+  pool_.set_evict_hook([t = tiers_](std::span<const CachedBlock> blocks, bool idle) {
+    t->demote(blocks, idle ? KvTiers::Why::Idle : KvTiers::Why::Evicted);
   });
 }
 
@@ -196,9 +197,18 @@ int KvCacheManager::expire_idle(std::chrono::steady_clock::time_point now, int m
 
 void KvCacheManager::demote_all_cached() {
   if (!tiers_) return;
+  // In batches, so the writer gets to work while the rest are read.
+  constexpr size_t kBatch = 64;
+  std::vector<CachedBlock> batch;
+  batch.reserve(kBatch);
   pool_.for_each_cached([&](BlockId b, BlockHash h, BlockHash p, std::span<const int32_t> toks) {
-    tiers_->demote(b, h, p, toks, KvTiers::Why::Shutdown);
+    batch.push_back(CachedBlock{b, h, p, toks});
+    if (batch.size() == kBatch) {
+      tiers_->demote(batch, KvTiers::Why::Shutdown);
+      batch.clear();
+    }
   });
+  if (!batch.empty()) tiers_->demote(batch, KvTiers::Why::Shutdown);
 }
 
 int KvCacheManager::fit_tokens(const SeqBlocks& seq, int num_computed, std::span<const BlockId> hits) const {

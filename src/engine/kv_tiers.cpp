@@ -541,50 +541,154 @@ void KvTiers::host_insert_copy(BlockHash hash, BlockHash parent, std::span<const
   host_adopt(hash, parent, tokens, std::move(a));
 }
 
+void KvTiers::count_demoted(Why why) {
+  if (why == Why::Idle) ++st_.demoted_idle;
+  else if (why == Why::Evicted) ++st_.demoted_evicted;
+}
+
 void KvTiers::demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why) {
-  const auto count = [&] {  // under mu_
-    if (why == Why::Idle) ++st_.demoted_idle;
-    else if (why == Why::Evicted) ++st_.demoted_evicted;
-  };
+  const CachedBlock one{b, hash, parent, tokens};
+  demote(std::span<const CachedBlock>(&one, 1), why);
+}
+
+// Each block's steps are the single demotion's, split at its read: what comes before the read
+// runs now, the read and what follows it at the flush, in order. A block joins the pending ones
+// only where it sees what it would have seen with them done (else they are flushed first and it
+// begins again): its disk queue room is there with theirs taken (so no room-making, which could
+// drop chains they would have joined, runs before they are queued), and its chunk is there
+// without pushing out host entries they would have refreshed or added (theirs are held until the
+// flush, so arena_alloc cannot take them and fails instead). A pending block's parent_kept is
+// read at its flush, after the blocks before it were queued, as it would have been read then.
+void KvTiers::demote(std::span<const CachedBlock> blocks, Why why) {
   const bool disk_on = !cfg_.disk_dir.empty();
-  const auto hit = host_.find(hash);
-  bool need_disk = false, parent_kept = false;
-  if (disk_on) {
-    std::lock_guard<std::mutex> lk(mu_);
-    need_disk = !st_.disk_writes_stopped && !disk_.count(hash) && !pending_.count(hash);
-    parent_kept = pending_.count(parent) || disk_.count(parent);
-  }
-  if (hit != host_.end() && !need_disk) {  // already kept: only fresher now
-    host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
-    std::lock_guard<std::mutex> lk(mu_);
-    count();
-    return;
-  }
-  if (cfg_.host_bytes <= 0 && !need_disk) return;
-  std::shared_ptr<const ArenaBytes> data;
-  if (hit != host_.end()) {  // kept, not yet on disk: the write shares the host entry's bytes
-    host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
-    data = hit->second.data;
-  } else {
-    // A shutdown copy may wait for the writer to free room; a demotion between steps never waits.
-    if (need_disk && why != Why::Shutdown) {  // room in the queue first: without a host tier its bytes are the arena's
+  const int64_t plain_need = arena_ ? (block_bytes_ + arena_->chunk_bytes() - 1) / arena_->chunk_bytes() * arena_->chunk_bytes()
+                                    : block_bytes_;
+  demoting_.clear();
+  int64_t reserved = 0;  // the disk queue bytes the pending blocks will take
+  const auto flush = [&] {
+    flush_demotions(why);
+    reserved = 0;
+  };
+  for (size_t i = 0; i < blocks.size();) {
+    const CachedBlock& d = blocks[i];
+    const bool first = demoting_.empty();
+    const auto hit = host_.find(d.hash);
+    bool need_disk = false, parent_kept = false;
+    int64_t queued = 0;
+    if (disk_on) {
       std::lock_guard<std::mutex> lk(mu_);
-      make_queue_room_locked(block_bytes_, parent);
+      need_disk = !st_.disk_writes_stopped && !disk_.count(d.hash) && !pending_.count(d.hash);
+      parent_kept = pending_.count(d.parent) || disk_.count(d.parent);
+      queued = queued_bytes_;
     }
-    data = read_block(b, why == Why::Shutdown);
-    if (!data) {
-      if (need_disk) {  // not read (no arena room): not written, nor anything below it in its chain
+    if (hit != host_.end() && !need_disk) {  // already kept: only fresher now
+      demoting_.push_back({PendingDemotion::Refresh, &d, false, false, first, hit->second.data});
+      ++i;
+      continue;
+    }
+    if (cfg_.host_bytes <= 0 && !need_disk) {
+      ++i;
+      continue;
+    }
+    const int64_t need = hit != host_.end() ? hit->second.data->held_bytes() : plain_need;
+    if (need_disk && !first && queued + reserved + need > queue_bound_) {  // room-making would run: flush first
+      flush();
+      continue;
+    }
+    if (hit != host_.end()) {  // kept, not yet on disk: the write shares the host entry's bytes
+      demoting_.push_back({PendingDemotion::Share, &d, need_disk, parent_kept, first, hit->second.data});
+      reserved += need;
+      ++i;
+      continue;
+    }
+    if (cfg_.host_compress) {  // read and compressed now, as the single demotion did: nothing pending before it
+      if (!first) {
+        flush();
+        continue;
+      }
+      if (need_disk && why != Why::Shutdown) {  // room in the queue first (as below)
         std::lock_guard<std::mutex> lk(mu_);
-        drop_chain_locked(hash);
+        make_queue_room_locked(block_bytes_, d.parent);
+      }
+      std::shared_ptr<const ArenaBytes> data = read_block(d.block, why == Why::Shutdown);
+      ++i;
+      if (!data) {
+        if (need_disk) {  // not read (no arena room): not written, nor anything below it in its chain
+          std::lock_guard<std::mutex> lk(mu_);
+          drop_chain_locked(d.hash);
+          ++st_.disk_behind_dropped;
+        }
+        continue;
+      }
+      demoting_.push_back({PendingDemotion::Copied, &d, need_disk, parent_kept, true, std::move(data)});
+      flush();
+      continue;
+    }
+    std::shared_ptr<ArenaBytes> a;
+    if (first) {
+      // A shutdown copy may wait for the writer to free room; a demotion between steps never waits.
+      if (need_disk && why != Why::Shutdown) {  // room in the queue first: without a host tier its bytes are the arena's
+        std::lock_guard<std::mutex> lk(mu_);
+        make_queue_room_locked(block_bytes_, d.parent);
+      }
+      a = arena_alloc(block_bytes_, false, why == Why::Shutdown);
+      if (!a) {
+        std::lock_guard<std::mutex> lk(mu_);
+        ++st_.demote_no_room;
+        if (need_disk) {  // not read (no arena room): not written, nor anything below it in its chain
+          drop_chain_locked(d.hash);
+          ++st_.disk_behind_dropped;
+        }
+        ++i;
+        continue;
+      }
+    } else if (a = arena_alloc(block_bytes_, false, false); !a) {  // room only once the pending ones are in
+      flush();
+      continue;
+    }
+    demoting_.push_back({PendingDemotion::Read, &d, need_disk, parent_kept, first, std::move(a)});
+    if (need_disk) reserved += need;
+    ++i;
+  }
+  flush_demotions(why);
+}
+
+void KvTiers::flush_demotions(Why why) {
+  // Every block that goes straight into its chunk, in one copy (a GPU: every DMA issued, one wait).
+  reads_.clear();
+  for (const PendingDemotion& p : demoting_)
+    if (p.kind == PendingDemotion::Read) reads_.push_back(backend::KvBlockOut{p.blk->block, p.data->piece(0)});
+  read_ok_.assign(reads_.size(), 1);
+  if (!reads_.empty() && !be_.read_kv_blocks(reads_).ok())  // which failed? each alone: only those are dropped
+    for (size_t r = 0; r < reads_.size(); ++r) read_ok_[r] = be_.read_kv_block(reads_[r].block, reads_[r].bytes).ok();
+  size_t r = 0;
+  for (PendingDemotion& p : demoting_) {
+    const CachedBlock& d = *p.blk;
+    if (p.kind == PendingDemotion::Read && !read_ok_[r++]) {
+      p.data.reset();  // the block is then only dropped
+      if (p.need_disk) {  // not read: not written, nor anything below it in its chain
+        std::lock_guard<std::mutex> lk(mu_);
+        drop_chain_locked(d.hash);
         ++st_.disk_behind_dropped;
       }
-      return;
+      continue;
     }
-    host_adopt(hash, parent, tokens, data);
+    if (p.kind == PendingDemotion::Refresh || p.kind == PendingDemotion::Share) {
+      const auto hit = host_.find(d.hash);  // still there: its bytes were held, so nothing pushed it out
+      host_lru_.splice(host_lru_.end(), host_lru_, hit->second.lru);
+    } else {
+      host_adopt(d.hash, d.parent, d.tokens, p.data);
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    count_demoted(why);
+    if (p.need_disk) {
+      // A block that began after others: its parent as it stands now, once the blocks before it
+      // were queued (when it would have begun); nothing made queue room since.
+      const bool parent_kept = p.first ? p.parent_kept : pending_.count(d.parent) || disk_.count(d.parent);
+      queue_locked(d.hash, d.parent, parent_kept, d.tokens, std::move(p.data), why, lk);
+    }
   }
-  std::unique_lock<std::mutex> lk(mu_);
-  count();
-  if (need_disk) queue_locked(hash, parent, parent_kept, tokens, std::move(data), why, lk);
+  demoting_.clear();
 }
 
 void KvTiers::queue_locked(BlockHash hash, BlockHash parent, bool parent_kept, std::span<const int32_t> tokens,

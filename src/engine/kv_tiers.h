@@ -18,13 +18,15 @@
 // that is not written takes its queued and written descendants with it (they could never be
 // found past it). A queued write holds the block's bytes in the arena (the host entry's own,
 // or, without a host tier, an arena as big as the write queue's bound) and is found and restored
-// from there until its file is in. Bytes are the backend's own (Backend::read_kv_block): restored
-// K/V are bit-identical. Restores are asynchronous: load_async hands a run of blocks to a loader
-// thread, which reads them (disk: read and checksum; zstd: decompress) into staging memory while
-// the engine steps other sequences; the engine thread then copies the ready blocks into the pool
-// between steps, all of a step's in one batched copy (apply_loads, Backend::write_kv_blocks: on a GPU
-// every block's DMA issued, then one wait). Engine-thread only, except the writer and loader threads
-// inside.
+// from there until its file is in. Bytes are the backend's own (Backend::read_kv_blocks): restored
+// K/V are bit-identical. The blocks that leave the pool together (one allocation's evictions, one
+// step's TTL expiries) are demoted as one batch, their reads into plain arena chunks one batched
+// read (on a GPU every block's DMA issued, then one wait). Restores are asynchronous: load_async
+// hands a run of blocks to a loader thread, which reads them (disk: read and checksum; zstd:
+// decompress) into staging memory while the engine steps other sequences; the engine thread then
+// copies the ready blocks into the pool between steps, all of a step's in one batched copy
+// (apply_loads, Backend::write_kv_blocks: on a GPU every block's DMA issued, then one wait).
+// Engine-thread only, except the writer and loader threads inside.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -123,8 +125,22 @@ class KvTiers {
   // Why a block is demoted: the pool needed its room, it idled past the TTL, or the engine is
   // shutting down (a copy for the disk tier; not counted as a demotion).
   enum class Why { Evicted, Idle, Shutdown };
-  // Copies pool block b (full, holding this content) into the tiers.
+  // Copies pool block b (full, holding this content) into the tiers (a batch of one).
   void demote(BlockId b, BlockHash hash, BlockHash parent, std::span<const int32_t> tokens, Why why);
+  // Copies many pool blocks into the tiers, in order, with what demote() on each in turn would do
+  // (counts, host LRU order, the disk queue and its chain rules, a block with no arena room or a
+  // failed read dropped alone), except that the blocks read straight into arena chunks (a plain
+  // host tier, or the disk write queue's arena) are read with one Backend::read_kv_blocks call
+  // (on a GPU every block's DMA issued, then one wait) instead of one call each. A batch is cut
+  // (the blocks so far read and put in the tiers, then the rest go on) where its next block would
+  // otherwise see a different state: its chunk needs room that only putting the earlier blocks in
+  // would make (host entries to push out, queued writes to drop), or the disk queue lacks room
+  // for it. Compressed (zstd) demotions are read and compressed one at a time, as before. If the
+  // batched read fails, each block is read again alone, so only the failing ones are dropped.
+  // One difference: a block whose read fails gives its chunk back when its batch ends, not
+  // before the next block's chunk is taken (with the arena full, that next block may push out
+  // one more host entry than demote() one by one would have).
+  void demote(std::span<const CachedBlock> blocks, Why why);
   Where find(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens) const;
   // How many idle blocks may be demoted now without the disk write queue going past its bound
   // (INT_MAX without a disk tier or once writes stopped). The rest stay in the pool, findable.
@@ -237,6 +253,22 @@ class KvTiers {
   bool host_drop_one();
   // Pool block b's K/V into the arena (compressed with host_compress); null if no room or no read.
   std::shared_ptr<const ArenaBytes> read_block(BlockId b, bool may_wait);
+  // A demotion of demote(span) whose read and what follows it wait for the batch's end (flush).
+  struct PendingDemotion {
+    enum Kind : uint8_t {
+      Refresh,  // kept in the host tier, no disk write needed: only fresher now (counted)
+      Share,    // kept in the host tier, not on disk: the write shares the host entry's bytes
+      Read,     // read into data's chunk at the flush, then into the tiers
+      Copied,   // read (and compressed) already: into the tiers
+    } kind;
+    const CachedBlock* blk;
+    bool need_disk, parent_kept, first;  // first: nothing was pending when it began
+    std::shared_ptr<const ArenaBytes> data;  // held: no arena_alloc pushes it out meanwhile
+  };
+  // The pending demotions: the Read ones' blocks in one read_kv_blocks call, then each, in order,
+  // into the host tier and the disk queue (the single demote's steps after its read).
+  void flush_demotions(Why why);
+  void count_demoted(Why why);  // under mu_
   void host_adopt(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
                   std::shared_ptr<const ArenaBytes> data);
   void host_insert_copy(BlockHash hash, BlockHash parent, std::span<const int32_t> tokens,
@@ -295,6 +327,9 @@ class KvTiers {
   int64_t staging_bytes_ = 0, load_failures_ = 0;
   std::function<void(BlockHash)> load_hook_;
   std::thread loader_;
+  std::vector<PendingDemotion> demoting_;     // demote(span)'s batch (engine thread; capacity kept)
+  std::vector<backend::KvBlockOut> reads_;    // its blocks' batched read
+  std::vector<char> read_ok_;
   std::vector<backend::KvBlockIn> copies_;  // apply_loads' batch (engine thread; capacity kept)
   std::vector<int> copy_of_;
   double copy_rate_ = 0;

@@ -87,6 +87,7 @@ class FakeBackend : public backend::Backend {
   Status read_kv_block(int32_t block, std::span<uint8_t> out) override {
     if (block < 0 || block >= kv_.num_blocks || static_cast<int64_t>(out.size()) != kv_block_bytes())
       return make_error("read_kv_block: bad block or size");
+    if (fail_reads.count(block)) return make_error("read_kv_block: failing block " + std::to_string(block));
     std::memcpy(out.data(), cache_.data() + static_cast<size_t>(block) * kv_.block_size, out.size());
     ++blocks_read;
     return {};
@@ -105,6 +106,13 @@ class FakeBackend : public backend::Backend {
     return Backend::write_kv_blocks(blocks);
   }
   std::vector<int> write_batches;
+  // Batched reads (the tiers' demotions): the size of each call, in order.
+  Status read_kv_blocks(std::span<const backend::KvBlockOut> blocks) override {
+    read_batches.push_back(static_cast<int>(blocks.size()));
+    return Backend::read_kv_blocks(blocks);
+  }
+  std::vector<int> read_batches;
+  std::set<int32_t> fail_reads;  // blocks whose reads fail (a device error standing in)
 
   // Limits every batch must respect (0: unchecked).
   int max_tokens = 0, max_seqs = 0;

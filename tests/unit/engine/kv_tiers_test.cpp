@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "engine/kv_cache_manager.h"
@@ -289,9 +291,12 @@ TEST(KvTiers, IdleDemotionsAreSpreadOverStepsWhileStreamsRun) {
   ASSERT_TRUE(e->step().ok());  // b is running
   clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
   std::vector<int64_t> per_step;
+  std::vector<std::vector<int>> reads_per_step;
   int64_t before = e->stats().kv_demoted_idle;
   while (e->has_work()) {
+    be.read_batches.clear();
     ASSERT_TRUE(e->step().ok());
+    reads_per_step.push_back(be.read_batches);
     per_step.push_back(e->stats().kv_demoted_idle - before);
     before = e->stats().kv_demoted_idle;
   }
@@ -300,11 +305,288 @@ TEST(KvTiers, IdleDemotionsAreSpreadOverStepsWhileStreamsRun) {
   EXPECT_EQ(per_step[0], k);
   EXPECT_EQ(per_step[1], k);
   EXPECT_EQ(per_step[2], 80 - 2 * k);
+  // Each step's demotions were read out of the pool in one batched read (one wait on a GPU).
+  EXPECT_EQ(reads_per_step[0], std::vector<int>{k});
+  EXPECT_EQ(reads_per_step[1], std::vector<int>{k});
+  EXPECT_EQ(reads_per_step[2], std::vector<int>{80 - 2 * k});
   EXPECT_EQ(c.out[id].tokens, run_alone(b, kVocab).tokens);
   // Idle: b's blocks too, all in one tick.
   clock.now += std::chrono::milliseconds(tc.ttl_ms + 1);
   ASSERT_TRUE(e->step().ok());
   EXPECT_EQ(e->stats().kv_blocks_cached, 0);
+}
+
+// Demotions that leave the pool together (one allocate()'s evictions, one step's TTL expiries)
+// are read in one batched read, with the outcome of demoting them one at a time: the same counts,
+// the same blocks kept in each tier, bit-identical bytes; a block whose read fails, or that finds
+// no arena room, is the only one lost.
+namespace {
+
+struct BatchRun {
+  std::vector<int> read_batches;
+  int blocks_read = 0;
+  KvTierStats st;
+  std::vector<KvTiers::Where> where;  // each block's tier afterwards
+  std::vector<char> exact;            // found, and restored bit-identical
+};
+
+// `n` pool blocks (0..n-1) holding random bytes, a chain of hashes (or n roots), demoted as one
+// batch or one by one, after `before` (run on the tiers first). fail: blocks whose reads fail.
+BatchRun demote_run(bool batched, const KvTierConfig& tc, int n, bool chain, std::set<int32_t> fail,
+                    const std::function<void(KvTiers&, FakeBackend&)>& before = {},
+                    const std::function<void(KvTiers&)>& after = {}) {
+  std::mt19937 g(41);
+  FakeBackend be(2 * n + 8, 16, kVocab);
+  const size_t bb = static_cast<size_t>(be.kv_block_bytes());
+  std::vector<std::vector<uint8_t>> bytes(static_cast<size_t>(n), std::vector<uint8_t>(bb));
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<CachedBlock> blocks;
+  BlockHash parent = kRootBlockHash;
+  for (int b = 0; b < n; ++b) {
+    for (auto& x : bytes[static_cast<size_t>(b)]) x = static_cast<uint8_t>(g());
+    EXPECT_TRUE(be.write_kv_block(b, bytes[static_cast<size_t>(b)]).ok());
+    toks.push_back(random_tokens(g, 16, kVocab));
+  }
+  for (int b = 0; b < n; ++b) {
+    const BlockHash p = chain ? parent : kRootBlockHash;
+    blocks.push_back(CachedBlock{b, hash_block(p, toks[static_cast<size_t>(b)]), p, toks[static_cast<size_t>(b)]});
+    parent = blocks.back().hash;
+  }
+  BatchRun r;
+  auto t = KvTiers::create(tc, be);
+  EXPECT_TRUE(t.ok()) << t.message();
+  if (!t.ok()) return r;
+  if (before) before(**t, be);
+  be.read_batches.clear();
+  be.blocks_read = 0;
+  be.fail_reads = std::move(fail);
+  if (batched) {
+    (*t)->demote(blocks, KvTiers::Why::Evicted);
+  } else {
+    for (const CachedBlock& c : blocks) (*t)->demote(c.block, c.hash, c.parent, c.tokens, KvTiers::Why::Evicted);
+  }
+  r.read_batches = be.read_batches;
+  r.blocks_read = be.blocks_read;
+  be.fail_reads.clear();
+  if (after) after(**t);
+  (*t)->wait_for_writes();
+  r.st = (*t)->stats();
+  std::vector<uint8_t> back(bb);
+  for (int b = 0; b < n; ++b) {
+    const CachedBlock& c = blocks[static_cast<size_t>(b)];
+    r.where.push_back((*t)->find(c.hash, c.parent, c.tokens));
+    const int32_t dst = n + 4 + b;
+    const bool ok = r.where.back() != KvTiers::Where::None && (*t)->restore(c.hash, c.parent, c.tokens, dst) &&
+                    be.read_kv_block(dst, back).ok() && back == bytes[static_cast<size_t>(b)];
+    r.exact.push_back(ok);
+  }
+  return r;
+}
+
+void expect_same_outcome(const BatchRun& a, const BatchRun& b) {
+  EXPECT_EQ(a.st.demoted_evicted, b.st.demoted_evicted);
+  EXPECT_EQ(a.st.demote_no_room, b.st.demote_no_room);
+  EXPECT_EQ(a.st.host_blocks, b.st.host_blocks);
+  EXPECT_EQ(a.st.host_dropped, b.st.host_dropped);
+  EXPECT_EQ(a.st.disk_writes, b.st.disk_writes);
+  EXPECT_EQ(a.st.disk_blocks, b.st.disk_blocks);
+  EXPECT_EQ(a.st.disk_behind_dropped, b.st.disk_behind_dropped);
+  EXPECT_EQ(a.where, b.where);
+  EXPECT_EQ(a.exact, b.exact);
+}
+
+}  // namespace
+
+TEST(KvTiers, DemotingABatchIsOneBatchedReadWithTheSameOutcome) {
+  const ScopedDir d1("batch1"), d2("batch2");
+  for (bool chain : {true, false}) {
+    const BatchRun one = demote_run(false, disk_config(d1.path), 8, chain, {});
+    const BatchRun all = demote_run(true, disk_config(d2.path), 8, chain, {});
+    EXPECT_EQ(all.read_batches, std::vector<int>{8});
+    EXPECT_EQ(all.blocks_read, 8);
+    EXPECT_EQ(all.st.demoted_evicted, 8);
+    EXPECT_EQ(all.st.host_blocks, 8);
+    EXPECT_EQ(all.st.disk_writes, 8);
+    EXPECT_EQ(all.exact, std::vector<char>(8, 1));
+    expect_same_outcome(all, one);
+    EXPECT_EQ(one.read_batches, std::vector<int>(8, 1));  // one by one: a read (a GPU wait) each
+    fs::remove_all(d1.path);
+    fs::remove_all(d2.path);
+  }
+  // zstd: read and compressed a block at a time, as before.
+  KvTierConfig z = host_config();
+  z.host_compress = true;
+  const BatchRun zall = demote_run(true, z, 8, true, {});
+  EXPECT_TRUE(zall.read_batches.empty());
+  EXPECT_EQ(zall.blocks_read, 8);
+  EXPECT_EQ(zall.exact, std::vector<char>(8, 1));
+  expect_same_outcome(zall, demote_run(false, z, 8, true, {}));
+}
+
+TEST(KvTiers, AFailedReadInABatchDropsOnlyThatBlock) {
+  const ScopedDir d1("batchfail1"), d2("batchfail2");
+  const BatchRun one = demote_run(false, disk_config(d1.path), 6, true, {2});
+  const BatchRun all = demote_run(true, disk_config(d2.path), 6, true, {2});
+  EXPECT_EQ(all.read_batches, std::vector<int>{6});  // then each read alone, to find the failing one
+  EXPECT_EQ(all.st.demoted_evicted, 5);
+  EXPECT_EQ(all.st.host_blocks, 5);
+  EXPECT_EQ(all.st.disk_behind_dropped, 1);
+  EXPECT_EQ(all.where[2], KvTiers::Where::None);
+  EXPECT_EQ(all.exact, (std::vector<char>{1, 1, 0, 1, 1, 1}));
+  expect_same_outcome(all, one);
+}
+
+// The arena holds 4 blocks: a batch of 6 is cut where its next chunk needs an earlier block of
+// the batch pushed out (as demoting them one by one would have pushed it out).
+TEST(KvTiers, ABatchBiggerThanTheArenaPushesOutWhatOneByOneWould) {
+  FakeBackend probe(1, 16, kVocab);
+  const KvTierConfig tc = host_config(4 * probe.kv_block_bytes());
+  const BatchRun one = demote_run(false, tc, 6, false, {});
+  const BatchRun all = demote_run(true, tc, 6, false, {});
+  EXPECT_EQ(all.read_batches, (std::vector<int>{4, 2}));
+  EXPECT_EQ(all.st.host_blocks, 4);
+  EXPECT_EQ(all.st.host_dropped, 2);
+  EXPECT_EQ(all.exact, (std::vector<char>{0, 0, 1, 1, 1, 1}));
+  expect_same_outcome(all, one);
+}
+
+// With the disk writer stuck, the 4 queued blocks hold every arena chunk: the batch's blocks 5
+// and 6 find no room and are dropped (with what hangs below them); the first 4 are kept.
+TEST(KvTiers, NoArenaRoomInABatchDropsOnlyThoseBlocks) {
+  FakeBackend probe(1, 16, kVocab);
+  for (bool chain : {true, false}) {
+    const ScopedDir d1("batchroom1"), d2("batchroom2");
+    std::atomic<bool> go{false};
+    const auto latch = [&](KvTiers& t, FakeBackend&) {
+      go = false;
+      t.set_write_hook([&](BlockHash) {
+        while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+    };
+    const auto release = [&](KvTiers&) { go = true; };
+    const BatchRun one = demote_run(false, disk_config(d1.path, 4 * probe.kv_block_bytes()), 6, chain, {}, latch, release);
+    const BatchRun all = demote_run(true, disk_config(d2.path, 4 * probe.kv_block_bytes()), 6, chain, {}, latch, release);
+    EXPECT_EQ(all.read_batches, std::vector<int>{4});
+    EXPECT_EQ(all.st.demote_no_room, 2);
+    EXPECT_EQ(all.st.disk_behind_dropped, 2);
+    EXPECT_EQ(all.st.demoted_evicted, 4);
+    EXPECT_EQ(all.st.disk_writes, 4);
+    EXPECT_EQ(all.exact, (std::vector<char>{1, 1, 1, 1, 0, 0}));
+    expect_same_outcome(all, one);
+  }
+}
+
+// Random batches (chains and roots, blocks demoted again, failing reads, a small arena that the
+// batches overflow; host, host + disk, zstd) give after every batch what demoting the same blocks
+// one at a time gives. The writer finishes between batches, so both runs see the same disk.
+// Failing reads only where the arena holds every block: with a full arena a failed block's chunk
+// comes back at its batch's end, not before the next block's is taken (kv_tiers.h), so a batch
+// may push out one more older host entry than one-by-one demotion does.
+TEST(KvTiers, RandomBatchesMatchOneByOneDemotion) {
+  FakeBackend probe(1, 16, kVocab);
+  const int64_t bb = probe.kv_block_bytes();
+  int64_t pushed_out = 0, failed = 0, written = 0, behind = 0;  // what the seeds covered
+  for (int seed = 0; seed < 24; ++seed) {
+    const ScopedDir d1("rnd1"), d2("rnd2");
+    std::mt19937 g(static_cast<uint32_t>(1000 + seed));
+    const int kind = seed % 3;  // host / host + disk / zstd host + disk
+    const int n = 24;
+    const bool with_fails = seed % 2 == 1;
+    const int64_t host = bb * static_cast<int64_t>(with_fails ? n : 3 + g() % 10);
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<CachedBlock> blocks;
+    for (int b = 0; b < n; ++b) toks.push_back(random_tokens(g, 16, kVocab));
+    for (int b = 0; b < n; ++b) {  // a few chains: a block's parent is the one before it, or a root
+      const BlockHash p = b == 0 || g() % 4 == 0 ? kRootBlockHash : blocks.back().hash;
+      blocks.push_back(CachedBlock{b, hash_block(p, toks[static_cast<size_t>(b)]), p, toks[static_cast<size_t>(b)]});
+    }
+    std::vector<std::vector<int>> batches;
+    std::vector<std::set<int32_t>> fails;
+    for (int k = 0; k < 8; ++k) {
+      std::vector<int> order(static_cast<size_t>(n));
+      for (int b = 0; b < n; ++b) order[static_cast<size_t>(b)] = b;
+      std::shuffle(order.begin(), order.end(), g);
+      order.resize(1 + g() % 10);
+      if (g() % 2) std::sort(order.begin(), order.end());  // parents first, as a chain leaves
+      batches.push_back(order);
+      std::set<int32_t> f;
+      if (with_fails && g() % 3 == 0) f.insert(order[g() % order.size()]);
+      fails.push_back(f);
+    }
+    struct Snap {
+      KvTierStats st;
+      std::vector<KvTiers::Where> where;
+      std::vector<char> exact;
+    };
+    const auto run = [&](bool batched, const std::string& dir) {
+      FakeBackend be(2 * n, 16, kVocab);
+      std::mt19937 gb(7);
+      std::vector<std::vector<uint8_t>> bytes(static_cast<size_t>(n), std::vector<uint8_t>(static_cast<size_t>(bb)));
+      for (int b = 0; b < n; ++b) {
+        for (auto& x : bytes[static_cast<size_t>(b)]) x = static_cast<uint8_t>(gb() % 4);  // compressible
+        EXPECT_TRUE(be.write_kv_block(b, bytes[static_cast<size_t>(b)]).ok());
+      }
+      KvTierConfig tc = kind == 0 ? host_config(host) : disk_config(dir, host);
+      tc.host_compress = kind == 2;
+      auto t = KvTiers::create(tc, be);
+      EXPECT_TRUE(t.ok()) << t.message();
+      std::vector<Snap> snaps;
+      std::vector<CachedBlock> batch;
+      std::vector<uint8_t> back(static_cast<size_t>(bb));
+      for (size_t k = 0; k < batches.size(); ++k) {
+        batch.clear();
+        for (int b : batches[k]) batch.push_back(blocks[static_cast<size_t>(b)]);
+        be.fail_reads = fails[k];
+        const auto why = k % 2 ? KvTiers::Why::Idle : KvTiers::Why::Evicted;
+        if (batched) {
+          (*t)->demote(batch, why);
+        } else {
+          for (const CachedBlock& c : batch) (*t)->demote(c.block, c.hash, c.parent, c.tokens, why);
+        }
+        be.fail_reads.clear();
+        (*t)->wait_for_writes();
+        Snap sn;
+        sn.st = (*t)->stats();
+        for (const CachedBlock& c : blocks) sn.where.push_back((*t)->find(c.hash, c.parent, c.tokens));
+        snaps.push_back(std::move(sn));
+      }
+      // Last: everything still kept comes back bit-identical (restores promote, so only now).
+      for (int b = 0; b < n; ++b) {
+        const CachedBlock& c = blocks[static_cast<size_t>(b)];
+        const bool ok = snaps.back().where[static_cast<size_t>(b)] != KvTiers::Where::None &&
+                        (*t)->restore(c.hash, c.parent, c.tokens, n + b) && be.read_kv_block(n + b, back).ok() &&
+                        back == bytes[static_cast<size_t>(b)];
+        snaps.back().exact.push_back(ok);
+      }
+      return snaps;
+    };
+    const auto one = run(false, d1.path), all = run(true, d2.path);
+    ASSERT_EQ(one.size(), all.size());
+    for (size_t k = 0; k < one.size(); ++k) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " batch " + std::to_string(k));
+      EXPECT_EQ(all[k].st.demoted_evicted, one[k].st.demoted_evicted);
+      EXPECT_EQ(all[k].st.demoted_idle, one[k].st.demoted_idle);
+      EXPECT_EQ(all[k].st.demote_no_room, one[k].st.demote_no_room);
+      EXPECT_EQ(all[k].st.host_blocks, one[k].st.host_blocks);
+      EXPECT_EQ(all[k].st.host_used_bytes, one[k].st.host_used_bytes);
+      EXPECT_EQ(all[k].st.host_dropped, one[k].st.host_dropped);
+      EXPECT_EQ(all[k].st.disk_writes, one[k].st.disk_writes);
+      EXPECT_EQ(all[k].st.disk_blocks, one[k].st.disk_blocks);
+      EXPECT_EQ(all[k].st.disk_behind_dropped, one[k].st.disk_behind_dropped);
+      EXPECT_EQ(all[k].where, one[k].where);
+    }
+    EXPECT_EQ(all.back().exact, one.back().exact);
+    for (size_t b = 0; b < all.back().exact.size(); ++b)
+      EXPECT_EQ(all.back().exact[b], all.back().where[b] != KvTiers::Where::None) << "block " << b;
+    pushed_out += all.back().st.host_dropped;
+    written += all.back().st.disk_writes;
+    behind += all.back().st.disk_behind_dropped;
+    for (const auto& f : fails) failed += static_cast<int64_t>(f.size());
+  }
+  EXPECT_GT(pushed_out, 0);
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(written, 0);
+  EXPECT_GT(behind, 0);
 }
 
 // The disk tier survives a restart: a new engine on a blank backend hits the old prefix.
