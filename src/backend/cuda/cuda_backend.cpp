@@ -991,11 +991,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     a.pdl = pdl;
     a.l2_prefetch_bytes = l2_prefetch_bytes_;
     a.cluster = T == 1 ? attn_cluster_ : 0;
-    static const bool empty = [] {
-      const char* e = std::getenv("SS_CUDA_EMPTY");
-      return e && std::string(e) == "1";
-    }();
-    a.empty = empty;
+    a.empty = k::empty_kernels();
     a.stamps = chain_slot(l, 1);
     // The split count of the largest batch at every batch size: a row's result then depends on its
     // own context only (batch invariance); splits past the context exit at once.

@@ -403,7 +403,7 @@ const Tuning& tuning() {
 }
 
 // The phase-trace slot for the next launch (set_chain_slot), taken once.
-unsigned long long* g_chain_slot = nullptr;
+thread_local unsigned long long* g_chain_slot = nullptr;  // each host thread launches its own steps
 unsigned long long* take_chain_slot() {
   unsigned long long* p = g_chain_slot;
   g_chain_slot = nullptr;
@@ -487,6 +487,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
 }  // namespace
 
 void set_chain_slot(unsigned long long* slot) { g_chain_slot = slot; }
+bool empty_kernels() { return tuning().empty; }
 
 int device_sm_count() {
   static const int n = [] {

@@ -159,6 +159,9 @@ int device_sm_count();
 // phases into this slot of kChainPhases words (common.cuh's phase()); taken by that one launch.
 constexpr int kChainPhases = 8;
 void set_chain_slot(unsigned long long* slot);
+// Benchmarking only: SS_CUDA_EMPTY=1 (read once, in decode.cu): the fused decode's kernels, attention
+// included (Attention::empty), launch, wait and exit.
+bool empty_kernels();
 
 // --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
 // Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
