@@ -7,7 +7,7 @@
 #   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
 #   TEST_FILTER: test_gpu's tests run under each variant (default GpuDecode*);
 #   BE_FILTER: test_gpu_backend's tests run under each variant (default: the forward tests);
-#   TESTS_FIRST_ONLY=1: the tests under the first variant only;
+#   TESTS_FIRST_ONLY=1: the tests under the first variant only; TESTS=0: no tests;
 #   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # Results in $OUT (progress, logs).
@@ -33,6 +33,7 @@ stage synth
 envof() { local e=${1#*:}; echo "${e//,/ }"; }
 summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAILED  \]' "$1" | head -4 | tr '\n' ';'; }
 for v in $VARIANTS; do
+  [ "${TESTS:-1}" = 0 ] && break
   n=${v%%:*}
   want 40 "tests $n" || continue
   env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
