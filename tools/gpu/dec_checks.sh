@@ -10,6 +10,8 @@
 #   TESTS_FIRST_ONLY=1: the tests under the first variant only; TESTS=0: no tests;
 #   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
+# With .ab-base/ carried (tools/gpu/ab_base.sh REV writes it), a copy of the tree with REV's files
+# builds selfserve beside the main build, and variants named old* time that baseline binary.
 # Results in $OUT (progress, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,8 +22,21 @@ VARIANTS=${VARIANTS:-"base: pipe:SS_CUDA_DEC=4,2,1"}
 SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
 BATCHES=${BATCHES:-1,8}
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
+AB=/tmp/ab-tree
+if [ -d .ab-base ]; then
+  rm -rf $AB && mkdir -p $AB
+  tar --exclude=./build-gpu --exclude=./.ab-base --exclude=./out-gpu -cf - . | tar -xf - -C $AB
+  cp -r .ab-base/. $AB/
+  (cd $AB && tools/gpu/build_on_device.sh selfserve) > "$OUT/build-base.log" 2>&1 &
+  ab_pid=$!
+fi
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
 stage build
+if [ -n "${ab_pid:-}" ]; then
+  wait $ab_pid || { stage "baseline build failed"; tail -30 "$OUT/build-base.log"; exit 1; }
+  stage "baseline build ($(find .ab-base -type f | wc -l) files put back)"
+fi
+binof() { case $1 in old*) echo $AB/build-gpu ;; *) echo build-gpu ;; esac; }
 source build-gpu/env.sh
 B=build-gpu M=/tmp/ssm
 mkdir -p $M
@@ -35,6 +50,7 @@ summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAI
 for v in $VARIANTS; do
   [ "${TESTS:-1}" = 0 ] && break
   n=${v%%:*}
+  case $n in old*) continue ;; esac  # the baseline build has no test binaries
   want 40 "tests $n" || continue
   env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
   stage "test_gpu ${TEST_FILTER:-GpuDecode*} [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
@@ -60,7 +76,7 @@ for s in $SHAPES; do
     n=${v%%:*}
     want $est "decode $s [$n]" || continue
     f="$OUT/dec-$s-$n.txt"
-    env $(envof "$v") timeout 150 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch $BATCHES \
+    env $(envof "$v") timeout 150 $(binof $n)/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch $BATCHES \
       --context 512 --steps 64 --reps 3 > "$f" 2>&1
     stage "decode $s [$n] rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
@@ -76,6 +92,7 @@ fi
 if [ "${NCU:-1}" = 1 ]; then
   for v in $VARIANTS; do
     n=${v%%:*}
+    case $n in old*) continue ;; esac
     want 70 "ncu 8B [$n]" || continue
     env $(envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
       --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager \
