@@ -1,12 +1,13 @@
 // Paged attention over the bf16 KV cache, decode and prefill alike: one CTA per (query row, KV head,
 // split) serves the group's query heads, so each K/V vector read from memory is used by every head
-// of the group (GQA). Inside a CTA each warp walks its own keys (one key per step: a lane holds hd/32
-// consecutive dims of q for each head and of the key), keeps an online softmax per head in
-// registers, and the warps merge through shared memory. Long contexts are split across CTAs
-// (flash-decoding): each split writes (max, sum, unnormalised output), and the splits are merged by
-// attn_combine_k, or in place by the last split CTA (split_counters, a ticket), or, for a row whose
-// live splits fit one thread-block cluster (Attention::cluster; the fused decode at batch 1), through
-// the cluster's distributed shared memory. The three merges do the same arithmetic in split order.
+// of the group (GQA). Inside a CTA each group of hd/16 lanes (hd/8 for groups past 4 heads) walks its
+// own keys (a lane holds 16 consecutive dims of q for each head and of the key), keeps an online
+// softmax per head in registers; the walkers of a warp merge by shuffles, the warps through shared
+// memory. Long contexts are split across CTAs (flash-decoding): each split writes (max, sum,
+// unnormalised output), and the splits are merged by attn_combine_k, or in place by the last split
+// CTA (split_counters, a ticket), or, for a row whose live splits fit one thread-block cluster
+// (Attention::cluster; the fused decode at batch 1), through the cluster's distributed shared
+// memory. The three merges do the same arithmetic in split order.
 #include <cooperative_groups.h>
 #include <string>
 
@@ -22,20 +23,19 @@ constexpr int kMaxGroup = 8;  // query heads a KV head serves, at most
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int EPL>
-__device__ __forceinline__ void load_bf(const uint16_t* p, float (&v)[EPL]) {
-  if constexpr (EPL == 2) {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
-    v[0] = lo_bf(w), v[1] = hi_bf(w);
-  } else if constexpr (EPL == 4) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);
-    v[0] = lo_bf(w.x), v[1] = hi_bf(w.x), v[2] = lo_bf(w.y), v[3] = hi_bf(w.y);
-  } else {
-    const uint4 w = *reinterpret_cast<const uint4*>(p);
-    v[0] = lo_bf(w.x), v[1] = hi_bf(w.x), v[2] = lo_bf(w.y), v[3] = hi_bf(w.y);
-    v[4] = lo_bf(w.z), v[5] = hi_bf(w.z), v[6] = lo_bf(w.w), v[7] = hi_bf(w.w);
-  }
-}
+// The split kernel's key walkers (attn_split_k): DL dims a lane, LPK lanes a key, KPR keys (walkers) a
+// warp, W walkers a CTA, TBK keys a walker loads at once: W x TBK is split_keys' minimum, one batch
+// for every walker.
+template <int HD, int MG>
+struct Walk {
+  static constexpr int DL = MG <= 4 ? 16 : 8;
+  static constexpr int LPK = HD / DL;
+  static constexpr int KPR = 32 / LPK;
+  static constexpr int W = kAttnWarps * KPR;
+  static constexpr int kMin = kAttnWarps * (32 / (HD / 32)) < kBlockTokens ? kBlockTokens : kAttnWarps * (32 / (HD / 32));
+  static constexpr int TBK = kMin / W;
+  static_assert(LPK >= 1 && LPK <= 32 && TBK >= 1 && W * TBK == kMin, "walker shape");
+};
 
 // Keys per split for a context of ctx over `splits` splits: whole 16-key blocks, at least one batch
 // of keys for every warp (kAttnWarps x 32 / (HD / 32): 64 at head dim 64, 32 at 128, 16 at 256; a
@@ -103,7 +103,6 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
 // MG: the group size rounded up to 2, 4 or 8 (the register arrays' size; G <= MG heads are live).
 template <int HD, int MG>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int splits) {
-  constexpr int EPL = HD / 32;
   const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = a.n_heads / a.n_kv;
@@ -148,64 +147,113 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   pdl_trigger();
   phase(st, 1);
 
-  // q in registers, pre-scaled by scale * log2(e) so the softmax runs on exp2.
-  float q[MG][EPL];
+  // Walkers: a key is read by LPK lanes of DL consecutive dims each (DL = 16, or 8 for groups past 4
+  // heads, so q and the accumulators of every head stay in registers), so a warp steps over KPR keys
+  // at once, each group of LPK lanes (a walker) with its own online softmax per head. A key's score
+  // then costs DL fmas and log2(LPK) shuffles, not a warp-wide sum: the earlier layout (a lane per
+  // HD/32 dims, one key a warp step) spent ~250 cycles a (key, head) in dependent shuffles, 6.5 us
+  // of the 10 us a layer at 135M (chain trace, 2026-12-06).
+  using S = Walk<HD, MG>;
+  constexpr int DL = S::DL, LPK = S::LPK, KPR = S::KPR, W = S::W, TBK = S::TBK;
+  const int grp = lane / LPK, sub = lane % LPK;
+  // q in registers (this lane's DL dims of each head), pre-scaled by scale * log2(e) so the softmax
+  // runs on exp2.
+  float q[MG][DL];
   const float qs = a.scale * kLog2e;
 #pragma unroll
-  for (int g = 0; g < MG; ++g)
+  for (int g = 0; g < MG; ++g) {
+    const float4* qp = reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + sub * DL);
 #pragma unroll
-    for (int e = 0; e < EPL; ++e)
-      q[g][e] = g < G ? a.q[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + lane * EPL + e] * qs : 0.0f;
+    for (int c = 0; c < DL / 4; ++c) {
+      const float4 v = g < G ? qp[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      q[g][4 * c] = v.x * qs, q[g][4 * c + 1] = v.y * qs, q[g][4 * c + 2] = v.z * qs, q[g][4 * c + 3] = v.w * qs;
+    }
+  }
 
   phase(st, 2);  // q loaded (the loads are used below: this is their issue, not their arrival)
-  float m[MG], l[MG], acc[MG][EPL];
+  float m[MG], l[MG], acc[MG][DL];
 #pragma unroll
   for (int g = 0; g < MG; ++g) {
     m[g] = -INFINITY, l[g] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
+    for (int e = 0; e < DL; ++e) acc[g][e] = 0.0f;
   }
-  const int64_t head_off = static_cast<int64_t>(kvh) * kBlockTokens * HD + lane * EPL;
-  // Keys in batches of TB per warp: all TB K and V loads issued before any arithmetic (a key's
-  // latency is ~1 us; one key at a time would leave the warp waiting on each), then one running-max
-  // update per batch.
-  constexpr int TB = 32 / EPL;
-  for (int t0 = begin + warp * TB; t0 < end; t0 += kAttnWarps * TB) {
-    float k[TB][EPL], v[TB][EPL];
+  const int64_t head_off = static_cast<int64_t>(kvh) * kBlockTokens * HD + sub * DL;
+  // Keys in batches of TBK a walker (the warp's KPR consecutive keys, then W further): all K and V
+  // loads issued before any arithmetic, then one running-max update per batch. The loop is uniform
+  // over the warp (its first key), so the shuffles see every lane; a walker's keys past the end are
+  // read in bounds and weighted 0.
+  for (int tw = begin + warp * KPR; tw < end; tw += W * TBK) {
+    uint4 kr[TBK][DL / 8], vr[TBK][DL / 8];
 #pragma unroll
-    for (int u = 0; u < TB; ++u) {
-      const int t = min(t0 + u, end - 1);  // past the end: a valid key, weighted 0 below
+    for (int u = 0; u < TBK; ++u) {
+      const int t = min(tw + grp + u * W, end - 1);
       const int64_t blk = table[t / kBlockTokens];
       const uint16_t* kp = a.cache + blk * 2 * kv_stride + head_off + (t % kBlockTokens) * HD;
-      load_bf<EPL>(kp, k[u]);
-      load_bf<EPL>(kp + kv_stride, v[u]);
+#pragma unroll
+      for (int c = 0; c < DL / 8; ++c) {
+        kr[u][c] = *reinterpret_cast<const uint4*>(kp + 8 * c);
+        vr[u][c] = *reinterpret_cast<const uint4*>(kp + kv_stride + 8 * c);
+      }
     }
 #pragma unroll
     for (int g = 0; g < MG; ++g) {
       if (g >= G) break;
-      float sc[TB];
+      float sc[TBK];
       float bm = m[g];
 #pragma unroll
-      for (int u = 0; u < TB; ++u) {
-        float d = 0.0f;
+      for (int u = 0; u < TBK; ++u) {
+        float d0 = 0.0f, d1 = 0.0f;  // two chains: half the dependent fma latency
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) d = fmaf(q[g][e], k[u][e], d);
-        sc[u] = t0 + u < end ? warp_sum(d) : -INFINITY;
+        for (int c = 0; c < DL / 8; ++c) {
+          const uint4 w = kr[u][c];
+          d0 = fmaf(q[g][8 * c + 0], lo_bf(w.x), d0), d1 = fmaf(q[g][8 * c + 1], hi_bf(w.x), d1);
+          d0 = fmaf(q[g][8 * c + 2], lo_bf(w.y), d0), d1 = fmaf(q[g][8 * c + 3], hi_bf(w.y), d1);
+          d0 = fmaf(q[g][8 * c + 4], lo_bf(w.z), d0), d1 = fmaf(q[g][8 * c + 5], hi_bf(w.z), d1);
+          d0 = fmaf(q[g][8 * c + 6], lo_bf(w.w), d0), d1 = fmaf(q[g][8 * c + 7], hi_bf(w.w), d1);
+        }
+        float d = d0 + d1;
+#pragma unroll
+        for (int o = LPK / 2; o >= 1; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[u] = tw + grp + u * W < end ? d : -INFINITY;
         bm = fmaxf(bm, sc[u]);
       }
-      const float corr = exp2f(m[g] - bm);
+      const float bz = bm == -INFINITY ? 0.0f : bm;  // a walker with no key yet: everything stays 0
+      const float corr = exp2f(m[g] - bz);
       float lsum = l[g] * corr;
 #pragma unroll
-      for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
+      for (int e = 0; e < DL; ++e) acc[g][e] *= corr;
 #pragma unroll
-      for (int u = 0; u < TB; ++u) {
-        const float p = exp2f(sc[u] - bm);  // 0 for keys past the end
+      for (int u = 0; u < TBK; ++u) {
+        const float p = exp2f(sc[u] - bz);  // 0 for keys past the end
         lsum += p;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(p, v[u][e], acc[g][e]);
+        for (int c = 0; c < DL / 8; ++c) {
+          const uint4 w = vr[u][c];
+          acc[g][8 * c + 0] = fmaf(p, lo_bf(w.x), acc[g][8 * c + 0]), acc[g][8 * c + 1] = fmaf(p, hi_bf(w.x), acc[g][8 * c + 1]);
+          acc[g][8 * c + 2] = fmaf(p, lo_bf(w.y), acc[g][8 * c + 2]), acc[g][8 * c + 3] = fmaf(p, hi_bf(w.y), acc[g][8 * c + 3]);
+          acc[g][8 * c + 4] = fmaf(p, lo_bf(w.z), acc[g][8 * c + 4]), acc[g][8 * c + 5] = fmaf(p, hi_bf(w.z), acc[g][8 * c + 5]);
+          acc[g][8 * c + 6] = fmaf(p, lo_bf(w.w), acc[g][8 * c + 6]), acc[g][8 * c + 7] = fmaf(p, hi_bf(w.w), acc[g][8 * c + 7]);
+        }
       }
       l[g] = lsum;
       m[g] = bm;
+    }
+  }
+  // The warp's walkers merged by shuffles (halves, then quarters, ...): every group ends holding the
+  // warp's result.
+#pragma unroll
+  for (int o = LPK; o < 32; o *= 2) {
+#pragma unroll
+    for (int g = 0; g < MG; ++g) {
+      if (g >= G) break;
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float M = fmaxf(m[g], mo);
+      const float f = m[g] == -INFINITY ? 0.0f : exp2f(m[g] - M), fo = mo == -INFINITY ? 0.0f : exp2f(mo - M);
+      l[g] = l[g] * f + lo * fo;
+#pragma unroll
+      for (int e = 0; e < DL; ++e) acc[g][e] = acc[g][e] * f + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * fo;
+      m[g] = M;
     }
   }
 
@@ -218,8 +266,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
   for (int g = 0; g < MG; ++g) {
     if (g >= G) break;
     if (lane == 0) sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
+    if (grp == 0)
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = acc[g][e];
+      for (int e = 0; e < DL; ++e) sm_acc[warp][g][sub * DL + e] = acc[g][e];
   }
   __syncthreads();
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
