@@ -27,7 +27,7 @@ if [ -d .ab-base ]; then
   rm -rf $AB && mkdir -p $AB
   tar --exclude=./build-gpu --exclude=./.ab-base --exclude=./out-gpu -cf - . | tar -xf - -C $AB
   cp -r .ab-base/. $AB/
-  (cd $AB && tools/gpu/build_on_device.sh selfserve) > "$OUT/build-base.log" 2>&1 &
+  (cd $AB && tools/gpu/build_on_device.sh selfserve selfserve_cuda) > "$OUT/build-base.log" 2>&1 &
   ab_pid=$!
 fi
 tools/gpu/build_on_device.sh selfserve test_gpu test_gpu_backend > "$OUT/build.log" 2>&1 || { stage "build failed"; tail -30 "$OUT/build.log"; exit 1; }
