@@ -20,6 +20,7 @@ using namespace dev;
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxGroup = 8;  // query heads a KV head serves, at most
+constexpr int kMaxCluster = 16;  // splits merged in a cluster, at most (Attention::cluster)
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -28,7 +29,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // for every walker.
 template <int HD, int MG>
 struct Walk {
-  static constexpr int DL = MG <= 4 ? 16 : 8;
+  static constexpr int DL = 8;
   static constexpr int LPK = HD / DL;
   static constexpr int KPR = 32 / LPK;
   static constexpr int W = kAttnWarps * KPR;
@@ -102,7 +103,7 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
 
 // MG: the group size rounded up to 2, 4 or 8 (the register arrays' size; G <= MG heads are live).
 template <int HD, int MG>
-__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int splits) {
+__global__ void __launch_bounds__(kAttnWarps * 32, MG <= 4 ? 3 : 2) attn_split_k(Attention a, int splits) {
   const int qi = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = a.n_heads / a.n_kv;
@@ -311,14 +312,28 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_k(Attention a, int
     const int rank = static_cast<int>(cluster.block_rank());
     for (int i = rank * blockDim.x + threadIdx.x; i < G * HD; i += a.cluster * blockDim.x) {
       const int g = i / HD, d = i % HD;
+      // Every live split's values requested at once (a remote read is a round trip of its own),
+      // then merged in split order.
+      float mv[kMaxCluster], lv[kMaxCluster], av[kMaxCluster];
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp) {
+        mv[sp] = -INFINITY, lv[sp] = 0.0f, av[sp] = 0.0f;
+        if (sp < ns) {
+          mv[sp] = *cluster.map_shared_rank(&cl_m[g], sp);
+          lv[sp] = *cluster.map_shared_rank(&cl_l[g], sp);
+          av[sp] = *cluster.map_shared_rank(&cl_acc[g][d], sp);
+        }
+      }
       float M = -INFINITY;
-      for (int sp = 0; sp < ns; ++sp) M = fmaxf(M, *cluster.map_shared_rank(&cl_m[g], sp));
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp) M = fmaxf(M, mv[sp]);
       float L = 0.0f, A = 0.0f;  // merge_splits' arithmetic, in its order
-      for (int sp = 0; sp < ns; ++sp) {
-        const float m = *cluster.map_shared_rank(&cl_m[g], sp);
-        const float f = m == -INFINITY ? 0.0f : exp2f(m - M);
-        L = fmaf(*cluster.map_shared_rank(&cl_l[g], sp), f, L);
-        A = fmaf(f, *cluster.map_shared_rank(&cl_acc[g][d], sp), A);
+#pragma unroll
+      for (int sp = 0; sp < kMaxCluster; ++sp) {
+        if (sp >= ns) break;
+        const float f = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - M);
+        L = fmaf(lv[sp], f, L);
+        A = fmaf(f, av[sp], A);
       }
       const float inv = L > 0.0f ? 1.0f / L : 0.0f;
       a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(A * inv);
