@@ -83,16 +83,28 @@ __device__ __forceinline__ void merge_splits(const Attention& a, int n_q, int qi
 #pragma unroll
     for (int e = 0; e < EPL; ++e) A[e] = 0.0f;
     const float* acc0 = ws_acc(a, n_q, qi, h, 0) + lane * EPL;
-#pragma unroll 4
-    for (int sp = 0; sp < ns; ++sp) {
-      const float f = __shfl_sync(0xffffffffu, sp < 32 ? f0 : f1, sp & 31);
-      L = fmaf(__shfl_sync(0xffffffffu, sp < 32 ? l0 : l1, sp & 31), f, L);
-      const float* p = acc0 + static_cast<int64_t>(sp) * HD;
+    // CH splits' partials requested at once, then accumulated in split order (one round trip a
+    // chunk, not one every few splits).
+    constexpr int CH = HD <= 128 ? 8 : 4;
+    for (int s0 = 0; s0 < ns; s0 += CH) {
+      float2 v[CH][EPL / 2];
 #pragma unroll
-      for (int e = 0; e < EPL; e += 2) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(p + e));
-        A[e] = fmaf(f, v.x, A[e]);
-        A[e + 1] = fmaf(f, v.y, A[e + 1]);
+      for (int j = 0; j < CH; ++j)
+        if (s0 + j < ns)
+#pragma unroll
+          for (int e = 0; e < EPL; e += 2)
+            v[j][e / 2] = __ldcg(reinterpret_cast<const float2*>(acc0 + static_cast<int64_t>(s0 + j) * HD + e));
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const int sp = s0 + j;
+        if (sp >= ns) break;
+        const float f = __shfl_sync(0xffffffffu, sp < 32 ? f0 : f1, sp & 31);
+        L = fmaf(__shfl_sync(0xffffffffu, sp < 32 ? l0 : l1, sp & 31), f, L);
+#pragma unroll
+        for (int e = 0; e < EPL; e += 2) {
+          A[e] = fmaf(f, v[j][e / 2].x, A[e]);
+          A[e + 1] = fmaf(f, v[j][e / 2].y, A[e + 1]);
+        }
       }
     }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
