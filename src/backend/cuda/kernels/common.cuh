@@ -157,15 +157,32 @@ __device__ __forceinline__ QkvPair qkv_pair(const RopeKv& a, int pair) {
 // The QKV projection's epilogue for one rotation pair (dims i0, i1 of fused head hh) of token b:
 // bias, RoPE (when rotate; p is the pair's index in the rope table), then q (fp32) or K / V (bf16,
 // paged). Shared by the CUDA-core and the tensor-core QKV kernels.
-__device__ __forceinline__ void qkv_pair_out(const RopeKv& a, int b, int hh, int p, int i0, int i1, bool rotate,
-                                             float v0, float v1) {
-  const int64_t base = static_cast<int64_t>(hh) * a.hd;
-  if (a.bias) v0 += a.bias[base + i0], v1 += a.bias[base + i1];
-  const int pos = a.positions[b];
+// What qkv_pair_out reads besides the products and the bias, none of it written by a kernel of the
+// step: the position, the rotation's cos and sin, the KV block (K and V rows). The fused decode reads
+// it before its dependency wait (QkvIn::load), off the chain's critical path.
+struct QkvIn {
+  int pos = 0, blk = 0;
+  float c = 1.0f, sn = 0.0f;
+  __device__ __forceinline__ static QkvIn load(const RopeKv& a, int b, int hh, int p, bool rotate) {
+    QkvIn r;
+    r.pos = a.positions[b];
+    if (rotate) {
+      const float* cs = a.rope_cs + static_cast<int64_t>(r.pos) * a.rope_dim;
+      r.c = cs[p], r.sn = cs[a.rope_dim / 2 + p];
+    }
+    if (hh >= a.n_heads) r.blk = a.tables[static_cast<int64_t>(a.seq_of_token[b]) * a.max_blocks + r.pos / kBlockTokens];
+    return r;
+  }
+};
+
+__device__ __forceinline__ void qkv_pair_out(const RopeKv& a, int b, int hh, int i0, int i1, bool rotate, float v0,
+                                             float v1, const QkvIn& in) {
+  if (a.bias) {
+    const int64_t base = static_cast<int64_t>(hh) * a.hd;
+    v0 += a.bias[base + i0], v1 += a.bias[base + i1];
+  }
   if (rotate) {
-    const float* cs = a.rope_cs + static_cast<int64_t>(pos) * a.rope_dim;
-    const float c = cs[p], sn = cs[a.rope_dim / 2 + p];
-    const float r0 = v0 * c - v1 * sn, r1 = v1 * c + v0 * sn;
+    const float r0 = v0 * in.c - v1 * in.sn, r1 = v1 * in.c + v0 * in.sn;
     v0 = r0, v1 = r1;
   }
   if (hh < a.n_heads) {
@@ -174,11 +191,14 @@ __device__ __forceinline__ void qkv_pair_out(const RopeKv& a, int b, int hh, int
   } else {
     const bool is_v = hh >= a.n_heads + a.n_kv;
     const int kvh = is_v ? hh - a.n_heads - a.n_kv : hh - a.n_heads;
-    const int blk = a.tables[static_cast<int64_t>(a.seq_of_token[b]) * a.max_blocks + pos / kBlockTokens];
-    uint16_t* dst = a.cache + ((static_cast<int64_t>(blk) * 2 + (is_v ? 1 : 0)) * a.n_kv + kvh) * kBlockTokens * a.hd +
-                    static_cast<int64_t>(pos % kBlockTokens) * a.hd;
+    uint16_t* dst = a.cache + ((static_cast<int64_t>(in.blk) * 2 + (is_v ? 1 : 0)) * a.n_kv + kvh) * kBlockTokens * a.hd +
+                    static_cast<int64_t>(in.pos % kBlockTokens) * a.hd;
     dst[i0] = f2bf(v0), dst[i1] = f2bf(v1);
   }
+}
+__device__ __forceinline__ void qkv_pair_out(const RopeKv& a, int b, int hh, int p, int i0, int i1, bool rotate,
+                                             float v0, float v1) {
+  qkv_pair_out(a, b, hh, i0, i1, rotate, v0, v1, QkvIn::load(a, b, hh, p, rotate));
 }
 
 }  // namespace ss::cuda::kern::dev

@@ -183,9 +183,18 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   int tb = blockIdx.x * TPC;
   const int tstride = gridDim.x * TPC;
-  if (tb + tw < a.tiles) {  // before the wait: weights only
+  // Before the wait: the first round of weights, the norm's weights, and what the first tile's
+  // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
+  // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
+  // 135M was its position, rotation and block-table reads, one after another).
+  EpiIn<OP> epi;
+  if (tb + tw < a.tiles) {
     set_rows(tb + tw);
     load(w, c_begin);
+    if (S == 1 || sub == 0) epi = EpiIn<OP>::load(a, tb + tw, g, t);
+  }
+  if constexpr (kNorm) {  // the norm's weights into L1 (prefetch: no registers held across the wait)
+    for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + i));
   }
   pdl_wait();
   pdl_trigger();
@@ -351,7 +360,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       load(w, c_begin);
     }
     if (S == 1) {
-      if (valid) epilogue<OP>(a, tile, g, t, c);
+      if (valid && first_tile) epilogue<OP>(a, tile, g, t, c, &epi);  // (two calls: a pointer known at each keeps epi in registers)
+      else if (valid) epilogue<OP>(a, tile, g, t, c);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * 4 + i] = c[i];
@@ -361,7 +371,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
         for (int s2 = 0; s2 < S; ++s2)
 #pragma unroll
           for (int i = 0; i < 4; ++i) v[i] += red[((tw * S + s2) * 32 + lane) * 4 + i];
-        epilogue<OP>(a, tile, g, t, v);
+        if (first_tile) epilogue<OP>(a, tile, g, t, v, &epi);
+        else epilogue<OP>(a, tile, g, t, v);
       }
       __syncthreads();
     }

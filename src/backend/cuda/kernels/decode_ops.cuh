@@ -50,18 +50,51 @@ __device__ __forceinline__ int64_t tile_row(const DecArgs& a, int tile, int lr) 
   }
 }
 
+// What a tile's epilogue reads besides its products, loaded before the kernel's dependency wait
+// (EpiIn::load) for the first tile a thread reduces: no kernel of the step's last two writes it.
+// Qkv: the position, rotation and KV block of batch rows 2t, 2t + 1 (QkvIn); Add: the residual at
+// c's four places, whose last writer is the add two kernels back (o_proj after down, through QKV
+// and attention; down after o_proj, through gate/up), complete and visible before the previous
+// kernel passed its own wait, which is before it let this one launch.
+template <Op OP>
+struct EpiIn {
+  QkvIn q[2];
+  float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  __device__ __forceinline__ static EpiIn load(const DecArgs& a, int tile, int g, int t) {
+    EpiIn e;
+    if constexpr (OP == Op::Qkv) {
+      const QkvPair pp = qkv_pair(a.rk, tile * 8 + g);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (2 * t + j < a.B) e.q[j] = QkvIn::load(a.rk, 2 * t + j, pp.hh, pp.p, pp.rotate);
+    } else if constexpr (OP == Op::Add) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = static_cast<int64_t>(tile) * 16 + g + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (row < a.N && 2 * t + j < a.B) e.r[2 * h + j] = __ldcg(a.y + static_cast<int64_t>(2 * t + j) * a.N + row);
+      }
+    }
+    return e;
+  }
+};
+
 // Thread (g = lane / 4, t = lane % 4) holds rows g and g + 8 of the tile for batch rows 2t, 2t + 1:
 // c[0] (g, 2t), c[1] (g, 2t+1), c[2] (g+8, 2t), c[3] (g+8, 2t+1). kL2: the residual read and written
 // through L2 only (ld/st.global.cg), for a kernel in which other CTAs rewrite it between two reads.
+// in: the tile's EpiIn, loaded earlier (null: read here).
 template <Op OP, bool kL2 = false>
-__device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int t, const float (&c)[4]) {
+__device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int t, const float (&c)[4],
+                                         const EpiIn<OP>* in = nullptr) {
   if constexpr (OP == Op::Qkv) {
     const QkvPair pp = qkv_pair(a.rk, tile * 8 + g);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int b = 2 * t + j;
       if (b >= a.B) break;
-      qkv_pair_out(a.rk, b, pp.hh, pp.p, pp.i0, pp.i1, pp.rotate, c[j], c[2 + j]);
+      if (in) qkv_pair_out(a.rk, b, pp.hh, pp.i0, pp.i1, pp.rotate, c[j], c[2 + j], in->q[j]);
+      else qkv_pair_out(a.rk, b, pp.hh, pp.p, pp.i0, pp.i1, pp.rotate, c[j], c[2 + j]);
     }
   } else if constexpr (OP == Op::GateUp) {
     const int i = tile * 8 + g;
@@ -84,7 +117,7 @@ __device__ __forceinline__ void epilogue(const DecArgs& a, int tile, int g, int 
         if (b >= a.B) break;
         float* o = a.y + static_cast<int64_t>(b) * a.N + row;
         if constexpr (OP == Op::Add && kL2) __stcg(o, __ldcg(o) + c[2 * h + j]);
-        else if constexpr (OP == Op::Add) *o += c[2 * h + j];
+        else if constexpr (OP == Op::Add) *o = (in ? in->r[2 * h + j] : *o) + c[2 * h + j];
         else *o = c[2 * h + j];
       }
     }
