@@ -128,7 +128,9 @@ Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, 
   bo.weight_chunk_mb = d.weight_chunk_mb;
   bo.enforce_eager = d.enforce_eager;
   bo.gpu_native_quant = d.gpu_native_quant;
-  const std::string gpu = backend::cuda_device_summary();
+  // --device cpu never touches the driver: probing it (cuInit, the plugin with cudart and cuBLAS)
+  // costs a CPU run hundreds of MB of RSS on a GPU machine.
+  const std::string gpu = d.device == "cpu" ? std::string() : backend::cuda_device_summary();
   if (d.device == "cuda" || (d.device == "auto" && !gpu.empty())) {
     if (chosen) *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")";
     return backend::make_cuda_backend(m, bo);

@@ -13,8 +13,9 @@ def selfserve():
     if not os.path.exists(exe):
         pytest.fail(f"{exe} not built; run tools/test.sh or set SELFSERVE_BIN")
 
-    def run(*args, input=None, check=True, timeout=600):
-        r = subprocess.run([exe, *args], input=input, capture_output=True, timeout=timeout)
+    def run(*args, input=None, check=True, timeout=600, env=None):
+        r = subprocess.run([exe, *args], input=input, capture_output=True, timeout=timeout,
+                           env={**os.environ, **env} if env else None)
         if check and r.returncode != 0:
             raise AssertionError(f"selfserve {' '.join(args)} failed ({r.returncode}): {r.stderr.decode(errors='replace')}")
         return r

@@ -51,6 +51,17 @@ def test_peak_rss_under_twice_the_file(selfserve, default_model):
     assert rss < 2 * os.path.getsize(default_model), f"peak RSS {rss / 1e6:.1f} MB"
 
 
+def test_device_cpu_never_touches_the_gpu_driver(selfserve, default_model):
+    """--device cpu does not probe for a GPU: the dynamic loader's own trace (LD_DEBUG=files) shows no
+    attempt to load the driver or the CUDA plugin (on a GPU machine the probe cost a CPU run
+    hundreds of MB of RSS). --threads 1, so no topology measurement runs either."""
+    r = selfserve("generate", "--prompt", "Hello", "--max-tokens", "2", "--device", "cpu", "--threads", "1",
+                  "--quiet", env={"LD_DEBUG": "files"})
+    assert r.stdout.strip(), r.stderr[-2000:]
+    for lib in (b"libcuda.so", b"libselfserve_cuda.so", b"libcudart", b"libcublas"):
+        assert lib not in r.stderr, [l for l in r.stderr.splitlines() if lib in l][:3]
+
+
 def test_tokenize_round_trip(selfserve, default_model):
     text = "Hello, world! 你好 🌍 1234567 \t  code: x += 1;\n"
     r = selfserve("tokenize", "--json", input=text.encode())
