@@ -229,6 +229,7 @@ class CudaBackend final : public Backend {
   // The fused small-batch path (kernels/decode.cu): split attention shapes without per-head q/k norms.
   bool fused_ = false;
   unsigned* attn_counters_ = nullptr;  // [kFusedMaxBatch][n_kv], zero between launches
+  cuda::kern::SplitK splitk_{};        // the fused adds' K split across CTAs (SS_CUDA_SPLITK; off: max_ks 0)
   static constexpr int kFusedMaxBatch = 8;
   // Prefill attention on tensor cores (kernels/prefill_attention.cu) for eager steps whose rows come in
   // prompt runs: the step's query tiles (pinned host mirror, device copy) and their count, 0 when the
@@ -522,9 +523,17 @@ Status CudaBackend::init() {
       attn_ws_floats = std::max(attn_ws_floats, cuda::kern::attention_workspace_floats(
                                                     std::min(cap_tokens_, kFusedMaxBatch), nh_, hd_, max_splits_));
   }
+  // SS_CUDA_SPLITK=<2..4>: the fused adds (o_proj, down) whose tiles leave most warp slots idle
+  // split K across up to that many CTAs (dec_add's SplitK). Written 2026-12-06 without a GPU, not
+  // yet measured: off unless set.
+  int splitk_max = 0;
+  if (const char* e = std::getenv("SS_CUDA_SPLITK"); e && *e) splitk_max = std::clamp(std::atoi(e), 0, 4);
+  const int64_t splitk_floats = fused_ && splitk_max > 1 ? cuda::kern::splitk_part_floats(H_, splitk_max) : 0;
+  const int splitk_tiles = (H_ + 15) / 16;
   const size_t attn_bytes = padded(4 * static_cast<size_t>(attn_ws_floats)) + padded(4 * T) +
                             padded(4 * static_cast<size_t>(kFusedMaxBatch) * nkv_) +
-                            padded(sizeof(cuda::kern::PrefillTile) * T) + padded(4);
+                            padded(sizeof(cuda::kern::PrefillTile) * T) + padded(4) +
+                            (splitk_floats > 0 ? padded(4 * static_cast<size_t>(splitk_floats)) + padded(4 * static_cast<size_t>(splitk_tiles)) : 0);
   {
     const char* e = std::getenv("SS_CUDA_DEVICE_SAMPLING");
     const std::string v = e ? e : "";
@@ -598,6 +607,13 @@ Status CudaBackend::init() {
     attn_counters_ = scratch_.take<unsigned>(static_cast<size_t>(kFusedMaxBatch) * nkv_);
     if (!attn_counters_) return make_error("cuda backend: scratch estimate too small (a bug)");
     SS_CUDA(cudaMemsetAsync(attn_counters_, 0, sizeof(unsigned) * kFusedMaxBatch * nkv_, stream_));
+  }
+  if (splitk_floats > 0) {
+    splitk_.part = scratch_.take<float>(static_cast<size_t>(splitk_floats));
+    splitk_.tickets = scratch_.take<unsigned>(static_cast<size_t>(splitk_tiles));
+    if (!splitk_.part || !splitk_.tickets) return make_error("cuda backend: scratch estimate too small (a bug)");
+    SS_CUDA(cudaMemsetAsync(splitk_.tickets, 0, sizeof(unsigned) * splitk_tiles, stream_));
+    splitk_.part_floats = splitk_floats, splitk_.n_tickets = splitk_tiles, splitk_.max_ks = splitk_max;
   }
   if (!d_ctx_ || (attn_ws_floats > 0 && !attn_ws_)) return make_error("cuda backend: scratch estimate too small (a bug)");
   {
@@ -999,7 +1015,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     mark(kAttn);
     if (on('o')) {
       k::set_chain_slot(chain_slot(l, 2));
-      SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_));
+      SS_TRY(k::dec_add(d.wo, att_, x_, H_, qd_, T, pdl, stream_, &splitk_));
     }
     mark(kOProj);
     if (on('g')) {
@@ -1009,7 +1025,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     mark(kGateUp);
     if (on('d')) {
       k::set_chain_slot(chain_slot(l, 4));
-      SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_));
+      SS_TRY(k::dec_add(d.wdown, act_, x_, H_, I_, T, pdl, stream_, &splitk_));
     }
     mark(kDown);
   }

@@ -347,6 +347,63 @@ struct DevPacked {
   }
 };
 
+// dec_add with its K split across CTAs (SplitK): shapes whose 16-row tiles leave most warp slots
+// idle (Llama-3.2-1B's down and o_proj, 128 tiles; a 37-tile one that splits 4 ways) against the host
+// in double, at batches 1, 3 and 8; the split ran (its partials overwrote the poisoned workspace);
+// the tickets are left at zero, so a second launch (as a graph replays) is right too; and a row's
+// result is bit-for-bit the same alone and in a batch of 8.
+void check_split_add(std::mt19937& rng, const DevWeights& w, const std::vector<float>& wf, int N, int K,
+                     const std::string& what) {
+  const int max_ks = 4;
+  DeviceBuf<float> part(static_cast<size_t>(splitk_part_floats(N, max_ks)));
+  DeviceBuf<unsigned> tickets(static_cast<size_t>((N + 15) / 16));
+  ASSERT_TRUE(part.ok() && tickets.ok());
+  CUDA_OK(cudaMemset(tickets.get(), 0, tickets.size() * sizeof(unsigned)));
+  SplitK sk{part.get(), tickets.get(), static_cast<int64_t>(part.size()), static_cast<int>(tickets.size()), max_ks};
+  std::vector<float> xf8;
+  const auto x8 = random_bf16(rng, static_cast<size_t>(8) * K, -1, 1, &xf8);
+  const auto r8 = random_f32(rng, static_cast<size_t>(8) * N, -2, 2);
+  DeviceBuf<uint16_t> dx(x8);
+  std::vector<float> row0;
+  for (int batch : {1, 3, 8}) {
+    for (int launch = 0; launch < 2; ++launch) {
+      part.poison();
+      DeviceBuf<float> dr(std::vector<float>(r8.begin(), r8.begin() + static_cast<size_t>(batch) * N));
+      LAUNCH_OK(dec_add(w, dx.get(), dr.get(), N, K, batch, true, nullptr, &sk));
+      const auto r = dr.download();
+      const auto pw = part.download();
+      uint32_t bits = 0;
+      std::memcpy(&bits, &pw[0], 4);
+      ASSERT_NE(bits, 0xFFFFFFFFu) << what << ": the K split did not run (tile 0's partials still poisoned)";
+      for (unsigned v : tickets.download()) ASSERT_EQ(v, 0u) << what << ": a ticket was not left at zero";
+      for (int b = 0; b < batch; ++b)
+        for (int n = 0; n < N; ++n) {
+          double acc = r8[static_cast<size_t>(b) * N + n], m = std::abs(acc);
+          for (int k = 0; k < K; ++k) {
+            const double t = static_cast<double>(wf[static_cast<size_t>(n) * K + k]) * xf8[static_cast<size_t>(b) * K + k];
+            acc += t, m += std::abs(t);
+          }
+          ASSERT_NEAR(r[static_cast<size_t>(b) * N + n], acc, 1e-5 * m + 1e-6)
+              << what << " N=" << N << " K=" << K << " batch " << batch << " b=" << b << " n=" << n;
+        }
+      if (batch == 1) row0.assign(r.begin(), r.begin() + N);
+      else ASSERT_EQ(0, std::memcmp(row0.data(), r.data(), sizeof(float) * N)) << what << ": row 0 at batch " << batch;
+    }
+  }
+}
+
+TEST(GpuDecode, AddSplitAcrossCtasMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(33);
+  for (auto [N, K] : {std::pair{2048, 8192}, std::pair{2048, 2048}, std::pair{577, 4096}}) {
+    std::vector<float> wf;
+    auto W = random_bf16(rng, static_cast<size_t>(N) * K, -1, 1, &wf);
+    DeviceBuf<uint16_t> dW(W);
+    check_split_add(rng, bf16_weights(dW.get()), wf, N, K, "bf16");
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);
@@ -475,6 +532,18 @@ TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
     const auto o = out.download();
     for (size_t i = 0; i < o.size(); ++i)
       ASSERT_EQ(o[i], to_bf16(p.wf[i])) << fname(f) << " element " << i;  // bf16 of the exact value
+  }
+}
+
+TEST(GpuDecodePacked, AddSplitAcrossCtasMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(43);
+  for (WFormat f : kPackedFormats) {
+    const int N = 577, K = k_for(f, 4096);
+    const Packed p = pack(rng, f, N, K);
+    DevPacked dp(p, f);
+    check_split_add(rng, dp.w, p.wf, N, K, fname(f));
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -127,9 +127,15 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   const int sub = warp % S, tw = warp / S;
   const int K = a.K, chunks = K / 32;
   constexpr bool kQuant = F != WFormat::BF16;
+  // KS > 1 (adds whose tiles fill under half the warp slots): CTA blockIdx.x takes K split
+  // blockIdx.x % KS of tile group blockIdx.x / KS, and the tile's last CTA sums the splits (finish).
+  const int KS = OP == Op::Add ? a.KS : 1, ks = static_cast<int>(blockIdx.x) % KS;
+  const int cta = static_cast<int>(blockIdx.x) / KS, n_cta = static_cast<int>(gridDim.x) / KS;
   // Quantized rounds start on 8-chunk boundaries (their scale vectors and packed words align there).
-  const int cpw = kQuant ? ((chunks + S - 1) / S + 7) / 8 * 8 : (chunks + S - 1) / S;
-  const int c_begin = min(chunks, sub * cpw), c_end = min(chunks, c_begin + cpw);
+  const int cpk = KS == 1 ? chunks : kQuant ? ((chunks + KS - 1) / KS + 7) / 8 * 8 : (chunks + KS - 1) / KS;
+  const int k_begin = min(chunks, ks * cpk), k_end = min(chunks, k_begin + cpk), k_range = k_end - k_begin;
+  const int cpw = kQuant ? ((k_range + S - 1) / S + 7) / 8 * 8 : (k_range + S - 1) / S;
+  const int c_begin = min(k_end, k_begin + sub * cpw), c_end = min(k_end, c_begin + cpw);
   const size_t xs_bytes = kNorm ? sizeof(uint16_t) * static_cast<size_t>(a.B) * K : 0;
   const size_t sx_bytes = kHasMin<F> ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
   float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // mins: [8][chunks] sums of x
@@ -181,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     }
   };
 
-  int tb = blockIdx.x * TPC;
-  const int tstride = gridDim.x * TPC;
+  int tb = cta * TPC;
+  const int tstride = n_cta * TPC;
   // Before the wait: the first round of weights, the norm's weights, and what the first tile's
   // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
   // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
@@ -333,11 +339,38 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     }
   };
 
+  // A tile's reduced products (one warp's lanes, v) to its epilogue; with KS > 1 through the
+  // tile's partials: each K split's CTA stores its own, and the last to take the tile's ticket sums
+  // them in split order (the same order at every batch size) and runs the epilogue.
+  auto finish = [&](int tile, const float (&v)[4], bool first) {
+    if (OP != Op::Add || KS == 1) {
+      if (first) epilogue<OP>(a, tile, g, t, v, &epi);  // (two calls: a pointer known at each keeps epi in registers)
+      else epilogue<OP>(a, tile, g, t, v);
+      return;
+    }
+    float* const base = a.part + static_cast<int64_t>(tile) * KS * 128 + lane * 4;
+    __stcg(reinterpret_cast<float4*>(base + ks * 128), make_float4(v[0], v[1], v[2], v[3]));
+    __threadfence();
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) last = atomicAdd(a.tickets + tile, 1u) == static_cast<unsigned>(KS - 1) ? 1u : 0u;
+    if (__shfl_sync(0xffffffffu, last, 0) == 0) return;
+    __threadfence();
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k2 = 0; k2 < KS; ++k2) {
+      const float4 q = __ldcg(reinterpret_cast<const float4*>(base + k2 * 128));
+      sum[0] += q.x, sum[1] += q.y, sum[2] += q.z, sum[3] += q.w;
+    }
+    if (lane == 0) a.tickets[tile] = 0;  // ready for the next launch (graph replays)
+    if (first) epilogue<OP>(a, tile, g, t, sum, &epi);
+    else epilogue<OP>(a, tile, g, t, sum);
+  };
+
   phase(st, 2);  // the norm's prologue done (the input staged)
   for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
-    const bool first_tile = tb == static_cast<int>(blockIdx.x) * TPC;
+    const bool first_tile = tb == cta * TPC;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
       if constexpr (kPipe) {
@@ -360,8 +393,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       load(w, c_begin);
     }
     if (S == 1) {
-      if (valid && first_tile) epilogue<OP>(a, tile, g, t, c, &epi);  // (two calls: a pointer known at each keeps epi in registers)
-      else if (valid) epilogue<OP>(a, tile, g, t, c);
+      if (valid) finish(tile, c, first_tile);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * 4 + i] = c[i];
@@ -371,8 +403,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
         for (int s2 = 0; s2 < S; ++s2)
 #pragma unroll
           for (int i = 0; i < 4; ++i) v[i] += red[((tw * S + s2) * 32 + lane) * 4 + i];
-        if (first_tile) epilogue<OP>(a, tile, g, t, v, &epi);
-        else epilogue<OP>(a, tile, g, t, v);
+        finish(tile, v, first_tile);
       }
       __syncthreads();
     }
@@ -422,7 +453,7 @@ unsigned long long* take_chain_slot() {
 }
 
 template <Op OP>
-Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s) {
+Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s, const SplitK* sk = nullptr) {
   a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
   const bool quant = W.format != WFormat::BF16;
   int kU = quant ? 8 : tuning().u;
@@ -459,15 +490,32 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     const int64_t rounds = waves * (((chunks + s2 - 1) / s2 + kU - 1) / kU);
     if (best < 0 || rounds <= best) best = rounds, S = s2;
   }
+  // An add whose tiles, S = 8 warps each, fill under half the warp slots (Llama-3.2-1B's o_proj and
+  // down: 128 tiles, 1024 of 2112 warps on an H100, ~50% of DRAM peak) splits K across KS CTAs,
+  // while every warp keeps at least half a round (4 chunks). Shape only: a row's result is the same
+  // at every batch size.
+  int KS = 1;
+  if (OP == Op::Add && sk && sk->max_ks > 1 && sk->part && sk->tickets) {
+    const int64_t need = a.tiles * static_cast<int64_t>(kWarps);
+    int k2 = static_cast<int>(std::min<int64_t>(sk->max_ks, slots / need));
+    while (k2 > 1 && chunks / k2 < static_cast<int64_t>(kWarps) * 4) --k2;
+    if (k2 > 1 && a.tiles <= sk->n_tickets && static_cast<int64_t>(a.tiles) * k2 * 128 <= sk->part_floats) {
+      KS = k2, S = kWarps;
+      a.part = sk->part, a.tickets = sk->tickets;
+    }
+  }
+  a.KS = KS;
   a.S = S;
   a.empty = tuning().empty;
   a.stamps = take_chain_slot();
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
-  const bool pipe = !quant && (tuning().pipe == -1 ? (chunks + S - 1) / S > kU : tuning().pipe == 1);
+  const int64_t split_chunks = (chunks + KS - 1) / KS;
+  const bool pipe = !quant && (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
   if (pipe) kU = 4;
   const int tpc = kWarps / S;
-  const int grid = static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms));
+  const int grid =
+      KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
   auto* k = W.format == WFormat::Q4_0   ? dec_k<OP, 8, WFormat::Q4_0>
             : W.format == WFormat::Q4_1 ? dec_k<OP, 8, WFormat::Q4_1>
             : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
@@ -525,12 +573,14 @@ Status dec_qkv(const DevWeights& W_qkv, const float* resid, const float* norm_w,
 }
 
 Status dec_add(const DevWeights& W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
-               cudaStream_t s) {
+               cudaStream_t s, const SplitK* sk) {
   if (N <= 0) return make_error("dec_add: N must be positive");
   DecArgs a{};
   a.K = K, a.N = N, a.tiles = (N + 15) / 16, a.B = batch, a.x = x, a.y = resid;
-  return dispatch<Op::Add>("dec_add", W, a, pdl, s);
+  return dispatch<Op::Add>("dec_add", W, a, pdl, s, sk);
 }
+
+int64_t splitk_part_floats(int N, int max_ks) { return static_cast<int64_t>((N + 15) / 16) * max_ks * 128; }
 
 Status dec_gate_up(const DevWeights& W_gate_up, const float* resid, const float* norm_w, float eps, bf16_bits* act,
                    int F, int K, int batch, bool pdl, cudaStream_t s) {

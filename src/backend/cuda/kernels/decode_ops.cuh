@@ -20,6 +20,9 @@ struct DecArgs {
   int N;                 // Add / Logits: rows of W; GateUp: F (W has 2F rows)
   int B;                 // batch rows (<= 8: the mma's N dimension)
   int S;                 // warps splitting K for one tile (1, 2, 4, 8)
+  int KS = 1;            // CTAs splitting K for one tile (Add only; > 1: partials to `part`, a ticket)
+  float* part;           // KS > 1: [tiles][KS][32 lanes][4] partial sums
+  unsigned* tickets;     // KS > 1: [tiles], zero between launches
   const uint16_t* x;     // Add: the input [B][K] bf16
   const float* resid;    // the norm ops: the fp32 residual, rows of K
   const int32_t* rows;   // Logits: the residual row of each batch row (null: row b)

@@ -143,9 +143,22 @@ void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* 
 // gemv_bf16_qkv_rope (rk.qkv unused; no per-head q/k norms); q unscaled.
 Status dec_qkv(const DevWeights& W, const float* resid, const float* norm_w, float eps, int K, int batch,
                const RopeKv& rk, bool pdl, cudaStream_t s);
+// An add's K split across CTAs (dec_add): where its 16-row tiles leave most warp slots idle, up to
+// max_ks CTAs take a share of K each, store their partial tiles in `part`, and the tile's last CTA
+// (a ticket in `tickets`) sums them in split order and adds. Chosen from the shape only, so a row's
+// result does not depend on the batch. max_ks <= 1 or null: off. part: at least
+// splitk_part_floats(N, max_ks) floats; tickets: at least ceil(N / 16), zero (left zero).
+struct SplitK {
+  float* part = nullptr;
+  unsigned* tickets = nullptr;
+  int64_t part_floats = 0;
+  int n_tickets = 0;
+  int max_ks = 0;
+};
+int64_t splitk_part_floats(int N, int max_ks);
 // resid[b][n] += sum_k W[n][k] x[b][k] (o_proj, down).
 Status dec_add(const DevWeights& W, const bf16_bits* x, float* resid, int N, int K, int batch, bool pdl,
-               cudaStream_t s);
+               cudaStream_t s, const SplitK* sk = nullptr);
 // act[b][i] = bf16(silu(gate_i . xn_b) * (up_i . xn_b)), W [2F][K] (gate rows then up rows),
 // xn_b = rmsnorm(resid[b]).
 Status dec_gate_up(const DevWeights& W, const float* resid, const float* norm_w, float eps, bf16_bits* act, int F,
