@@ -106,7 +106,8 @@ if [ -d .gpu-e2e-c ] && want 420 "e2e on the GPU"; then
   stage "e2e on the GPU rc=$? $(tail -1 "$RES/e2e.txt") $(grep -E '^(FAILED|ERROR) ' "$RES/e2e.txt" | cut -c1-150 | head -12 | tr '\n' ';')"
 fi
 # Issue 18: returning-turn TTFT from the host and disk tiers at 8B, the tiers' arena now registered
-# with the CUDA backend (copies by DMA in place). Predicted (H100): host 0.099 -> ~0.035 s, 1.5x -> ~4x.
+# with the CUDA backend (copies by DMA in place). Measured since (H100, 2026-12-06, docs/perf/memory.md):
+# host 0.027 s, 5.4x the recompute; disk 0.123 s, 1.3x.
 if want 400 "KV tiers"; then
   synth llama3-8b bf16
   OUT=$RES/tiers MODELS=$M CONV=3 timeout 600 tools/gpu/bench_kv_tiers.sh llama3-8b > "$RES/tiers.log" 2>&1
