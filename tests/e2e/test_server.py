@@ -66,6 +66,10 @@ class Server:
         self.log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def on_gpu(self):
+        """Whether the server chose the CUDA backend (its start-up line names the device)."""
+        return re.search(r"; device cuda \(", self.log_text()) is not None
+
     def client(self, **kw):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120, **kw)
 
@@ -413,11 +417,17 @@ def test_structured_output_json_schema(srv):
         jsonschema.validate(doc, PET_SCHEMA)
         declared = [k for k in PET_SCHEMA["properties"] if k in doc]
         assert list(doc) == declared, "properties in the declared order"
-    # Streaming the first choice's seed gives the same text.
+    # Streaming the first choice's seed gives the same text. On the CPU backend only: on the GPU a
+    # row's logits still depend on how its prompt was chunked and which prefix blocks were cached
+    # (docs/perf/gpu.md, batch invariance), so at temperature 1 the two samples part; there the
+    # streamed answer must still be valid.
     stream = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
                                        response_format=rf, stream=True)
     text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
-    assert text == r.choices[0].message.content
+    if srv.on_gpu():
+        jsonschema.validate(json.loads(text), PET_SCHEMA)
+    else:
+        assert text == r.choices[0].message.content
     # The same request unconstrained is not JSON most of the time (so the constraint did the work).
     free = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=60, temperature=1.0, n=6, seed=11)
     def valid(t):
@@ -452,7 +462,9 @@ def test_structured_output_with_the_clients_pydantic_helper(srv):
 
     c = srv.client()
     for seed in (1, 2):
-        r = c.chat.completions.parse(model=srv.model, messages=chat_msgs("Solve 8x + 7 = -23."), max_tokens=400,
+        # The schema bounds the answer, but not within 400 tokens: on an H100 (2026-12-06) the GPU's
+        # sample for one of these seeds was still inside it at 400.
+        r = c.chat.completions.parse(model=srv.model, messages=chat_msgs("Solve 8x + 7 = -23."), max_tokens=1000,
                                      temperature=0.8, seed=seed, response_format=Solution)
         ch = r.choices[0]
         assert ch.finish_reason == "stop", ch.message.content
