@@ -222,6 +222,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0, max_splits_ = 64;
   int64_t l2_prefetch_bytes_ = 0;  // kern::Attention::l2_prefetch_bytes
   int attn_cluster_ = 0;           // kern::Attention::cluster of the fused decode's attention
+  bool attn_push_ = false;         // kern::Attention::cluster_push (SS_CUDA_ATTN_PUSH=1; not yet measured)
   bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
   size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;
@@ -415,6 +416,7 @@ Status CudaBackend::init() {
   // SS_CUDA_ATTN_CLUSTER=<0|2..16> (a divisor of the 64 splits) sets it.
   attn_cluster_ = cuda::kern::attention_max_cluster(16, hd_, nh_ / std::max(1, nkv_));
   if (const char* e = std::getenv("SS_CUDA_ATTN_CLUSTER"); e && *e) attn_cluster_ = std::atoi(e);
+  if (const char* e = std::getenv("SS_CUDA_ATTN_PUSH"); e && std::string(e) == "1") attn_push_ = true;
   if (const char* e = std::getenv("SS_CUDA_CHAIN_TRACE"); e && std::string(e) == "1") {
     h_chain_.assign(static_cast<size_t>(L_) * 5 * cuda::kern::kChainPhases, 0);
     SS_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_chain_), sizeof(unsigned long long) * h_chain_.size()));
@@ -1007,6 +1009,7 @@ Status CudaBackend::forward_fused(int T, int R) {
     a.pdl = pdl;
     a.l2_prefetch_bytes = l2_prefetch_bytes_;
     a.cluster = T == 1 ? attn_cluster_ : 0;
+    a.cluster_push = attn_push_;
     a.empty = k::empty_kernels();
     a.stamps = chain_slot(l, 1);
     // The split count of the largest batch at every batch size: a row's result then depends on its

@@ -92,7 +92,7 @@ std::vector<double> host_attention(const Paged& p, const float* q, int seq, int 
 // merge_in_place: the splits merged by their last CTA (counters) instead of the combine kernel.
 void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len, const std::vector<int32_t>& seq_of_q,
               const std::vector<int32_t>& ctx, int splits_wanted, bool merge_in_place = false, int cluster = 0,
-              std::vector<uint16_t>* out_bits = nullptr) {
+              std::vector<uint16_t>* out_bits = nullptr, bool push = false) {
   const Paged p = make_paged(rng, seq_len, c.n_kv, c.hd);
   const int n_q = static_cast<int>(ctx.size());
   const size_t qsz = static_cast<size_t>(n_q) * c.n_heads * c.hd;
@@ -114,6 +114,7 @@ void run_case(std::mt19937& rng, const Case& c, const std::vector<int>& seq_len,
   Attention a{dq.get(), dcache.get(), c.n_heads, c.n_kv, c.hd, scale, dctx.get(), dseq.get(), dtab.get(),
               p.max_blocks, dout.get(), dws.get(), max_splits, merge_in_place ? counters.get() : nullptr};
   a.cluster = cluster;
+  a.cluster_push = push;
   LAUNCH_OK(attention(a, n_q, splits, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   for (unsigned v : counters.download()) ASSERT_EQ(v, 0u) << "a split counter was not left at zero";
@@ -165,12 +166,21 @@ TEST(GpuAttention, ClusterMergeMatchesHost) {
         std::vector<uint16_t> by_ticket, by_cluster;
         run_case(same, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, 0, &by_ticket);
         if (HasFatalFailure()) return;
+        std::mt19937 same2 = rng;
         run_case(rng, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, cluster, &by_cluster);
         if (HasFatalFailure()) return;
         ASSERT_EQ(by_ticket, by_cluster) << "cluster " << cluster << " hd " << c.hd << " ctx " << len;
+        // The pushed merge (every split into the first CTA's shared memory, one barrier): the same bits.
+        std::vector<uint16_t> by_push;
+        run_case(same2, c, {len}, {0}, {len}, 64, /*merge_in_place=*/true, cluster, &by_push, /*push=*/true);
+        if (HasFatalFailure()) return;
+        ASSERT_EQ(by_ticket, by_push) << "pushed, cluster " << cluster << " hd " << c.hd << " ctx " << len;
       }
       // Rows of different lengths in one launch: some merge in the cluster, some by ticket.
       run_case(rng, c, {17, 300, 1100}, {0, 1, 2}, {17, 300, 1100}, 64, /*merge_in_place=*/true, cluster);
+      if (HasFatalFailure()) return;
+      run_case(rng, c, {17, 300, 1100}, {0, 1, 2}, {17, 300, 1100}, 64, /*merge_in_place=*/true, cluster, nullptr,
+               /*push=*/true);
       if (HasFatalFailure()) return;
     }
   }

@@ -313,6 +313,49 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MG <= 4 ? 3 : 2) attn_split_k
     }
   }
   phase(st, 4);  // the split's result written (out, partials or shared memory)
+  if (clustered && a.cluster_push) {
+    // Into rank 0's dynamic shared memory ([cluster] maxima, [cluster] sums, [cluster][G][HD] outputs,
+    // as launch_attn sizes it), one barrier (arrive.release / wait.acquire: the stores are visible to
+    // rank 0 after it), then rank 0 merges in split order as merge_splits does.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank());
+    extern __shared__ __align__(16) float attn_push[];
+    float* const pm = cluster.map_shared_rank(attn_push, 0);
+    float* const pl = pm + a.cluster * MG;
+    float* const pa = pl + a.cluster * MG;
+    __syncthreads();  // cl_* complete
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+      const int g = i / HD, d = i % HD;
+      pa[(rank * MG + g) * HD + d] = cl_acc[g][d];
+      if (d == 0) pm[rank * MG + g] = cl_m[g], pl[rank * MG + g] = cl_l[g];
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank == 0) {
+      for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int g = i / HD, d = i % HD;
+        float M = -INFINITY;
+        for (int sp = 0; sp < ns; ++sp) M = fmaxf(M, attn_push[sp * MG + g]);
+        float L = 0.0f, A = 0.0f;  // merge_splits' arithmetic, in its order
+        for (int sp = 0; sp < ns; ++sp) {
+          const float m = attn_push[sp * MG + g];
+          const float f = m == -INFINITY ? 0.0f : exp2f(m - M);
+          L = fmaf(attn_push[(a.cluster + sp) * MG + g], f, L);
+          A = fmaf(f, attn_push[2 * a.cluster * MG + (sp * MG + g) * HD + d], A);
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        a.out[(static_cast<int64_t>(qi) * a.n_heads + kvh * G + g) * HD + d] = f2bf(A * inv);
+      }
+      if (qi == 0 && kvh == 0 && a.stamps) {
+        __syncthreads();
+        if (threadIdx.x == 0) a.stamps[6] = gtimer();
+      }
+    }
+    phase(st, 5);
+    phase_leave(a.stamps);
+    return;
+  }
   if (clustered) {
     // Every split's (max, sum, output) is in its CTA's shared memory: after the barrier, the
     // cluster's CTAs merge the group's outputs together (CTA r takes elements r x 128 + thread,
@@ -414,6 +457,13 @@ cudaError_t launch_attn(const Attention& a, int n_q, int splits, cudaStream_t s)
   auto* k = split_kernel<HD>(a.n_heads / a.n_kv);
   if (a.cluster > 1) {
     if (a.cluster > 8) cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (a.cluster_push) {  // rank 0's landing area: maxima and sums [cluster][MG], outputs [cluster][MG][HD]
+      const int G = a.n_heads / a.n_kv, MG = G <= 2 ? 2 : G <= 4 ? 4 : 8;
+      cfg.dynamicSmemBytes = sizeof(float) * static_cast<size_t>(a.cluster) * MG * (2 + HD);
+      const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(cfg.dynamicSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
     attr[n_attr].id = cudaLaunchAttributeClusterDimension;
     attr[n_attr].val.clusterDim.x = 1, attr[n_attr].val.clusterDim.y = 1;
     attr[n_attr++].val.clusterDim.z = static_cast<unsigned>(a.cluster);
