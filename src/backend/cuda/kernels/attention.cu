@@ -1,9 +1,8 @@
 // Paged attention over the bf16 KV cache, decode and prefill alike: one CTA per (query row, KV head,
 // split) serves the group's query heads, so each K/V vector read from memory is used by every head
-// of the group (GQA). Inside a CTA each group of hd/16 lanes (hd/8 for groups past 4 heads) walks its
-// own keys (a lane holds 16 consecutive dims of q for each head and of the key), keeps an online
-// softmax per head in registers; the walkers of a warp merge by shuffles, the warps through shared
-// memory. Long contexts are split across CTAs (flash-decoding): each split writes (max, sum,
+// of the group (GQA). Inside a CTA each group of hd/8 lanes walks its own keys (a lane holds 8
+// consecutive dims of q for each head and of the key), keeps an online softmax per head in
+// registers; the walkers of a warp merge by shuffles, the warps through shared memory. Long contexts are split across CTAs (flash-decoding): each split writes (max, sum,
 // unnormalised output), and the splits are merged by attn_combine_k, or in place by the last split
 // CTA (split_counters, a ticket), or, for a row whose live splits fit one thread-block cluster
 // (Attention::cluster; the fused decode at batch 1), through the cluster's distributed shared
@@ -160,12 +159,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32, MG <= 4 ? 3 : 2) attn_split_k
   pdl_trigger();
   phase(st, 1);
 
-  // Walkers: a key is read by LPK lanes of DL consecutive dims each (DL = 16, or 8 for groups past 4
-  // heads, so q and the accumulators of every head stay in registers), so a warp steps over KPR keys
-  // at once, each group of LPK lanes (a walker) with its own online softmax per head. A key's score
-  // then costs DL fmas and log2(LPK) shuffles, not a warp-wide sum: the earlier layout (a lane per
-  // HD/32 dims, one key a warp step) spent ~250 cycles a (key, head) in dependent shuffles, 6.5 us
-  // of the 10 us a layer at 135M (chain trace, 2026-12-06).
+  // Walkers: a key is read by LPK lanes of DL = 8 consecutive dims each (q and the accumulators of
+  // every head stay in registers: 16 dims a lane took 239 registers, 2 CTAs an SM), so a warp steps
+  // over KPR keys at once, each group of LPK lanes (a walker) with its own online softmax per head.
+  // A key's score then costs DL fmas and log2(LPK) shuffles, not a warp-wide sum: the earlier layout
+  // (a lane per HD/32 dims, one key a warp step) spent ~250 cycles a (key, head) in dependent
+  // shuffles, 6.5 us of the 10 us a layer at 135M (chain trace, 2026-12-06).
   using S = Walk<HD, MG>;
   constexpr int DL = S::DL, LPK = S::LPK, KPR = S::KPR, W = S::W, TBK = S::TBK;
   const int grp = lane / LPK, sub = lane % LPK;
