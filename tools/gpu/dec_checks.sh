@@ -9,6 +9,8 @@
 #   BE_FILTER: test_gpu_backend's tests run under each variant (default: the forward tests);
 #   TESTS_FIRST_ONLY=1: the tests under the first variant only; TESTS=0: no tests;
 #   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
+#   CHAIN_TRACE=1: after the timings, the chain's phase trace (SS_CUDA_CHAIN_TRACE=1) of every variant
+#     at batch 1 on TRACE_SHAPES (default 135M and 1B), one variant after another;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # With .ab-base/ carried (tools/gpu/ab_base.sh REV writes it), a copy of the tree with REV's files
 # builds selfserve beside the main build, and variants named old* time that baseline binary.
@@ -81,6 +83,19 @@ for s in $SHAPES; do
     stage "decode $s [$n] rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
 done
+if [ "${CHAIN_TRACE:-0}" = 1 ]; then
+  for s in ${TRACE_SHAPES:-smollm2-135m llama32-1b}; do
+    for v in $VARIANTS; do
+      n=${v%%:*}
+      want 20 "chain trace $s [$n]" || continue
+      f="$OUT/chain-$s-$n.txt"
+      env $(envof "$v") SS_CUDA_CHAIN_TRACE=1 timeout 120 $(binof $n)/selfserve bench decode --model $M/$s-bf16.gguf \
+        --device cuda --batch 1 --context 512 --steps 64 --reps 3 > "$f" 2>&1
+      stage "chain trace $s [$n] rc=$? $(rowsof "$f")"
+      grep -A5 '^chain trace' "$f" | tail -5 | sed 's/^/    /' | tee -a "$SS_OUT/progress"
+    done
+  done
+fi
 if [ "${MEGA_TRACE:-1}" = 1 ]; then
   for s in smollm2-135m llama3-8b; do
     want 50 "mega trace $s" || continue
