@@ -538,7 +538,7 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
     auto wt = [&](int64_t b) -> const void* { return ub + (b - c0) * kAmxBlockBytes; };
     for (int64_t b = c0; b < c1; b += 2) {
       for (int64_t l = b * pf_per_block, le = std::min(l + 2 * pf_per_block, pf_lines); l < le; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+        prefetch_next_weights(pf + 64 * l, a.n_tok);  // to L2, as the VNNI passes (kernels_internal.h)
       const int64_t k = b / 2;
       side.at(k);
       _tile_loadd(0, aq + 32 * b, cols);

@@ -354,7 +354,7 @@ SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0,
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
     if (pf)
-      for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + sb * kBlock + 64 * l), _MM_HINT_T0);
+      for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, a.n_tok);  // to L2
     side.at(sb);
     const uint8_t* ub = u[sb % 2];
     for (int j = 0; j < NS; j += 2) {
