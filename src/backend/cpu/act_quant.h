@@ -27,7 +27,7 @@ struct QActs {
   int32_t* corr = nullptr;  // C * sum(q): undoes a weight encoding stored as w + C (unsigned for VNNI)
   int16_t* bsum = nullptr;  // sum(q) per 16 values (K types; group 1 only)
   // Not about the activations: the lines this call's thread prefetches for a later operation as it
-  // goes (side_prefetch.h; the packed VNNI and AVX2 kernels, not the AMX passes; null: none).
+  // goes (side_prefetch.h; the packed VNNI, AVX2 and AMX kernels; null: none).
   SideCursor* side = nullptr;
 
   int64_t nb() const { return cols / qblock; }

@@ -464,7 +464,7 @@ constexpr int kAmxBlockBytes = 8 * 64;  // one unpacked block: B's 8 rows
 template <DType T, int NT>
 SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, bool unpack, const QActs& a, int t0,
                        int nt, float* y, int64_t ldy, int64_t o0, __mmask16 keep, const uint8_t* pf,
-                       int64_t pf_lines) {
+                       int64_t pf_lines, const SideSpread& side) {
   constexpr Layout F = kFmt<T>;
   constexpr int H = F.min ? 64 : 32;
   constexpr int bb = packed_format(T).block_bytes;
@@ -538,8 +538,9 @@ SS_AMX void amx_tokens(const uint8_t* gp, int64_t nb, uint8_t* ub, bool cached, 
     auto wt = [&](int64_t b) -> const void* { return ub + (b - c0) * kAmxBlockBytes; };
     for (int64_t b = c0; b < c1; b += 2) {
       for (int64_t l = b * pf_per_block, le = std::min(l + 2 * pf_per_block, pf_lines); l < le; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T0);
+        prefetch_next_weights(pf + 64 * l, a.n_tok);  // to L2, as the VNNI passes (kernels_internal.h)
       const int64_t k = b / 2;
+      side.at(k);
       _tile_loadd(0, aq + 32 * b, cols);
       _tile_loadd(1, wt(b), 64);
       _tile_zero(2);
@@ -573,10 +574,14 @@ SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, i
                   [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
                     const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;
                     const bool unpack = t == 0;
-                    if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-                    else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-                    else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
-                    else amx_tokens<T, 4>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines);
+                    // The side stream's lines of one 4-token VNNI pass (per_block per 16 rows x 32
+                    // columns: cpu_backend.cpp), spread over its block pairs: a quarter of the full
+                    // share, as rows_packed_amx_k (matmul_qk_packed_avx512.cpp) says why.
+                    const SideSpread side = side_take(a.side, nb, (nb + 1) / 2);
+                    if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
+                    else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
+                    else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
+                    else amx_tokens<T, 4>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
                   });
 }
 

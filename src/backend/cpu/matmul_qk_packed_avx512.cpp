@@ -330,7 +330,7 @@ constexpr int kAmxTokensK = 16;
 // are never stored).
 template <DType T, int NT>
 SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0, int nt, float* y, int64_t ldy,
-                         int64_t o0, __mmask16 keep, const uint8_t* pf) {
+                         int64_t o0, __mmask16 keep, const uint8_t* pf, const SideSpread& side) {
   constexpr int kBlock = packed_format(T).block_bytes;
   constexpr int kLines = (kBlock + 63) / 64;
   constexpr int NS = KSub<T>::n, KB = KSub<T>::kb;
@@ -354,7 +354,8 @@ SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0,
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
     if (pf)
-      for (int l = 0; l < kLines; ++l) _mm_prefetch(reinterpret_cast<const char*>(pf + sb * kBlock + 64 * l), _MM_HINT_T0);
+      for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, a.n_tok);  // to L2
+    side.at(sb);
     const uint8_t* ub = u[sb % 2];
     for (int j = 0; j < NS; j += 2) {
       _tile_loadd(0, aq + 256 * sb + KB * j, cols);
@@ -404,10 +405,16 @@ SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, i
   const int64_t nsb = P.cols / 256;
   amx_walk_groups(P, a.n_tok, kAmxTokensK, KSub<T>::kb, g0, g1,
                   [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
-                    if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-                    else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-                    else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
-                    else amx_k_tokens<T, 4>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf);
+                    // The side stream's lines of one 4-token VNNI pass (per_block per 16 rows x 32
+                    // columns: cpu_backend.cpp), spread over its super-blocks: a quarter of what the
+                    // VNNI passes a 16-token pass replaces take. At that full share the AMX products
+                    // were ~2.2 ms a step slower and attention ~1 ms faster (16 streams, Q4_K_M, AMX
+                    // Xeon); at a quarter they are even (the commit that made it so says by how much).
+                    const SideSpread side = side_take(a.side, 8 * nsb, nsb);
+                    if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
+                    else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
+                    else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
+                    else amx_k_tokens<T, 4>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
                   });
 }
 

@@ -451,6 +451,58 @@ TEST(Kernels, PackedAmxMatchesUnpackedBitForBit) {
   for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) check_packed(Isa::Avx512, type, g, {256, 768, 1536});
 }
 
+// The side stream (cpu/side_prefetch.h): at 16 tokens every packed kernel, VNNI, AVX2 and the AMX
+// tile passes alike, takes lines of each thread's cursor and prefetches them, and the products keep
+// matmul's bits. Every path the machine has: AVX2, AVX-512 with AMX off, AVX-512 with AMX on.
+TEST(Kernels, PackedKernelsTakeSideLinesOnEveryPath) {
+  if (ss::cpu::detected_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU: nothing is packed";
+  std::mt19937 g(seed() + 21);
+  ThreadPool pool2(2);
+  const int n_tok = 16;
+  std::vector<char> kv(64 * 4096, 1);  // the lines the cursors hand out (prefetched, never written)
+  struct Mode {
+    Isa isa;
+    bool amx;
+  };
+  for (const Mode mode : {Mode{Isa::Avx2, false}, Mode{Isa::Avx512, false}, Mode{Isa::Avx512, true}}) {
+    if (mode.isa > ss::cpu::detected_isa() || (mode.amx && !ss::cpu::amx_available())) continue;
+    AmxGuard amx(mode.amx);
+    IsaGuard guard(mode.isa);
+    ASSERT_EQ(ss::cpu::amx_active(), mode.amx);
+    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                       DType::Q6_K}) {
+      SCOPED_TRACE(testing::Message() << m::dtype_name(type) << " " << ss::cpu::isa_name(mode.isa)
+                                      << (mode.amx ? " + AMX" : ""));
+      const int64_t rows = 83, cols = 1536;
+      RandTensor w = make_tensor(type, rows, cols, g);
+      ss::HugeBuffer buf;
+      ASSERT_TRUE(buf.allocate(ss::cpu::packed_bytes(w.t)));
+      const ss::cpu::PackedMatrix P = ss::cpu::pack_weights(w.t, buf.data(), pool2);
+      ASSERT_FALSE(P.empty());
+      const int64_t ldx = cols + 3, ldy = rows + 5;
+      std::vector<float> x = rand_acts(n_tok, ldx, g);
+      const size_t sb = ss::cpu::matmul_scratch_bytes(type, cols, n_tok);
+      std::vector<uint8_t> scratch(sb);
+      std::vector<float> ref(n_tok * ldy, NAN), got(n_tok * ldy, NAN);
+      ss::cpu::matmul(w.t, x.data(), n_tok, ldx, ref.data(), ldy, {scratch.data(), sb}, pool2);
+      // One range per thread, longer than any kernel takes, so each cursor's count is what it took.
+      const ss::cpu::SideRange ranges[2] = {{kv.data(), 2048}, {kv.data() + 64 * 2048, 2048}};
+      ss::cpu::SideCursor cursors[2];
+      for (int t = 0; t < 2; ++t) {
+        cursors[t].next = ranges + t;
+        cursors[t].end = ranges + t + 1;
+        cursors[t].per_block = 1;
+      }
+      const ss::cpu::MatmulJob job{&w.t, &P, got.data(), ldy};
+      ASSERT_TRUE(ss::cpu::packed_path(&job, 1));
+      ss::cpu::matmul_multi(&job, 1, x.data(), n_tok, ldx, {scratch.data(), sb, cursors}, pool2);
+      for (int t = 0; t < 2; ++t) EXPECT_GT(cursors[t].taken, 0) << "thread " << t;
+      for (int t = 0; t < n_tok; ++t)
+        ASSERT_EQ(std::memcmp(&ref[t * ldy], &got[t * ldy], 4 * rows), 0) << "t=" << t;
+    }
+  }
+}
+
 // SS_CPU_AMX / force_amx turn it off; under a lower ISA it is never active.
 TEST(Kernels, AmxOnlyUnderAvx512) {
   {
