@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -517,8 +518,19 @@ TEST(PersistentScheduling, TheLoopGetsEveryConfiguredSeat) {
   for (const bool sized : {true, false}) {
     std::mt19937 g(41);
     FakeBackend be(256, 8, kVocab, sized ? persistent_backend_slots(8) : 8);
-    size_t widest = 0;
-    be.on_batch = [&](const backend::StepBatch& b) { widest = std::max(widest, b.seq_slot.size()); };
+    std::atomic<size_t> widest{0};
+    // The loop thread starts on the first admission while the engine's step is still submitting the
+    // others, and a fake step takes microseconds: its batches wait (at most 2 s) until that first
+    // step has submitted all eight (on a loaded machine the loop otherwise ran them one at a time).
+    std::atomic<bool> submitted{false};
+    be.on_batch = [&](const backend::StepBatch& b) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (!submitted.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      size_t w = widest.load();
+      while (b.seq_slot.size() > w && !widest.compare_exchange_weak(w, b.seq_slot.size())) {
+      }
+    };
     const EngineConfig cfg = persistent_config(8, 64);
     auto e = Engine::create(be, cfg);
     ASSERT_TRUE(e.ok()) << e.message();
@@ -528,11 +540,14 @@ TEST(PersistentScheduling, TheLoopGetsEveryConfiguredSeat) {
       r.on_event = c.callback();
       ASSERT_TRUE((*e)->add_request(std::move(r)).ok());
     }
+    const Status first = (*e)->step();  // admits: every request submitted to the loop
+    submitted.store(true);
+    ASSERT_TRUE(first.ok()) << first.message();
     run_all(**e);
     EXPECT_EQ(c.out.size(), 8u);
     for (const auto& [id, o] : c.out) EXPECT_EQ(o.tokens.size(), 24u) << id;
-    if (sized) EXPECT_EQ(widest, 8u) << "the loop ran fewer than its 8 seats at once";
-    else EXPECT_EQ(widest, 4u) << "8 slots: the loop's half";
+    if (sized) EXPECT_EQ(widest.load(), 8u) << "the loop ran fewer than its 8 seats at once";
+    else EXPECT_EQ(widest.load(), 4u) << "8 slots: the loop's half";
   }
 }
 
