@@ -147,6 +147,12 @@ struct BackendOptions {
   double gpu_memory_utilization = 0.9;
   int weight_chunk_mb = 64;
   bool enforce_eager = false;  // CUDA: no graphs (every step kernel by kernel)
+  // CUDA: every row computed exactly as it is at batch 1, whatever shares its step (the CPU backend
+  // always is): steps past the fused path's 8 rows, prompts included, run it 8 rows at a time instead
+  // of the tensor-core GEMMs and attention tiles. A sequence's greedy text then does not depend on
+  // the load, on how its prompt was chunked or on a preemption's recompute; large batches and
+  // prefill are slower (each 8 rows read the weights again). As vLLM's VLLM_BATCH_INVARIANT.
+  bool batch_invariant = false;
   // CUDA: keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K projection weights quantized on the device (repacked; steps of
   // <= 8 tokens read them directly, larger steps dequantize a matrix at a time for cuBLAS) instead of
   // converting every weight to bf16 at load.

@@ -116,6 +116,9 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
   cmd->add_flag("--enforce-eager", d->enforce_eager, "CUDA: no CUDA graphs (every step launched kernel by kernel)");
   cmd->add_flag("--gpu-native-quant", d->gpu_native_quant,
                 "CUDA: keep GGUF weights quantized on the GPU (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; default: bf16 at load)");
+  cmd->add_flag("--batch-invariant", d->batch_invariant,
+                "CUDA: a request's output bit for bit the same at any load, prompt chunking or preemption (steps "
+                "past 8 rows run 8 at a time: large batches and prefill slower; the CPU backend always is)");
 }
 
 bool wants_cuda(const DeviceArgs& d) {
@@ -128,11 +131,14 @@ Expected<std::unique_ptr<backend::Backend>> make_backend(const model::Model& m, 
   bo.weight_chunk_mb = d.weight_chunk_mb;
   bo.enforce_eager = d.enforce_eager;
   bo.gpu_native_quant = d.gpu_native_quant;
+  bo.batch_invariant = d.batch_invariant;
   // --device cpu never touches the driver: probing it (cuInit, the plugin with cudart and cuBLAS)
   // costs a CPU run hundreds of MB of RSS on a GPU machine.
   const std::string gpu = d.device == "cpu" ? std::string() : backend::cuda_device_summary();
   if (d.device == "cuda" || (d.device == "auto" && !gpu.empty())) {
-    if (chosen) *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")";
+    if (chosen)
+      *chosen = "cuda (" + (gpu.empty() ? std::string("no usable GPU") : gpu) + ")" +
+                (d.batch_invariant ? ", batch-invariant" : "");
     return backend::make_cuda_backend(m, bo);
   }
   if (chosen) *chosen = d.device == "cpu" ? "cpu (--device cpu)" : "cpu (no usable GPU)";

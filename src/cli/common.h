@@ -27,6 +27,7 @@ struct DeviceArgs {
   int weight_chunk_mb = 64;
   bool enforce_eager = false;
   bool gpu_native_quant = false;
+  bool batch_invariant = false;
 };
 void add_device_options(CLI::App* cmd, DeviceArgs* d);
 // The backend the flags ask for; `chosen` says which and why (for the startup line).

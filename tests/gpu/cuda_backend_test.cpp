@@ -366,18 +366,20 @@ TEST(CudaSampling, DeviceSamplingEqualsTheHostSampler) {
 // request alone, eager.
 namespace {
 std::vector<std::vector<int32_t>> run_engine(const ss::model::Model& m, bool eager,
-                                             const std::vector<std::vector<int32_t>>& prompts) {
+                                             const std::vector<std::vector<int32_t>>& prompts,
+                                             bool batch_invariant = false) {
   BackendOptions o;
   o.kv.num_blocks = 128;
   o.kv.block_size = 16;
   o.max_batch_tokens = 512;
-  o.max_slots = 8;
+  o.max_slots = batch_invariant ? 16 : 8;
   o.enforce_eager = eager;
+  o.batch_invariant = batch_invariant;
   auto be = ss::backend::make_cuda_backend(m, o);
   EXPECT_TRUE(be.ok()) << (be.ok() ? "" : be.message());
   if (!be.ok()) return {};
   ss::engine::EngineConfig ec;
-  ec.scheduler.max_num_seqs = 8;
+  ec.scheduler.max_num_seqs = batch_invariant ? 16 : 8;
   ec.scheduler.max_num_batched_tokens = 512;
   auto e = ss::engine::Engine::create(**be, ec);
   EXPECT_TRUE(e.ok());
@@ -987,4 +989,133 @@ TEST(CudaKvTiers, HistoriesRestoredInBatchesGiveTheSameTokensAsPoolHits) {
                      : "the stream (its steps meet B2's prefill at another position in the two runs: a difference "
                        "here alone is batch variance, not the tiers)");
   }
+}
+
+// --batch-invariant (BackendOptions::batch_invariant): steps past 8 rows run the fused path 8 rows at
+// a time, so a row's logits are the same bits whatever shares its step and however its prompt was
+// chunked. On real head shapes (SmolLM2's; Qwen2.5-0.5B's, with QKV bias and GQA 7; Qwen3-0.6B's,
+// with per-head q/k norms and head_dim 128) cut to two layers:
+// - twelve prompts in one 515-token step, against the CPU backend, and slot 0's prompt again at the
+//   step's end (other slices of 8), again in chunks of 7 and again a token at a time: the same bits;
+// - a 14-row decode step, the four copies' rows the same bits and close to the CPU backend;
+// - one copy alone, then another among 15 others at the same position: the same bits.
+// Then through the engine: greedy text of a prompt alone (eager and graphs) and beside 11 others (a
+// prefill step of 12 prompts, decode graphs of bucket 16) the same.
+TEST(CudaBatchInvariant, ARowIsTheSameAtAnyLoadAndChunking) {
+  SKIP_WITHOUT_GPU();
+  for (const char* shape : {"smollm2-135m", "qwen25-05b", "qwen3-06b"}) {
+    SCOPED_TRACE(shape);
+    auto model = two_layer_synth(shape, 21, std::string(::testing::TempDir()) + "/synth-inv-" + shape);
+    ASSERT_NE(model, nullptr);
+    BackendOptions co = cpu_reference_options(32, 8);
+    co.kv.num_blocks = 256;
+    co.max_batch_tokens = 1024;
+    auto cpu = ss::backend::make_cpu_backend(*model, co);
+    ASSERT_TRUE(cpu.ok()) << (cpu.ok() ? "" : cpu.message());
+    BackendOptions o;
+    o.gpu_device_sampling = false;
+    o.kv.num_blocks = 256;
+    o.kv.block_size = 16;
+    o.max_batch_tokens = 1024;
+    o.max_slots = 32;
+    o.batch_invariant = true;
+    auto made = ss::backend::make_cuda_backend(*model, o);
+    ASSERT_TRUE(made.ok()) << (made.ok() ? "" : made.message());
+    Backend& gpu = **made;
+    const int V = gpu.vocab_size();
+    auto tok = [&](int seq, int pos) { return static_cast<int32_t>((seq * 131 + pos * 7919 + 17) % V); };
+    std::vector<int> len(32, 0);
+    std::vector<int> src(32);
+    for (int s = 0; s < 32; ++s) src[static_cast<size_t>(s)] = s;
+    for (int s : {11, 12, 13, 14}) src[static_cast<size_t>(s)] = 0;  // copies of slot 0
+    // Runs `adds` ({slot, tokens}) as one step on both backends; the logits of each slot's last token.
+    auto run = [&](const std::vector<std::pair<int, int>>& adds, StepOutput& g, StepOutput& c) {
+      StepBatch b;
+      for (const auto& [slot, n] : adds) {
+        const int si = static_cast<int>(b.seq_slot.size());
+        b.seq_slot.push_back(slot);
+        if (len[static_cast<size_t>(slot)] == 0) b.edit_table(slot, 0, blocks(8 * slot, 128));
+        for (int i = 0; i < n; ++i) {
+          int& p = len[static_cast<size_t>(slot)];
+          if (i == n - 1) b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()));
+          b.tokens.push_back(tok(src[static_cast<size_t>(slot)], p));
+          b.positions.push_back(p++);
+          b.seq_index.push_back(si);
+        }
+      }
+      ASSERT_TRUE(gpu.step(b, g).ok());
+      ASSERT_TRUE((*cpu)->step(b, c).ok());
+      ASSERT_EQ(g.logits.size(), adds.size() * static_cast<size_t>(V));
+    };
+    auto row = [&](const StepOutput& o2, size_t r) {
+      return std::vector<float>(o2.logits.begin() + static_cast<std::ptrdiff_t>(r * V),
+                                o2.logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+    };
+    StepOutput g, c;
+    std::vector<std::pair<int, int>> pre;
+    for (int s = 0; s < 11; ++s) pre.push_back({s, 20 + 5 * s});
+    pre.push_back({11, 20});
+    run(pre, g, c);
+    if (HasFatalFailure()) return;
+    for (size_t r = 0; r < pre.size(); ++r)
+      expect_close(g.logits.data() + r * V, c.logits.data() + r * V, V, "prefill row " + std::to_string(r));
+    const std::vector<float> first = row(g, 0);
+    EXPECT_EQ(row(g, 11), first) << "slot 0's prompt again at the end of the same step";
+    for (int i = 0; i < 3; ++i) run({{12, i < 2 ? 7 : 6}}, g, c);
+    EXPECT_EQ(row(g, 0), first) << "slot 0's prompt in chunks of 7";
+    for (int i = 0; i < 20; ++i) run({{13, 1}}, g, c);
+    EXPECT_EQ(row(g, 0), first) << "slot 0's prompt a token at a time";
+    // Decode: slots 0-13 one token each; 0, 11, 12 and 13 the same token at the same position.
+    std::vector<std::pair<int, int>> dec;
+    for (int s = 0; s < 14; ++s) dec.push_back({s, 1});
+    run(dec, g, c);
+    for (size_t r = 0; r < dec.size(); ++r)
+      expect_close(g.logits.data() + r * V, c.logits.data() + r * V, V, "decode row " + std::to_string(r));
+    const std::vector<float> d0 = row(g, 0);
+    EXPECT_EQ(row(g, 11), d0);
+    EXPECT_EQ(row(g, 12), d0);
+    EXPECT_EQ(row(g, 13), d0);
+    // Slot 12 alone, then slot 13 among 15 others (slots 0-11 and 14-16 fresh two-token prompts).
+    run({{12, 1}}, g, c);
+    const std::vector<float> alone = row(g, 0);
+    std::vector<std::pair<int, int>> crowd;
+    for (int s = 14; s <= 16; ++s) crowd.push_back({s, 2});
+    for (int s = 0; s <= 11; ++s) crowd.push_back({s, 1});
+    crowd.insert(crowd.begin() + 5, {13, 1});
+    run(crowd, g, c);
+    EXPECT_EQ(row(g, 5), alone) << "a decode row beside 15 others";
+  }
+  const std::string dir = std::string(::testing::TempDir()) + "/synth-inv-smollm2-135m";
+  auto model = load(dir);
+  ASSERT_NE(model, nullptr);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 9 + 4 * i; ++j) p.push_back((i * 37 + j * 101 + 5) % 512);
+    prompts.push_back(p);
+  }
+  const auto eager = run_engine(*model, true, {prompts[3]}, true);
+  const auto graphs = run_engine(*model, false, {prompts[3]}, true);
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(eager[0].size(), 24u);
+  EXPECT_EQ(graphs, eager);
+  const auto crowd = run_engine(*model, false, prompts, true);
+  ASSERT_EQ(crowd.size(), 12u);
+  EXPECT_EQ(crowd[3], eager[0]) << "a request's greedy text beside 11 others";
+}
+
+// A model without the fused path refuses --batch-invariant at start-up, with the reason.
+TEST(CudaBatchInvariant, RefusedWhereTheFusedPathCannotRun) {
+  SKIP_WITHOUT_GPU();
+  auto model = two_layer_synth("smollm2-135m", 21, std::string(::testing::TempDir()) + "/synth-inv-refuse");
+  ASSERT_NE(model, nullptr);
+  BackendOptions o;
+  o.kv.num_blocks = 64;
+  o.kv.block_size = 32;  // the fused attention reads 16-token blocks
+  o.batch_invariant = true;
+  auto made = ss::backend::make_cuda_backend(*model, o);
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.message().find("--batch-invariant"), std::string::npos) << made.message();
+  o.batch_invariant = false;
+  EXPECT_TRUE(ss::backend::make_cuda_backend(*model, o).ok());
 }

@@ -156,9 +156,14 @@ class CudaBackend final : public Backend {
   Status forward(int n_tok, int n_rows);
   // Batch <= 8 (decode, small prefill chunks): the fused PDL-chained layer of kernels/decode.cu.
   Status forward_fused(int n_tok, int n_rows);
+  // With --batch-invariant every step takes the fused path, 8 rows at a time (forward_chunks).
   bool fused_step(int n_tok, int n_rows) const {
-    return fused_ && n_tok <= kFusedMaxBatch && n_rows <= kFusedMaxBatch;
+    return fused_ && ((n_tok <= kFusedMaxBatch && n_rows <= kFusedMaxBatch) || opts_.batch_invariant);
   }
+  // --batch-invariant past 8 tokens or rows: the fused layers over consecutive 8-token slices of the
+  // step (a slice's attention reads the K/V the earlier slices wrote, as a chunked prompt does), then
+  // the lm_head 8 rows at a time. Each row's arithmetic is the fused path's at batch 1.
+  Status forward_chunks(int n_tok, int n_rows);
   // Positions a prefill tile holds: 64 rows, G of them a position with packed groups.
   int tile_positions() const {
     return group_tiles_ ? cuda::kern::kPrefillTileRows / (nh_ / nkv_) : cuda::kern::kPrefillTileRows;
@@ -516,6 +521,10 @@ Status CudaBackend::init() {
                      nh_ / nkv_ <= 8;
   fused_ = split_attention_ && H_ % 32 == 0 && qd_ % 32 == 0 && I_ % 32 == 0 && hd_ % 16 == 0 &&
            static_cast<size_t>(kFusedMaxBatch) * H_ * 2 <= 160 * 1024;
+  if (opts_.batch_invariant && !fused_)
+    return make_error("--batch-invariant: this model has no fused decode path on the GPU (it needs 16-token KV "
+                      "blocks, head_dim 64/128/256, at most 8 query heads a KV head and sizes divisible by 32), so "
+                      "its large steps could not run as its batch-1 rows do");
   int64_t attn_ws_floats = 0;
   if (split_attention_) {
     for (int n = 1; n <= cap_tokens_; ++n)
@@ -555,6 +564,10 @@ Status CudaBackend::init() {
     for (const Layer& d : layers_)
       for (const auto* wt : {&d.wqkv, &d.wo, &d.wgu, &d.wdown}) bf16 = bf16 && wt->format == cuda::kern::WFormat::BF16;
     mega_ = e && std::string(e) == "1" && fused_ && bf16 && !c_.qk_norm;
+    if (mega_ && opts_.batch_invariant) {  // its rows are not the chain's bits
+      std::fprintf(stderr, "selfserve: SS_CUDA_MEGA=1 ignored: --batch-invariant runs the PDL-chained kernels\n");
+      mega_ = false;
+    }
     if (mega_) {
       const std::string why = cuda::kern::mega_unsupported(mega_args());
       if (!why.empty()) std::fprintf(stderr, "selfserve: SS_CUDA_MEGA=1 ignored: the persistent decode kernel does not take %s\n", why.c_str());
@@ -942,8 +955,30 @@ Status CudaBackend::collect_chain_trace() {
   return {};
 }
 
+Status CudaBackend::forward_chunks(int T, int R) {
+  namespace k = cuda::kern;
+  const int K = kFusedMaxBatch;
+  int32_t *const tokens = d_tokens_, *const pos = d_pos_, *const slot = d_tok_table_, *const ctx = d_ctx_;
+  float* const x = x_;
+  Status st;
+  for (int t0 = 0; t0 < T && st.ok(); t0 += K) {
+    d_tokens_ = tokens + t0, d_pos_ = pos + t0, d_tok_table_ = slot + t0, d_ctx_ = ctx + t0;
+    x_ = x + static_cast<size_t>(t0) * H_;
+    st = forward_fused(std::min(K, T - t0), 0);
+  }
+  d_tokens_ = tokens, d_pos_ = pos, d_tok_table_ = slot, d_ctx_ = ctx, x_ = x;
+  SS_TRY(st);
+  // The rows index the whole step's residual.
+  for (int r0 = 0; r0 < R; r0 += K)
+    SS_TRY(k::dec_norm_gemv(k::bf16_weights(out_w_), x_, d_rows_ + r0, out_norm_, c_.rms_norm_eps,
+                            logits_ + static_cast<size_t>(r0) * V_, V_, H_, std::min(K, R - r0), pdl_, stream_));
+  mark(kLmHead);
+  return {};
+}
+
 Status CudaBackend::forward_fused(int T, int R) {
   namespace k = cuda::kern;
+  if (T > kFusedMaxBatch || R > kFusedMaxBatch) return forward_chunks(T, R);
   const float eps = c_.rms_norm_eps;
   const bool pdl = pdl_;
   // Benchmarking only: SS_CUDA_SKIP=<letters> leaves kernels out of the fused step (q: QKV, a: attention,
