@@ -401,6 +401,34 @@ PET_SCHEMA = {
 }
 
 
+def test_batch_invariant_flag_on_the_gpu(srv, tmp_path):
+    """--batch-invariant on the CUDA backend: the startup line says so; greedy text of two prompts is
+    the same alone and among 16 concurrent requests (steps past 8 rows, prefill of 16 prompts at
+    once); and a json_schema answer sampled at temperature 1 with a seed streams the same text as
+    the first of n=6 choices (other rows, another prompt chunking, prefix-cache hits)."""
+    if not srv.on_gpu():
+        pytest.skip("no GPU: --batch-invariant is the CUDA backend's; the CPU backend always is, as the "
+                    "tests above hold")
+    jsonschema = pytest.importorskip("jsonschema")
+    s = Server(tmp_path, "inv", *_model_args(srv), "--api-key", API_KEY, "--batch-invariant", "--max-num-seqs", "16",
+               "--max-num-batched-tokens", "512", "--kv-cache-mib", "256")
+    try:
+        assert re.search(r"; device cuda \(.*\), batch-invariant", s.log_text()), s.log_text()
+        assert_batch_invariant(s)
+        rf = {"type": "json_schema", "json_schema": {"name": "pet", "strict": True, "schema": PET_SCHEMA}}
+        c = s.client()
+        msgs = chat_msgs("Describe a pet as JSON.")
+        r = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=300, temperature=1.0, n=6, seed=11,
+                                      response_format=rf)
+        for ch in r.choices:
+            jsonschema.validate(json.loads(ch.message.content), PET_SCHEMA)
+        stream = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
+                                           response_format=rf, stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == r.choices[0].message.content
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
 def test_structured_output_json_schema(srv):
     """response_format json_schema: sampled at temperature 1 (where an unconstrained small model
     rarely writes valid JSON), every choice parses and validates with the jsonschema package, ends
@@ -418,9 +446,9 @@ def test_structured_output_json_schema(srv):
         declared = [k for k in PET_SCHEMA["properties"] if k in doc]
         assert list(doc) == declared, "properties in the declared order"
     # Streaming the first choice's seed gives the same text. On the CPU backend only: on the GPU a
-    # row's logits still depend on how its prompt was chunked and which prefix blocks were cached
-    # (docs/perf/gpu.md, batch invariance), so at temperature 1 the two samples part; there the
-    # streamed answer must still be valid.
+    # row's logits depend on how its prompt was chunked and which prefix blocks were cached unless
+    # the server runs with --batch-invariant (test_batch_invariant_flag_on_the_gpu), so at temperature
+    # 1 the two samples part; there the streamed answer must still be valid.
     stream = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
                                        response_format=rf, stream=True)
     text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
@@ -1029,16 +1057,18 @@ def test_tiny_kv_budget_preempts_and_completes(srv, tmp_path):
     # Each request needs 7 blocks of 16 by its end (~14 prompt tokens + 96), the pool holds 16: any
     # three that overlap run out. The clients are made first and the requests leave together from
     # a barrier, so a slow machine staggering their starts cannot let them run one after another.
-    # Both on the CPU backend, whose rows do not depend on what shares their step (also in a GPU
-    # build: a preempted sequence's recompute runs the GPU's cuBLAS path, its decode the fused one).
+    # Both with rows that do not depend on what shares their step: on the GPU with --batch-invariant
+    # (without it a preempted sequence's recompute runs the cuBLAS path, its decode the fused one), else
+    # on the CPU backend, which always is.
+    dev = ["--batch-invariant"] if srv.on_gpu() else ["--device", "cpu"]
     prompts = [f"Story {i}: the little robot walked into the forest and" for i in range(6)]
-    ref = Server(tmp_path, "ref", *_model_args(srv), "--api-key", API_KEY, "--device", "cpu")
+    ref = Server(tmp_path, "ref", *_model_args(srv), "--api-key", API_KEY, *dev)
     try:
         expect = [greedy_completion(ref, p, 96) for p in prompts]
     finally:
         assert ref.stop() == 0
     tiny = Server(tmp_path, "tiny", *_model_args(srv), "--api-key", API_KEY, "--num-kv-blocks", "16",
-                  "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--device", "cpu")
+                  "--max-num-seqs", "8", "--max-num-batched-tokens", "256", *dev)
     try:
         assert concurrent_greedy(tiny, prompts, 96) == expect
         assert tiny.metric("selfserve_preemptions_total") > 0
