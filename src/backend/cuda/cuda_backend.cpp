@@ -629,6 +629,7 @@ Status CudaBackend::init() {
     if (!splitk_.part || !splitk_.tickets) return make_error("cuda backend: scratch estimate too small (a bug)");
     SS_CUDA(cudaMemsetAsync(splitk_.tickets, 0, sizeof(unsigned) * splitk_tiles, stream_));
     splitk_.part_floats = splitk_floats, splitk_.n_tickets = splitk_tiles, splitk_.max_ks = splitk_max;
+    if (const char* e = std::getenv("SS_CUDA_SPLITK_MIN"); e && *e) splitk_.min_chunks_per_warp = std::clamp(std::atoi(e), 1, 64);
   }
   if (!d_ctx_ || (attn_ws_floats > 0 && !attn_ws_)) return make_error("cuda backend: scratch estimate too small (a bug)");
   {

@@ -492,13 +492,13 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   }
   // An add whose tiles, S = 8 warps each, fill under half the warp slots (Llama-3.2-1B's o_proj and
   // down: 128 tiles, 1024 of 2112 warps on an H100, ~50% of DRAM peak) splits K across KS CTAs,
-  // while every warp keeps at least half a round (4 chunks). Shape only: a row's result is the same
-  // at every batch size.
+  // while every warp keeps at least min_chunks_per_warp chunks (default 4, half a round;
+  // SS_CUDA_SPLITK_MIN). Shape only: a row's result is the same at every batch size.
   int KS = 1;
   if (OP == Op::Add && sk && sk->max_ks > 1 && sk->part && sk->tickets) {
     const int64_t need = a.tiles * static_cast<int64_t>(kWarps);
     int k2 = static_cast<int>(std::min<int64_t>(sk->max_ks, slots / need));
-    while (k2 > 1 && chunks / k2 < static_cast<int64_t>(kWarps) * 4) --k2;
+    while (k2 > 1 && chunks / k2 < static_cast<int64_t>(kWarps) * sk->min_chunks_per_warp) --k2;
     if (k2 > 1 && a.tiles <= sk->n_tickets && static_cast<int64_t>(a.tiles) * k2 * 128 <= sk->part_floats) {
       KS = k2, S = kWarps;
       a.part = sk->part, a.tickets = sk->tickets;

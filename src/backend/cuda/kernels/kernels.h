@@ -154,6 +154,9 @@ struct SplitK {
   int64_t part_floats = 0;
   int n_tickets = 0;
   int max_ks = 0;
+  // A split keeps at least this many 32-wide chunks of K a warp (kWarps warps a split): 4 let
+  // Llama-3.2-1B's o_proj split and lose more to the partials' sum than it gained (2026-12-06).
+  int min_chunks_per_warp = 4;
 };
 int64_t splitk_part_floats(int N, int max_ks);
 // resid[b][n] += sum_k W[n][k] x[b][k] (o_proj, down).
