@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, one device call (~5 minutes): the whole GPU test suites (test_gpu_backend,
 # test_gpu), what --batch-invariant costs (bench decode with and without it, Llama-3.2-1B and
-# Llama-3-8B shapes, batch 1/8/16/64, context 512), and an A/B of the fused adds' split K on the 1B
-# shape (VARIANTS as in dec_checks.sh, ROUNDS rounds interleaved). Everything goes to stdout.
+# Llama-3-8B shapes, batch 1/8/16/64, context 512; INV=0: not), and an A/B of variants (VARIANTS as
+# in dec_checks.sh, ROUNDS rounds interleaved) on AB_SHAPES (default the 1B). Everything to stdout.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-VARIANTS=${VARIANTS:-"base: sk2m8:SS_CUDA_SPLITK=2,SS_CUDA_SPLITK_MIN=8"}
+VARIANTS=${VARIANTS:-"base: nosk:SS_CUDA_SPLITK=0"}
+AB_SHAPES=${AB_SHAPES:-llama32-1b}
 ROUNDS=${ROUNDS:-2}
 t0=$(date +%s)
 say() { echo "$(date -u +%T) [+$(( $(date +%s) - t0 ))s] $*"; }
@@ -18,11 +19,12 @@ grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure' /tmp/inv-be.log 
 timeout 200 build-gpu/test_gpu > /tmp/inv-k.log 2>&1; say "test_gpu rc=$?"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure' /tmp/inv-k.log | head -20
 M=/tmp/ssm; mkdir -p $M
-for s in llama32-1b llama3-8b; do
+for s in llama32-1b llama3-8b $AB_SHAPES; do
   [ -s $M/$s-bf16.gguf ] || build-gpu/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
 done
 say synth
 for s in llama32-1b llama3-8b; do
+  [ "${INV:-1}" = 0 ] && break
   for f in "" --batch-invariant; do
     say "bench decode $s ${f:-(default)}"
     timeout 120 build-gpu/selfserve bench decode --model $M/$s-bf16.gguf --batch 1,8,16,64 --context 512 --steps 16 \
@@ -30,11 +32,13 @@ for s in llama32-1b llama3-8b; do
   done
 done
 for r in $(seq "$ROUNDS"); do
-  for v in $VARIANTS; do
-    e=${v#*:}
-    say "round $r [${v%%:*}] 1B"
-    env ${e//,/ } timeout 60 build-gpu/selfserve bench decode --model $M/llama32-1b-bf16.gguf --batch 1,8 --context 512 \
-      --steps 64 --reps 3 2>&1 | grep -E '^ +[0-9]+ |error'
+  for s in $AB_SHAPES; do
+    for v in $VARIANTS; do
+      e=${v#*:}
+      say "round $r [${v%%:*}] $s"
+      env ${e//,/ } timeout 90 build-gpu/selfserve bench decode --model $M/$s-bf16.gguf --batch 1,8 --context 512 \
+        --steps 64 --reps 3 2>&1 | grep -E '^ +[0-9]+ |error'
+    done
   done
 done
 say done

@@ -492,7 +492,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   }
   // An add whose tiles, S = 8 warps each, fill under half the warp slots (Llama-3.2-1B's o_proj and
   // down: 128 tiles, 1024 of 2112 warps on an H100, ~50% of DRAM peak) splits K across KS CTAs,
-  // while every warp keeps at least min_chunks_per_warp chunks (default 4, half a round;
+  // while every warp keeps at least min_chunks_per_warp chunks (the backend takes 8: a round;
   // SS_CUDA_SPLITK_MIN). Shape only: a row's result is the same at every batch size.
   int KS = 1;
   if (OP == Op::Add && sk && sk->max_ks > 1 && sk->part && sk->tickets) {

@@ -155,7 +155,8 @@ struct SplitK {
   int n_tickets = 0;
   int max_ks = 0;
   // A split keeps at least this many 32-wide chunks of K a warp (kWarps warps a split): 4 let
-  // Llama-3.2-1B's o_proj split and lose more to the partials' sum than it gained (2026-12-06).
+  // Llama-3.2-1B's o_proj split and lose more to the partials' sum than it gained (2026-12-06); the
+  // backend takes 8.
   int min_chunks_per_warp = 4;
 };
 int64_t splitk_part_floats(int N, int max_ks);
