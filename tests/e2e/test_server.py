@@ -401,6 +401,19 @@ PET_SCHEMA = {
 }
 
 
+def _sampled_pet_json(server):
+    """A json_schema (PET_SCHEMA) chat answer sampled at temperature 1 with seed 11, n=6; and the
+    text of the same request streamed, which is the first choice's where rows keep their bits."""
+    rf = {"type": "json_schema", "json_schema": {"name": "pet", "strict": True, "schema": PET_SCHEMA}}
+    c = server.client()
+    msgs = chat_msgs("Describe a pet as JSON.")
+    r = c.chat.completions.create(model=server.model, messages=msgs, max_tokens=300, temperature=1.0, n=6, seed=11,
+                                  response_format=rf)
+    stream = c.chat.completions.create(model=server.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
+                                       response_format=rf, stream=True)
+    return r, "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+
 def test_batch_invariant_flag_on_the_gpu(srv, tmp_path):
     """--batch-invariant on the CUDA backend: the startup line says so; greedy text of two prompts is
     the same alone and among 16 concurrent requests (steps past 8 rows, prefill of 16 prompts at
@@ -415,16 +428,10 @@ def test_batch_invariant_flag_on_the_gpu(srv, tmp_path):
     try:
         assert re.search(r"; device cuda \(.*\), batch-invariant", s.log_text()), s.log_text()
         assert_batch_invariant(s)
-        rf = {"type": "json_schema", "json_schema": {"name": "pet", "strict": True, "schema": PET_SCHEMA}}
-        c = s.client()
-        msgs = chat_msgs("Describe a pet as JSON.")
-        r = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=300, temperature=1.0, n=6, seed=11,
-                                      response_format=rf)
+        r, text = _sampled_pet_json(s)
         for ch in r.choices:
             jsonschema.validate(json.loads(ch.message.content), PET_SCHEMA)
-        stream = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
-                                           response_format=rf, stream=True)
-        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == r.choices[0].message.content
+        assert text == r.choices[0].message.content
     finally:
         assert s.stop() == 0, s.log_text()
 
@@ -434,11 +441,7 @@ def test_structured_output_json_schema(srv):
     rarely writes valid JSON), every choice parses and validates with the jsonschema package, ends
     with "stop", and keeps the declared property order; streaming gives the same text."""
     jsonschema = pytest.importorskip("jsonschema")
-    rf = {"type": "json_schema", "json_schema": {"name": "pet", "strict": True, "schema": PET_SCHEMA}}
-    c = srv.client()
-    msgs = chat_msgs("Describe a pet as JSON.")
-    r = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, n=6, seed=11,
-                                  response_format=rf)
+    r, text = _sampled_pet_json(srv)
     for ch in r.choices:
         assert ch.finish_reason == "stop", ch.message.content
         doc = json.loads(ch.message.content)
@@ -449,15 +452,13 @@ def test_structured_output_json_schema(srv):
     # row's logits depend on how its prompt was chunked and which prefix blocks were cached unless
     # the server runs with --batch-invariant (test_batch_invariant_flag_on_the_gpu), so at temperature
     # 1 the two samples part; there the streamed answer must still be valid.
-    stream = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=300, temperature=1.0, seed=11,
-                                       response_format=rf, stream=True)
-    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
     if srv.on_gpu():
         jsonschema.validate(json.loads(text), PET_SCHEMA)
     else:
         assert text == r.choices[0].message.content
     # The same request unconstrained is not JSON most of the time (so the constraint did the work).
-    free = c.chat.completions.create(model=srv.model, messages=msgs, max_tokens=60, temperature=1.0, n=6, seed=11)
+    free = srv.client().chat.completions.create(model=srv.model, messages=chat_msgs("Describe a pet as JSON."),
+                                                max_tokens=60, temperature=1.0, n=6, seed=11)
     def valid(t):
         try:
             jsonschema.validate(json.loads(t), PET_SCHEMA)
