@@ -188,6 +188,10 @@ type EngineOptions struct {
 	MaxModelLen          int     // prompt + max tokens limit (0: the model's context and the cache)
 	DisablePrefixCaching bool
 	GPUMemoryUtilization float64 // CUDA: share of the GPU's memory to take (0.9)
+	EnforceEager         bool    // CUDA: no CUDA graphs (every step launched kernel by kernel)
+	// CUDA: a request's output the same bits at any load, prompt chunking or preemption (steps past
+	// 8 rows run 8 rows at a time: large batches and long prompts slower). The CPU always is.
+	BatchInvariant bool
 	// How long one poll waits for work when the engine is idle (default 100 ms). Submits and Close
 	// wake it at once; this only bounds a wait nobody interrupts.
 	IdlePoll time.Duration
@@ -266,6 +270,12 @@ func NewEngine(m *Model, opts EngineOptions) (*Engine, error) {
 	}
 	if opts.DisablePrefixCaching {
 		o.enable_prefix_caching = 0
+	}
+	if opts.EnforceEager {
+		o.enforce_eager = 1
+	}
+	if opts.BatchInvariant {
+		o.batch_invariant = 1
 	}
 	if !opts.StepInPoll {
 		o.own_thread = 1

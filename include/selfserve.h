@@ -132,6 +132,11 @@ typedef struct ss_engine_options {
    * events: fewer, larger batches (less per-poll cost for the caller) at that much added latency
    * per token. 0: a poll returns as soon as a step's events are ready. */
   int32_t poll_linger_us;
+  /* CUDA, non-zero: a request's output is the same bits at any load, prompt chunking or preemption
+   * (steps past 8 rows run 8 rows at a time: large batches and long prompts are slower; as the
+   * server's --batch-invariant). The CPU backend always is. A caller built before this field
+   * existed passes a smaller struct_size and gets 0. */
+  int32_t batch_invariant;
 } ss_engine_options;
 
 void ss_engine_options_init(ss_engine_options* opts);
@@ -141,7 +146,8 @@ void ss_engine_options_init(ss_engine_options* opts);
 ss_status ss_engine_create(ss_model* model, const ss_engine_options* opts, ss_engine** out);
 /* Frees the engine; unfinished requests are dropped without events. NULL is fine. */
 void ss_engine_free(ss_engine* engine);
-/* "cpu" or "cuda (NVIDIA H200, ...)": which backend runs; valid while the engine lives. */
+/* "cpu" or "cuda (NVIDIA H200, ...)" (", batch-invariant" after it with batch_invariant): which
+ * backend runs; valid while the engine lives. */
 const char* ss_engine_device(const ss_engine* engine);
 
 /* ---- requests ------------------------------------------------------------------------------ */

@@ -467,6 +467,7 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
   bo.max_slots = o.max_num_seqs;
   bo.gpu_memory_utilization = o.gpu_memory_utilization;
   bo.enforce_eager = o.enforce_eager != 0;
+  bo.batch_invariant = o.batch_invariant != 0;
   point_at_cuda_plugin();
   const std::string gpu = o.device == SS_DEVICE_CPU ? std::string() : ss::backend::cuda_device_summary();
   const bool cuda = o.device == SS_DEVICE_CUDA || (o.device == SS_DEVICE_AUTO && !gpu.empty());
@@ -487,7 +488,7 @@ extern "C" ss_status ss_engine_create(ss_model* model, const ss_engine_options* 
     auto be = ss::backend::make_cuda_backend(m, bo);
     if (!be.ok()) return fail_from(be.message(), SS_ERR_DEVICE, __FILE__, __LINE__);
     e->backend = std::move(be).value();
-    e->device = "cuda (" + gpu + ")";
+    e->device = "cuda (" + gpu + ")" + (bo.batch_invariant ? ", batch-invariant" : "");
   } else {
     auto be = ss::backend::make_cpu_backend(m, bo);
     if (!be.ok()) return fail_from(be.message(), SS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__);

@@ -444,6 +444,7 @@ int main(void) {
     eo.kv_cache_mib = 64;
     eo.enable_prefix_caching = 0;
     eo.own_thread = own_thread;
+    eo.batch_invariant = own_thread; /* accepted on the CPU, whose rows always keep their bits */
     ss_engine* e = NULL;
     eo.max_num_seqs = 0;
     CHECK(ss_engine_create(m, &eo, &e) == SS_ERR_INVALID_ARGUMENT && e == NULL);
