@@ -23,6 +23,15 @@ ss_wait_healthy() {
 # ss_limits OUT LIMIT_S: a device script's progress file (OUT/progress) and time limit, from now.
 # stage MSG: MSG stamped with the clock and the seconds since, printed and appended to the progress;
 # want EST NAME: true when EST more seconds end inside the limit, else says NAME is skipped.
-ss_limits() { SS_OUT=$1 SS_LIMIT=$2 SS_T0=$(date +%s); mkdir -p "$SS_OUT"; }
+# At exit, a script's OUT with more than 6 files is packed into OUT/results.tgz (the device tool
+# brings back at most 8 files; the progress file and a caller's `tee OUT/log` stay beside it).
+ss_limits() { SS_OUT=$1 SS_LIMIT=$2 SS_T0=$(date +%s); mkdir -p "$SS_OUT"; trap ss_pack EXIT; }
+ss_pack() {
+  local n
+  n=$(find "$SS_OUT" -maxdepth 1 -type f ! -name progress ! -name log ! -name results.tgz | wc -l)
+  [ "$n" -gt 6 ] || return 0
+  (cd "$SS_OUT" && find . -maxdepth 1 -type f ! -name progress ! -name log ! -name results.tgz -printf '%P\n' |
+    tar czf results.tgz -T - && find . -maxdepth 1 -type f ! -name progress ! -name log ! -name results.tgz -delete)
+}
 stage() { echo "$(date +%T) [+$(($(date +%s) - SS_T0))s] $*" | tee -a "$SS_OUT/progress"; }
 want() { [ $(($(date +%s) - SS_T0 + $1)) -le "$SS_LIMIT" ] && return 0; stage "skipped (time): $2"; return 1; }

@@ -14,7 +14,7 @@
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # With .ab-base/ carried (tools/gpu/ab_base.sh REV writes it), a copy of the tree with REV's files
 # builds selfserve beside the main build, and variants named old* time that baseline binary.
-# Results in $OUT (progress, logs).
+# Results in $OUT (progress, logs; more than 6 files packed into results.tgz at exit, common.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/common.sh
