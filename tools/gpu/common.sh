@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts (bench_scheduling.sh, bench_kv_tiers.sh, bench_serving.sh, dec_checks.sh,
-# mega_checks.sh).
+# inv_checks.sh, mega_checks.sh).
 # ss_model BIN DIR SHAPE: the path of DIR/SHAPE-bf16.gguf, written first by `selfserve synth` (random
 # weights of that real shape, seed 1) when absent.
 ss_model() {

@@ -227,7 +227,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0, max_splits_ = 64;
   int64_t l2_prefetch_bytes_ = 0;  // kern::Attention::l2_prefetch_bytes
   int attn_cluster_ = 0;           // kern::Attention::cluster of the fused decode's attention
-  bool attn_push_ = false;         // kern::Attention::cluster_push (SS_CUDA_ATTN_PUSH=1; not yet measured)
+  bool attn_push_ = false;         // kern::Attention::cluster_push (SS_CUDA_ATTN_PUSH=1; slower, off)
   bf16_bits* wtmp_ = nullptr;  // a dequantized matrix for the cuBLAS path (native quant weights)
   size_t wtmp_elems_ = 0;
   float* attn_ws_ = nullptr;

@@ -2,11 +2,12 @@
 // split) serves the group's query heads, so each K/V vector read from memory is used by every head
 // of the group (GQA). Inside a CTA each group of hd/8 lanes walks its own keys (a lane holds 8
 // consecutive dims of q for each head and of the key), keeps an online softmax per head in
-// registers; the walkers of a warp merge by shuffles, the warps through shared memory. Long contexts are split across CTAs (flash-decoding): each split writes (max, sum,
-// unnormalised output), and the splits are merged by attn_combine_k, or in place by the last split
-// CTA (split_counters, a ticket), or, for a row whose live splits fit one thread-block cluster
-// (Attention::cluster; the fused decode at batch 1), through the cluster's distributed shared
-// memory. The three merges do the same arithmetic in split order.
+// registers; the walkers of a warp merge by shuffles, the warps through shared memory. Long contexts
+// are split across CTAs (flash-decoding): each split writes (max, sum, unnormalised output), and the
+// splits are merged by attn_combine_k, or in place by the last split CTA (split_counters, a ticket),
+// or, for a row whose live splits fit one thread-block cluster (Attention::cluster; the fused decode
+// at batch 1), through the cluster's distributed shared memory. The three merges do the same
+// arithmetic in split order.
 #include <cooperative_groups.h>
 #include <string>
 

@@ -277,8 +277,9 @@ struct Attention {
   int cluster = 0;
   // With a cluster: every split stores its result into the first CTA's shared memory and the cluster
   // passes one barrier, after which that CTA merges locally (no remote reads, no second barrier).
-  // The same arithmetic in the same order: bit-identical to the other merges. Written 2026-12-06
-  // without a GPU (SS_CUDA_ATTN_PUSH=1 in the backend), not yet measured.
+  // The same arithmetic in the same order: bit-identical to the other merges. Slower at 135M batch 1
+  // on an H100 (2026-12-06: 0.632 -> 0.655 ms; the kernel no longer launches before QKV ends), so
+  // off unless SS_CUDA_ATTN_PUSH=1.
   bool cluster_push = false;
   bool empty = false;  // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
   unsigned long long* stamps = nullptr;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
