@@ -11,6 +11,10 @@
 #   SANITIZE_FILTER: test_gpu's tests also run under memcheck and racecheck;
 #   CHAIN_TRACE=1: after the timings, the chain's phase trace (SS_CUDA_CHAIN_TRACE=1) of every variant
 #     at batch 1 on TRACE_SHAPES (default 135M and 1B), one variant after another;
+#   DTYPE (default bf16): the synth GGUF's block type (q4_0, q4_1, q4_k, ...); quantized types run with
+#     --gpu-native-quant (the fused kernels over the packed blocks);
+#   NCU_FULL=1: ncu's full set on the first variant's projections; SASS=<regex>: matching kernels' SASS;
+#   AB_REUSE=1: a baseline binary an earlier run on this machine built is used again;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # With .ab-base/ carried (tools/gpu/ab_base.sh REV writes it), a copy of the tree with REV's files
 # builds selfserve beside the main build, and variants named old* time that baseline binary.
@@ -25,7 +29,10 @@ SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
 BATCHES=${BATCHES:-1,8}
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
 AB=/tmp/ab-tree
-if [ -d .ab-base ]; then
+# AB_REUSE=1: a baseline built by an earlier run on this machine is used as it is.
+if [ "${AB_REUSE:-0}" = 1 ] && [ -x $AB/build-gpu/selfserve ]; then
+  stage "baseline build reused"
+elif [ -d .ab-base ]; then
   rm -rf $AB && mkdir -p $AB
   tar --exclude=./build-gpu --exclude=./.ab-base --exclude=./out-gpu -cf - . | tar -xf - -C $AB
   cp -r .ab-base/. $AB/
@@ -42,8 +49,11 @@ binof() { case $1 in old*) echo $AB/build-gpu ;; *) echo build-gpu ;; esac; }
 source build-gpu/env.sh
 B=build-gpu M=/tmp/ssm
 mkdir -p $M
+DTYPE=${DTYPE:-bf16}
+NQ=
+[ "$DTYPE" = bf16 ] || NQ=--gpu-native-quant
 for s in $SHAPES; do
-  [ -s $M/$s-bf16.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
+  [ -s $M/$s-$DTYPE.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype $DTYPE --seed 1 --out $M/$s-$DTYPE.gguf --quiet
 done
 stage synth
 # venv NAME:ENVS -> "ENV=V ENV2=V2" for env(1)
@@ -78,7 +88,7 @@ for s in $SHAPES; do
     n=${v%%:*}
     want $est "decode $s [$n]" || continue
     f="$OUT/dec-$s-$n.txt"
-    env $(envof "$v") timeout 150 $(binof $n)/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch $BATCHES \
+    env $(envof "$v") timeout 150 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ --device cuda --batch $BATCHES \
       --context 512 --steps 64 --reps 3 > "$f" 2>&1
     stage "decode $s [$n] rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
@@ -89,7 +99,7 @@ if [ "${CHAIN_TRACE:-0}" = 1 ]; then
       n=${v%%:*}
       want 20 "chain trace $s [$n]" || continue
       f="$OUT/chain-$s-$n.txt"
-      env $(envof "$v") SS_CUDA_CHAIN_TRACE=1 timeout 120 $(binof $n)/selfserve bench decode --model $M/$s-bf16.gguf \
+      env $(envof "$v") SS_CUDA_CHAIN_TRACE=1 timeout 120 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ \
         --device cuda --batch 1 --context 512 --steps 64 --reps 3 > "$f" 2>&1
       stage "chain trace $s [$n] rc=$? $(rowsof "$f")"
       grep -A5 '^chain trace' "$f" | tail -5 | sed 's/^/    /' | tee -a "$SS_OUT/progress"
@@ -99,7 +109,7 @@ fi
 if [ "${MEGA_TRACE:-1}" = 1 ]; then
   for s in smollm2-135m llama3-8b; do
     want 50 "mega trace $s" || continue
-    SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
+    SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ --device cuda \
       --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
     stage "mega trace $s rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s.txt" | tr '\n' ' ')"
   done
@@ -110,9 +120,26 @@ if [ "${NCU:-1}" = 1 ]; then
     case $n in old*) continue ;; esac
     want 70 "ncu 8B [$n]" || continue
     env $(envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
-      --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager \
+      --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
       --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-8b-$n.txt" 2>&1
     stage "ncu 8B [$n] rc=$? $(grep -E '^  [a-z_:]*dec_k|Duration|DRAM Throughput' "$OUT/ncu-8b-$n.txt" | sed -E 's/ +/ /g; s/void ss::cuda::kern::[^ ]*dec_k<ss::cuda::kern::dec::Op::([A-Za-z]+).*/\1/' | tr '\n' ';')"
   done
+fi
+# NCU_FULL=1: the first variant's four projections of one layer under ncu's full set (stall reasons,
+# issue slots, memory chart), in ncu-full.txt.
+if [ "${NCU_FULL:-0}" = 1 ]; then
+  v=${VARIANTS%% *}
+  n=${v%%:*}
+  want 120 "ncu full 8B [$n]" && {
+    env $(envof "$v") SS_CUDA_MEGA=0 timeout 200 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 4 \
+      --set full $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
+      --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-full.txt" 2>&1
+    stage "ncu full 8B [$n] rc=$?"
+  }
+fi
+# SASS=<regex>: the SASS of the kernels whose mangled names match, in sass.txt (cuobjdump).
+if [ -n "${SASS:-}" ]; then
+  cuobjdump -sass $B/libselfserve_cuda.so 2>/dev/null | awk -v re="$SASS" '/Function : /{p = ($0 ~ re)} p' > "$OUT/sass.txt"
+  stage "sass: $(grep -c 'Function : ' "$OUT/sass.txt") functions"
 fi
 stage done

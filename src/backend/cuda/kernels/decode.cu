@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/decode_ops.cuh"
@@ -261,11 +262,26 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   }
 
   // One round: kU chunks of the tile from the round's registers r, starting at chunk c0.
-  auto mma_round = [&](const Round<F, kU>& r, int c0, float (&c)[4]) {
+  // The adds read their input from global memory (L2: the previous kernel wrote it): all of a
+  // round's input loads are issued before its first mma, one L2 round trip a round instead of one a
+  // chunk (ncu, H100, 8B Q4_0 batch 1: down took 3.5x its weight bytes' DRAM time with a load a chunk).
+  // The norm ops read theirs from shared memory, a chunk at a time.
+  // kFull (a round wholly inside the warp's K range, as every round is where the range is a multiple
+  // of kU): no bound check a chunk, so the round is straight-line code the compiler can interleave.
+  auto mma_round_t = [&](const Round<F, kU>& r, int c0, float (&c)[4], auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    uint4 xr[kNorm ? 1 : kU];
+    (void)xr;
+    if constexpr (!kNorm) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) xr[u] = xp && (kFull || c0 + u < c_end) ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      if (c0 + u >= c_end) break;
-      const uint4 xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
+      if (!kFull && c0 + u >= c_end) break;
+      uint4 xv;
+      if constexpr (kNorm) xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
+      else xv = xr[u];
       if constexpr (F == WFormat::BF16) {
         mma_bf16(c, r.a[u].x, r.b[u].x, r.a[u].y, r.b[u].y, xv.x, xv.y);
         mma_bf16(c, r.a[u].z, r.b[u].z, r.a[u].w, r.b[u].w, xv.z, xv.w);
@@ -313,6 +329,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
           mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
           float dg, dg8, mg = 0.0f, mg8 = 0.0f;
+          (void)mg, (void)mg8;
           if constexpr (kKHeader<F>) {
             // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
             // chunk is sub-block u: value = (d * sc) q - dmin * m.
@@ -337,6 +354,11 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
         }
       }
     }
+  };
+
+  auto mma_round = [&](const Round<F, kU>& r, int c0, float (&c)[4]) {
+    if (a.full_rounds && c0 + kU <= c_end) mma_round_t(r, c0, c, std::true_type{});
+    else mma_round_t(r, c0, c, std::false_type{});
   };
 
   // A tile's reduced products (one warp's lanes, v) to its epilogue; with KS > 1 through the
@@ -395,14 +417,15 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     if (S == 1) {
       if (valid) finish(tile, c, first_tile);
     } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[(warp * 32 + lane) * 4 + i] = c[i];
+      // One 16-byte store and load a lane (four scalar ones were 4-way bank conflicts).
+      reinterpret_cast<float4*>(red)[warp * 32 + lane] = make_float4(c[0], c[1], c[2], c[3]);
       __syncthreads();
       if (valid && sub == 0) {
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int s2 = 0; s2 < S; ++s2)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) v[i] += red[((tw * S + s2) * 32 + lane) * 4 + i];
+        for (int s2 = 0; s2 < S; ++s2) {
+          const float4 q = reinterpret_cast<const float4*>(red)[(tw * S + s2) * 32 + lane];
+          v[0] += q.x, v[1] += q.y, v[2] += q.z, v[3] += q.w;
+        }
         finish(tile, v, first_tile);
       }
       __syncthreads();
@@ -419,6 +442,9 @@ struct Tuning {
   // K range holds more than one round of kU = 8 chunks, i.e. where the plain loop would expose a
   // round trip per round (H100, 2026-12-06: 8B 1-2.5% faster; at 135M, one round a warp, 1% slower).
   int pipe = -1;
+  // Rounds wholly inside a warp's K range run without a bound check a chunk (SS_CUDA_DEC_FULL=0: every
+  // round checked, as before, for the A/B).
+  bool full_rounds = true;
   // Benchmarking only: SS_CUDA_EMPTY=1 launches every fused decode kernel (and the attention, through
   // the backend) with its grid, to wait and exit, so a step's time is its kernel boundaries alone.
   bool empty = false;
@@ -439,6 +465,7 @@ const Tuning& tuning() {
         std::fprintf(stderr, "selfserve: SS_CUDA_DEC=%s ignored (want kU 4|8, CTAs 1..8, pipe only with kU 4 "
                      "and at most 2 CTAs)\n", e);
     }
+    if (const char* e = std::getenv("SS_CUDA_DEC_FULL"); e && std::string(e) == "0") r.full_rounds = false;
     return r;
   }();
   return t;
@@ -507,6 +534,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   a.KS = KS;
   a.S = S;
   a.empty = tuning().empty;
+  a.full_rounds = tuning().full_rounds;
   a.stamps = take_chain_slot();
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.

@@ -31,6 +31,7 @@ struct DecArgs {
   float* y;              // Add: the residual [B][N] (+=); Logits: [B][N]
   uint16_t* act;         // GateUp: [B][F]
   RopeKv rk;             // Qkv
+  bool full_rounds;      // rounds wholly inside a warp's K range skip the bound check a chunk
   bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
   unsigned long long* stamps;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
 };
