@@ -4,7 +4,8 @@
 # forward tests under every variant; times the graph-replayed decode step of each variant,
 # interleaved a shape at a time (135M, 1B, 8B bf16, context 512); ncu on the 8B batch-1 projections
 # of each variant; the persistent kernel's barrier trace (SS_CUDA_MEGA_TRACE=1) when MEGA_TRACE=1.
-#   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment);
+#   VARIANTS: space-separated name:ENV=VALUE[,ENV=VALUE] ("base:" runs with no extra environment; a
+#     value may hold commas, e.g. pipe:SS_CUDA_DEC=4,2,1);
 #   TEST_FILTER: test_gpu's tests run under each variant (default GpuDecode*);
 #   BE_FILTER: test_gpu_backend's tests run under each variant (default: the forward tests);
 #   TESTS_FIRST_ONLY=1: the tests under the first variant only; TESTS=0: no tests;
@@ -56,8 +57,9 @@ for s in $SHAPES; do
   [ -s $M/$s-$DTYPE.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype $DTYPE --seed 1 --out $M/$s-$DTYPE.gguf --quiet
 done
 stage synth
-# venv NAME:ENVS -> "ENV=V ENV2=V2" for env(1)
-envof() { local e=${1#*:}; echo "${e//,/ }"; }
+# NAME:ENV=V,ENV2=V2 -> "ENV=V ENV2=V2" for env(1): a comma separates assignments only where a
+# NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
+envof() { echo "${1#*:}" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'; }
 summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAILED  \]' "$1" | head -4 | tr '\n' ';'; }
 for v in $VARIANTS; do
   [ "${TESTS:-1}" = 0 ] && break
