@@ -1,12 +1,16 @@
 # Sourced by the GPU scripts (bench_scheduling.sh, bench_kv_tiers.sh, bench_serving.sh, dec_checks.sh,
 # inv_checks.sh, mega_checks.sh).
-# ss_model BIN DIR SHAPE: the path of DIR/SHAPE-bf16.gguf, written first by `selfserve synth` (random
-# weights of that real shape, seed 1) when absent.
+# ss_model BIN DIR SHAPE [DTYPE]: the path of DIR/SHAPE-DTYPE.gguf (DTYPE bf16 unless given: q4_0,
+# q4_k, ...), written first by `selfserve synth` (random weights of that real shape, seed 1) when absent.
 ss_model() {
-  local f=$2/$3-bf16.gguf
-  [ -s "$f" ] || "$1" synth --shape "$3" --format gguf --dtype bf16 --seed 1 --out "$f" --quiet >&2
+  local t=${4:-bf16}
+  local f=$2/$3-$t.gguf
+  [ -s "$f" ] || "$1" synth --shape "$3" --format gguf --dtype "$t" --seed 1 --out "$f" --quiet >&2
   echo "$f"
 }
+# ss_envof NAME:ENV=V,ENV2=V2 (a variant): "ENV=V ENV2=V2" for env(1). A comma separates assignments
+# only where a NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
+ss_envof() { echo "${1#*:}" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'; }
 # ss_get URL: the body of a GET (nothing, and a failure, when it does not answer 2xx).
 ss_get() {
   python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1" 2>/dev/null

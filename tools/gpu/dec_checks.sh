@@ -30,7 +30,6 @@ SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
 BATCHES=${BATCHES:-1,8}
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv; } > "$OUT/env.txt" 2>&1
 AB=/tmp/ab-tree
-# AB_REUSE=1: a baseline built by an earlier run on this machine is used as it is.
 if [ "${AB_REUSE:-0}" = 1 ] && [ -x $AB/build-gpu/selfserve ]; then
   stage "baseline build reused"
 elif [ -d .ab-base ]; then
@@ -53,22 +52,17 @@ mkdir -p $M
 DTYPE=${DTYPE:-bf16}
 NQ=
 [ "$DTYPE" = bf16 ] || NQ=--gpu-native-quant
-for s in $SHAPES; do
-  [ -s $M/$s-$DTYPE.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype $DTYPE --seed 1 --out $M/$s-$DTYPE.gguf --quiet
-done
+for s in $SHAPES; do ss_model $B/selfserve $M $s $DTYPE > /dev/null; done
 stage synth
-# NAME:ENV=V,ENV2=V2 -> "ENV=V ENV2=V2" for env(1): a comma separates assignments only where a
-# NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
-envof() { echo "${1#*:}" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'; }
 summary() { grep -E '^\[  (PASSED|FAILED)' "$1" | tr '\n' ' '; grep -E '^\[  FAILED  \]' "$1" | head -4 | tr '\n' ';'; }
 for v in $VARIANTS; do
   [ "${TESTS:-1}" = 0 ] && break
   n=${v%%:*}
   case $n in old*) continue ;; esac  # the baseline build has no test binaries
   want 40 "tests $n" || continue
-  env $(envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
+  env $(ss_envof "$v") timeout 120 $B/test_gpu --gtest_filter="${TEST_FILTER:-GpuDecode*}" > "$OUT/t-dec-$n.txt" 2>&1
   stage "test_gpu ${TEST_FILTER:-GpuDecode*} [$n] rc=$? $(summary "$OUT/t-dec-$n.txt")"
-  env $(envof "$v") timeout 200 $B/test_gpu_backend --gtest_filter="${BE_FILTER:-CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*}" \
+  env $(ss_envof "$v") timeout 200 $B/test_gpu_backend --gtest_filter="${BE_FILTER:-CudaForward*:CudaGraphs*:TinyModels*:CudaNativeQuant*}" \
     > "$OUT/t-be-$n.txt" 2>&1
   stage "test_gpu_backend ${BE_FILTER:-forward} [$n] rc=$? $(summary "$OUT/t-be-$n.txt")"
   [ "${TESTS_FIRST_ONLY:-0}" = 1 ] && break
@@ -90,7 +84,7 @@ for s in $SHAPES; do
     n=${v%%:*}
     want $est "decode $s [$n]" || continue
     f="$OUT/dec-$s-$n.txt"
-    env $(envof "$v") timeout 150 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ --device cuda --batch $BATCHES \
+    env $(ss_envof "$v") timeout 150 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ --device cuda --batch $BATCHES \
       --context 512 --steps 64 --reps 3 > "$f" 2>&1
     stage "decode $s [$n] rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
@@ -101,7 +95,7 @@ if [ "${CHAIN_TRACE:-0}" = 1 ]; then
       n=${v%%:*}
       want 20 "chain trace $s [$n]" || continue
       f="$OUT/chain-$s-$n.txt"
-      env $(envof "$v") SS_CUDA_CHAIN_TRACE=1 timeout 120 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ \
+      env $(ss_envof "$v") SS_CUDA_CHAIN_TRACE=1 timeout 120 $(binof $n)/selfserve bench decode --model $M/$s-$DTYPE.gguf $NQ \
         --device cuda --batch 1 --context 512 --steps 64 --reps 3 > "$f" 2>&1
       stage "chain trace $s [$n] rc=$? $(rowsof "$f")"
       grep -A5 '^chain trace' "$f" | tail -5 | sed 's/^/    /' | tee -a "$SS_OUT/progress"
@@ -121,7 +115,7 @@ if [ "${NCU:-1}" = 1 ]; then
     n=${v%%:*}
     case $n in old*) continue ;; esac
     want 70 "ncu 8B [$n]" || continue
-    env $(envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
+    env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
       --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
       --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-8b-$n.txt" 2>&1
     stage "ncu 8B [$n] rc=$? $(grep -E '^  [a-z_:]*dec_k|Duration|DRAM Throughput' "$OUT/ncu-8b-$n.txt" | sed -E 's/ +/ /g; s/void ss::cuda::kern::[^ ]*dec_k<ss::cuda::kern::dec::Op::([A-Za-z]+).*/\1/' | tr '\n' ';')"
@@ -133,7 +127,7 @@ if [ "${NCU_FULL:-0}" = 1 ]; then
   v=${VARIANTS%% *}
   n=${v%%:*}
   want 120 "ncu full 8B [$n]" && {
-    env $(envof "$v") SS_CUDA_MEGA=0 timeout 200 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 4 \
+    env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 200 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 4 \
       --set full $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
       --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-full.txt" 2>&1
     stage "ncu full 8B [$n] rc=$?"

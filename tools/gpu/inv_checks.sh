@@ -33,9 +33,8 @@ done
 for r in $(seq "$ROUNDS"); do
   for s in $AB_SHAPES; do
     for v in $VARIANTS; do
-      e=${v#*:}
       stage "round $r [${v%%:*}] $s"
-      env ${e//,/ } timeout 90 build-gpu/selfserve bench decode --model $M/$s-bf16.gguf --batch 1,8 --context 512 \
+      env $(ss_envof "$v") timeout 90 build-gpu/selfserve bench decode --model $M/$s-bf16.gguf --batch 1,8 --context 512 \
         --steps 64 --reps 3 2>&1 | grep -E '^ +[0-9]+ |error'
     done
   done
