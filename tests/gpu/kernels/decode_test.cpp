@@ -21,14 +21,16 @@ using namespace ss::cuda::kern;
 struct Normed {
   std::vector<double> xn;     // [K]
   std::vector<double> slack;  // [K]: 0, or one bf16 ulp of xn
+  std::vector<double> exact;  // [K]: x * inv * w before the bf16 rounding
 };
 Normed host_norm(const float* x, const std::vector<float>& w, int K, double eps) {
   double ss = 0;
   for (int k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
   const double inv = 1.0 / std::sqrt(ss / K + eps);
-  Normed n{std::vector<double>(K), std::vector<double>(K, 0.0)};
+  Normed n{std::vector<double>(K), std::vector<double>(K, 0.0), std::vector<double>(K)};
   for (int k = 0; k < K; ++k) {
     const double t = x[k] * inv * w[k];
+    n.exact[k] = t;
     const float r = from_bf16(to_bf16(static_cast<float>(t)));
     n.xn[k] = r;
     // distance to the nearest rounding midpoint: half an ulp either side of r
@@ -49,6 +51,34 @@ Dot host_dot(const float* w, const Normed& n, int K) {
     d.v += t, d.mag += std::abs(t), d.slack += std::abs(static_cast<double>(w[k])) * n.slack[k];
   }
   return d;
+}
+
+// The norm ops' input as 8-bit blocks (dec_int8_acts: Q4_0), by the CPU backend's rule
+// (cpu/act_quant.h): per 32 values d = amax / 127 and q = round-to-nearest-even(x * (1 / d)) in
+// float, of the fp32 normalised values; the dot product is then sum(w q d). The kernel's fp32 values
+// differ from the host's by its rsqrtf and roundings (~1e-6 relative, so x / d by < 2e-4): where
+// x / d lies within 1e-3 of a rounding midpoint the two may round apart, and one quantum (d |w|)
+// enters `slack`.
+Dot host_dot_i8(const float* w, const Normed& n, int K) {
+  Dot r{0, 0, 0};
+  for (int c = 0; c < K / 32; ++c) {
+    float v[32], am = 0.0f;
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<float>(n.exact[32 * c + i]), am = std::max(am, std::fabs(v[i]));
+    const float d = am / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      const float y = v[i] * id;
+      const double q = std::nearbyint(y), wk = w[32 * c + i];
+      const double t = wk * q * d;
+      r.v += t, r.mag += std::abs(t);
+      if (std::abs(std::abs(static_cast<double>(y) - std::floor(static_cast<double>(y))) - 0.5) < 1e-3)
+        r.slack += std::abs(wk) * d;
+    }
+  }
+  return r;
+}
+// The host reference for a norm op over weights of format f.
+Dot host_dot_f(WFormat f, const float* w, const Normed& n, int K) {
+  return dec_int8_acts(f) ? host_dot_i8(w, n, K) : host_dot(w, n, K);
 }
 
 TEST(GpuDecode, AddAccumulatesIntoTheResidual) {
@@ -443,7 +473,7 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
       for (int b = 0; b < 8; ++b) {
         const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-5);
         for (int n = 0; n < N; ++n) {
-          const Dot d = host_dot(p.wf.data() + static_cast<size_t>(n) * K, xn, K);
+          const Dot d = host_dot_f(f, p.wf.data() + static_cast<size_t>(n) * K, xn, K);
           ASSERT_NEAR(y[static_cast<size_t>(b) * N + n], d.v, 1e-5 * d.mag + d.slack + 1e-6)
               << fname(f) << " norm N=" << N << " K=" << K << " b=" << b << " n=" << n;
         }
@@ -474,8 +504,8 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
     for (int b = 0; b < batch; ++b) {
       const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
       for (int i = 0; i < F; ++i) {
-        const Dot g = host_dot(p.wf.data() + static_cast<size_t>(i) * K, xn, K);
-        const Dot u = host_dot(p.wf.data() + static_cast<size_t>(F + i) * K, xn, K);
+        const Dot g = host_dot_f(f, p.wf.data() + static_cast<size_t>(i) * K, xn, K);
+        const Dot u = host_dot_f(f, p.wf.data() + static_cast<size_t>(F + i) * K, xn, K);
         const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
         const double tol = std::abs(ref) / 256 + (1e-5 * g.mag + g.slack) * std::abs(u.v) * 1.1 +
                            std::abs(sg) * (1e-5 * u.mag + u.slack) + 1e-6;
@@ -504,7 +534,7 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
     const auto cache = dcache.download();
     const Normed xn = host_norm(rq.data(), nwq, Kq, 1e-5);
     for (int r = 0; r < rows; ++r) {
-      const Dot d = host_dot(pq.wf.data() + static_cast<size_t>(r) * Kq, xn, Kq);
+      const Dot d = host_dot_f(f, pq.wf.data() + static_cast<size_t>(r) * Kq, xn, Kq);
       const double tol = 1e-5 * d.mag + d.slack + 1e-6;
       const int hh = r / hd, i = r % hd;
       if (hh < nh) {

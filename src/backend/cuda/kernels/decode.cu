@@ -49,6 +49,13 @@ __device__ __forceinline__ uint32_t bf2_sub(uint32_t a, uint32_t b) {
   const __nv_bfloat162 r = __hsub2(x, y);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
+// Nibbles 0 and 4 of w as the bf16 pair (128 + q0, 128 + q4): (w & 0x000F000F) | 0x43004300 in one
+// lop3 (the compiler emitted an AND and an OR: 16 logic ops a chunk instead of 8).
+__device__ __forceinline__ uint32_t nib_bf(uint32_t w) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(0x000F000Fu), "r"(0x43004300u));
+  return r;
+}
 // Two int8 (bytes j, j + 1 of w) as a bf16 pair, exactly.
 __device__ __forceinline__ uint32_t i8x2_bf(uint32_t w, int j) {
   const __nv_bfloat162 r = __floats2bfloat162_rn(static_cast<float>(static_cast<int8_t>((w >> (8 * j)) & 0xff)),
@@ -111,8 +118,19 @@ struct Round {
 // kPipe (bf16): two rounds of registers, the next round's loads issued before the current round's
 // mmas, so a warp's loads stay in flight across its whole K range instead of one round trip a round
 // (without it, each round's kU loads are issued only once the previous round is consumed).
-template <Op OP, int kU, WFormat F, bool kPipe = false>
+//
+// kI8 (every packed format; the norm ops): the activations as 8-bit blocks instead of bf16,
+// and the products on the integer tensor cores (mma.m16n8k32 over the 8-bit quants), as llama.cpp's
+// CUDA backend and our CPU backend compute them (act_quant.h's rule: per 32 values d = amax / 127,
+// q = round-to-nearest-even(x * (1 / d))). The 4-bit formats' nibbles become the A operand (u8) with
+// one AND (and one shift) a register, where the bf16 path spends a LOP3 and a subtraction per weight
+// pair; the 8-bit layout's bytes (s8) with one byte permute, where it converted each to float.
+// Q4_0's offset 8 and a float conversion ride in the mma's C operand (below); the mins' term takes
+// sum(x) as d sum(q). ncu, H100, 8B Q4_0: gate/up issued 59 instructions a 16x32 weight chunk on the
+// bf16 path with its ALU pipe the busiest.
+template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false>
 __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
+  static_assert(!kI8 || (F != WFormat::BF16 && OP != Op::Add), "8-bit activations: the packed formats' norm ops");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   if (a.empty) {  // benchmarking only: the kernel boundary alone
     pdl_wait();
@@ -137,8 +155,12 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   const int k_begin = min(chunks, ks * cpk), k_end = min(chunks, k_begin + cpk), k_range = k_end - k_begin;
   const int cpw = kQuant ? ((k_range + S - 1) / S + 7) / 8 * 8 : (k_range + S - 1) / S;
   const int c_begin = min(k_end, k_begin + sub * cpw), c_end = min(k_end, c_begin + cpw);
-  const size_t xs_bytes = kNorm ? sizeof(uint16_t) * static_cast<size_t>(a.B) * K : 0;
-  const size_t sx_bytes = kHasMin<F> ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
+  // The staged input: bf16 [B][K], or (kI8) its 8-bit blocks, xq [B][chunks + 1][4 lanes] uint2 (a
+  // padded row: the 8 rows a warp reads land in different banks) and xd [chunks][8 columns] uint2.
+  const size_t xs_bytes = !kNorm ? 0
+                          : kI8  ? static_cast<size_t>(a.B) * (chunks + 1) * 32 + static_cast<size_t>(chunks) * 64
+                                 : sizeof(uint16_t) * static_cast<size_t>(a.B) * K;
+  const size_t sx_bytes = kHasMin<F> && !kI8 ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
   float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // mins: [8][chunks] sums of x
   float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
 
@@ -207,8 +229,81 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   pdl_trigger();
   phase(st, 1);
 
-  const uint16_t* x;
-  if constexpr (kNorm) {
+  const uint16_t* x = nullptr;
+  const uint2* xq8 = nullptr;  // kI8: the lane's slot of batch row g's blocks
+  const uint4* xd4 = nullptr;  // kI8: chunk c's (d, C) of columns 2t and 2t + 1 at xd4[4 c]
+  if constexpr (kI8) {
+    // 8-bit blocks of the normalised rows: a thread a (row, chunk, lane slot t) takes the slot's 8
+    // values (x * inv * w in fp32, as the bf16 path computes them), the 4 slots of a chunk (adjacent
+    // lanes) share their amax, and q = rne(x * (1 / d)) lands in the order the weights' nibbles
+    // unpack to: word 0 = values (0, 4, 1, 5), word 1 = (2, 6, 3, 7) of the slot. Beside each block
+    // (xd): d, and for Q4_0 the mma's C operand 0x4B400000 - 8 sum(q), so the accumulator comes out
+    // as the float bits of 1.5 * 2^23 + sum((w - 8) q) (|sum| < 2^20): one FADD makes it a float,
+    // exactly; for the other formats d sum(q), the mins' term's sum(x) (their C is 0x4B400000).
+    uint2* xq = reinterpret_cast<uint2*>(smem_raw);
+    uint2* xd = reinterpret_cast<uint2*>(smem_raw + static_cast<size_t>(a.B) * (chunks + 1) * 32);
+    __shared__ float ssq[kWarps][8];
+    for (int b = 0; b < a.B; ++b) {
+      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
+      float ss = 0.0f;
+      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(r + i);
+        ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) ssq[warp][b] = ss;
+    }
+    __syncthreads();
+    const int per_b = chunks * 4, nslot = a.B * per_b;  // a multiple of 4: a chunk's slots share a warp
+    for (int base = 0; base < nslot; base += kThreads) {
+      const int s = base + static_cast<int>(threadIdx.x);
+      const bool ok = s < nslot;
+      const int b = ok ? s / per_b : 0, r = s - b * per_b, ch = r >> 2, tt = r & 3;
+      float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+      if (ok) {
+        float tot = 0.0f;
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][b];
+        const float inv = rsqrtf(tot / static_cast<float>(K) + a.eps);
+        const float* rr = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K + 32 * ch + 8 * tt;
+        const float* nw = a.norm_w + 32 * ch + 8 * tt;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float4 rv = *reinterpret_cast<const float4*>(rr + 4 * h);
+          const float4 wv = *reinterpret_cast<const float4*>(nw + 4 * h);
+          v[4 * h] = rv.x * inv * wv.x, v[4 * h + 1] = rv.y * inv * wv.y;
+          v[4 * h + 2] = rv.z * inv * wv.z, v[4 * h + 3] = rv.w * inv * wv.w;
+        }
+      }
+      float am = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) am = fmaxf(am, fabsf(v[i]));
+      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+      const float d = __fdiv_rn(am, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+      int q[8], sum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        q[i] = __float_as_int(__fadd_rn(__fmul_rn(v[i], id), 12582912.0f)) - 0x4B400000;
+        sum += q[i];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (ok) {
+        const uint32_t w0 = __byte_perm(__byte_perm(q[0], q[4], 0x0040), __byte_perm(q[1], q[5], 0x0040), 0x5410);
+        const uint32_t w1 = __byte_perm(__byte_perm(q[2], q[6], 0x0040), __byte_perm(q[3], q[7], 0x0040), 0x5410);
+        xq[b * (per_b + 4) + r] = make_uint2(w0, w1);
+        if (tt == 0)
+          xd[ch * 8 + b] = make_uint2(__float_as_uint(d), F == WFormat::Q4_0 ? static_cast<uint32_t>(0x4B400000 - 8 * sum)
+                                                                              : __float_as_uint(d * static_cast<float>(sum)));
+      }
+    }
+    for (int i = threadIdx.x; i < chunks * (8 - a.B); i += kThreads)  // columns past the batch: 0
+      xd[(i / (8 - a.B)) * 8 + a.B + i % (8 - a.B)] = make_uint2(0u, F == WFormat::Q4_0 ? 0x4B400000u : 0u);
+    __syncthreads();
+    if (g < a.B) xq8 = xq + g * (per_b + 4) + t;
+    xd4 = reinterpret_cast<const uint4*>(xd) + t;
+  } else if constexpr (kNorm) {
     uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);
     __shared__ float ssq[kWarps][8];
     // The sums of squares of every batch row, then one barrier for all of them.
@@ -243,8 +338,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   } else {
     x = a.x;
   }
-  const uint4* xp = g < a.B ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g) * K) + t : nullptr;
-  if constexpr (kHasMin<F>) {  // each chunk's sum of x, for the mins' term m * sum(x)
+  const uint4* xp = !kI8 && g < a.B ? reinterpret_cast<const uint4*>(x + static_cast<int64_t>(g) * K) + t : nullptr;
+  if constexpr (kHasMin<F> && !kI8) {  // each chunk's sum of x, for the mins' term m * sum(x)
     for (int i = threadIdx.x; i < 8 * chunks; i += kThreads) {
       const int b = i / chunks, c = i % chunks;
       float sum = 0.0f;
@@ -279,6 +374,73 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (!kFull && c0 + u >= c_end) break;
+      if constexpr (kI8) {
+        const uint2 xv = xq8 ? xq8[4 * (c0 + u)] : make_uint2(0u, 0u);
+        const uint4 sd = xd4[4 * (c0 + u)];  // d and C (Q4_0) or d sum(q) of columns 2t, 2t + 1
+        int p[4];
+        if constexpr (F == WFormat::Q4_0)
+          p[0] = static_cast<int>(sd.y), p[1] = static_cast<int>(sd.w), p[2] = p[0], p[3] = p[1];
+        else
+          p[0] = p[1] = p[2] = p[3] = 0x4B400000;
+        if constexpr (kBits8<F>) {
+          // The lane's 8 bytes a row are values 0..3 and 4..7 in order: permuted to the staged order.
+          const uint4& va = r.a[u / 2];
+          const uint4& vb = r.b[u / 2];
+          const uint32_t a0 = (u & 1) ? va.z : va.x, a1 = (u & 1) ? va.w : va.y;
+          const uint32_t b0 = (u & 1) ? vb.z : vb.x, b1 = (u & 1) ? vb.w : vb.y;
+          const uint32_t lo_a = __byte_perm(a0, a1, 0x5140), lo_b = __byte_perm(b0, b1, 0x5140);
+          const uint32_t hi_a = __byte_perm(a0, a1, 0x7362), hi_b = __byte_perm(b0, b1, 0x7362);
+          if constexpr (F == WFormat::Q6_K) {
+            // Two 16-weight sub-blocks a chunk, each its own scale (lanes 0-1 hold the first, as the
+            // bf16 path): one mma each with the other lanes' weights zeroed.
+            const bool lo = t < 2;
+            int p1[4] = {0x4B400000, 0x4B400000, 0x4B400000, 0x4B400000};
+            mma_s8s8(p, lo ? lo_a : 0u, lo ? lo_b : 0u, lo ? hi_a : 0u, lo ? hi_b : 0u, xv.x, xv.y);
+            mma_s8s8(p1, lo ? 0u : lo_a, lo ? 0u : lo_b, lo ? 0u : hi_a, lo ? 0u : hi_b, xv.x, xv.y);
+            const float d = h2f(static_cast<uint16_t>(r.ma.x & 0xffffu)), d8 = h2f(static_cast<uint16_t>(r.mb.x & 0xffffu));
+            const float s0 = d * static_cast<float>(static_cast<int8_t>(byte_at(r.da, 2 * u)));
+            const float s1 = d * static_cast<float>(static_cast<int8_t>(byte_at(r.da, 2 * u + 1)));
+            const float s08 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(r.db, 2 * u)));
+            const float s18 = d8 * static_cast<float>(static_cast<int8_t>(byte_at(r.db, 2 * u + 1)));
+            const float x0 = __uint_as_float(sd.x), x1 = __uint_as_float(sd.z);
+            c[0] = fmaf(s0 * x0, __int_as_float(p[0]) - 12582912.0f, fmaf(s1 * x0, __int_as_float(p1[0]) - 12582912.0f, c[0]));
+            c[1] = fmaf(s0 * x1, __int_as_float(p[1]) - 12582912.0f, fmaf(s1 * x1, __int_as_float(p1[1]) - 12582912.0f, c[1]));
+            c[2] = fmaf(s08 * x0, __int_as_float(p[2]) - 12582912.0f, fmaf(s18 * x0, __int_as_float(p1[2]) - 12582912.0f, c[2]));
+            c[3] = fmaf(s08 * x1, __int_as_float(p[3]) - 12582912.0f, fmaf(s18 * x1, __int_as_float(p1[3]) - 12582912.0f, c[3]));
+            continue;
+          }
+          mma_s8s8(p, lo_a, lo_b, hi_a, hi_b, xv.x, xv.y);
+        } else {
+          const uint32_t wa32 = word_at(r.a[u / 4], u % 4), wb32 = word_at(r.b[u / 4], u % 4);
+          mma_u8s8(p, wa32 & 0x0F0F0F0Fu, wb32 & 0x0F0F0F0Fu, (wa32 >> 4) & 0x0F0F0F0Fu, (wb32 >> 4) & 0x0F0F0F0Fu,
+                   xv.x, xv.y);
+        }
+        float dg, dg8, mg = 0.0f, mg8 = 0.0f;
+        (void)mg, (void)mg8;
+        if constexpr (kKHeader<F>) {  // as the bf16 path: (d * sc) q - dmin * m
+          int sc, mn, sc8, mn8;
+          header_scale_min(r.da, u, &sc, &mn);
+          header_scale_min(r.db, u, &sc8, &mn8);
+          dg = h2f(static_cast<uint16_t>(r.da.x & 0xffffu)) * static_cast<float>(sc);
+          dg8 = h2f(static_cast<uint16_t>(r.db.x & 0xffffu)) * static_cast<float>(sc8);
+          mg = -(h2f(static_cast<uint16_t>(r.da.x >> 16)) * static_cast<float>(mn));
+          mg8 = -(h2f(static_cast<uint16_t>(r.db.x >> 16)) * static_cast<float>(mn8));
+        } else {
+          dg = h_at(r.da, u), dg8 = h_at(r.db, u);
+          if constexpr (kMinArray<F>) mg = h_at(r.ma, u), mg8 = h_at(r.mb, u);
+        }
+        const float x0 = __uint_as_float(sd.x), x1 = __uint_as_float(sd.z);
+        c[0] = fmaf(dg * x0, __int_as_float(p[0]) - 12582912.0f, c[0]);
+        c[1] = fmaf(dg * x1, __int_as_float(p[1]) - 12582912.0f, c[1]);
+        c[2] = fmaf(dg8 * x0, __int_as_float(p[2]) - 12582912.0f, c[2]);
+        c[3] = fmaf(dg8 * x1, __int_as_float(p[3]) - 12582912.0f, c[3]);
+        if constexpr (kHasMin<F>) {  // + m sum(x), sum(x) as d sum(q)
+          const float s0 = __uint_as_float(sd.y), s1 = __uint_as_float(sd.w);
+          c[0] = fmaf(mg, s0, c[0]), c[1] = fmaf(mg, s1, c[1]);
+          c[2] = fmaf(mg8, s0, c[2]), c[3] = fmaf(mg8, s1, c[3]);
+        }
+        continue;
+      }
       uint4 xv;
       if constexpr (kNorm) xv = xp ? xp[4 * (c0 + u)] : make_uint4(0, 0, 0, 0);
       else xv = xr[u];
@@ -300,8 +462,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           const uint32_t wa32 = word_at(r.a[u / 4], u % 4), wb32 = word_at(r.b[u / 4], u % 4);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            pa4[i] = bf2_sub(((wa32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
-            pb4[i] = bf2_sub(((wb32 >> (4 * i)) & 0x000F000Fu) | 0x43004300u, off);
+            pa4[i] = bf2_sub(nib_bf(wa32 >> (4 * i)), off);
+            pb4[i] = bf2_sub(nib_bf(wb32 >> (4 * i)), off);
           }
         }
         if constexpr (F == WFormat::Q6_K) {
@@ -445,6 +607,10 @@ struct Tuning {
   // Rounds wholly inside a warp's K range run without a bound check a chunk (SS_CUDA_DEC_FULL=0: every
   // round checked, as before, for the A/B).
   bool full_rounds = true;
+  // The packed formats' norm ops on 8-bit activations and the integer tensor cores
+  // (dec_k's kI8); SS_CUDA_DEC_I8=0:
+  // bf16 activations, as before, for the A/B.
+  bool i8 = true;
   // Benchmarking only: SS_CUDA_EMPTY=1 launches every fused decode kernel (and the attention, through
   // the backend) with its grid, to wait and exit, so a step's time is its kernel boundaries alone.
   bool empty = false;
@@ -466,6 +632,7 @@ const Tuning& tuning() {
                      "and at most 2 CTAs)\n", e);
     }
     if (const char* e = std::getenv("SS_CUDA_DEC_FULL"); e && std::string(e) == "0") r.full_rounds = false;
+    if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && std::string(e) == "0") r.i8 = false;
     return r;
   }();
   return t;
@@ -497,11 +664,14 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
       (a.resid && (reinterpret_cast<uintptr_t>(a.resid) & 15u) != 0) ||
       (a.norm_w && (reinterpret_cast<uintptr_t>(a.norm_w) & 15u) != 0))
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
-  const size_t xs = OP == Op::Add ? 0 : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
+  const bool i8 = OP != Op::Add && dec_int8_acts(W.format);
+  const size_t xs = OP == Op::Add ? 0
+                    : i8 ? static_cast<size_t>(a.B) * (a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
+                         : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
   const bool mins = W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K || W.format == WFormat::Q5_1 ||
                     W.format == WFormat::Q5_K;
-  const size_t sx = mins ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
+  const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
   const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
@@ -544,7 +714,16 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   const int tpc = kWarps / S;
   const int grid =
       KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
-  auto* k = W.format == WFormat::Q4_0   ? dec_k<OP, 8, WFormat::Q4_0>
+  constexpr Op kI8Op = OP == Op::Add ? Op::Qkv : OP;  // (never chosen for the adds: i8 is false there)
+  auto* k = i8 && W.format == WFormat::Q4_0   ? dec_k<kI8Op, 8, WFormat::Q4_0, false, true>
+            : i8 && W.format == WFormat::Q4_1 ? dec_k<kI8Op, 8, WFormat::Q4_1, false, true>
+            : i8 && W.format == WFormat::Q4_K ? dec_k<kI8Op, 8, WFormat::Q4_K, false, true>
+            : i8 && W.format == WFormat::Q8_0 ? dec_k<kI8Op, 8, WFormat::Q8_0, false, true>
+            : i8 && W.format == WFormat::Q5_0 ? dec_k<kI8Op, 8, WFormat::Q5_0, false, true>
+            : i8 && W.format == WFormat::Q5_1 ? dec_k<kI8Op, 8, WFormat::Q5_1, false, true>
+            : i8 && W.format == WFormat::Q5_K ? dec_k<kI8Op, 8, WFormat::Q5_K, false, true>
+            : i8                              ? dec_k<kI8Op, 8, WFormat::Q6_K, false, true>
+            : W.format == WFormat::Q4_0       ? dec_k<OP, 8, WFormat::Q4_0>
             : W.format == WFormat::Q4_1 ? dec_k<OP, 8, WFormat::Q4_1>
             : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
             : W.format == WFormat::Q4_K ? dec_k<OP, 8, WFormat::Q4_K>
@@ -574,6 +753,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
 }  // namespace
 
 void set_chain_slot(unsigned long long* slot) { g_chain_slot = slot; }
+bool dec_int8_acts(WFormat f) { return f != WFormat::BF16 && tuning().i8; }
 bool empty_kernels() { return tuning().empty; }
 
 int device_sm_count() {
