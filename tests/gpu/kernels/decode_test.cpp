@@ -76,7 +76,14 @@ Dot host_dot_i8(const float* w, const Normed& n, int K) {
   }
   return r;
 }
-// The host reference for a norm op over weights of format f.
+// The norm ops' activation path for a scope (dec_set_int8_acts), back to the default after.
+struct I8Mode {
+  explicit I8Mode(int on) { dec_set_int8_acts(on); }
+  ~I8Mode() { dec_set_int8_acts(-1); }
+  I8Mode(const I8Mode&) = delete;
+  I8Mode& operator=(const I8Mode&) = delete;
+};
+// The host reference for a norm op over weights of format f (as the kernels run it now).
 Dot host_dot_f(WFormat f, const float* w, const Normed& n, int K) {
   return dec_int8_acts(f) ? host_dot_i8(w, n, K) : host_dot(w, n, K);
 }
@@ -438,7 +445,8 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);
   // The last shape has 2112 tiles of 16 rows: on 132 SMs the K split picks S = 1 (the others pick 8),
-  // so the split's other paths run too.
+  // so the split's other paths run too. The norm op under both activation paths (dec_int8_acts).
+  for (int i8 : {0, 1})
   for (WFormat f : kPackedFormats)
     for (auto [N, K0] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}, std::pair{33792, 768}}) {
       const int K = k_for(f, K0);
@@ -464,6 +472,8 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
           }
       }
       if (K > 4096) continue;  // the norm ops stage batch x K in shared memory
+      const I8Mode mode(i8);
+      SCOPED_TRACE(i8 ? "8-bit activations" : "bf16 activations");
       const auto nw = random_f32(rng, K, 0.5f, 1.5f);
       const auto resid = random_f32(rng, 8 * static_cast<size_t>(K), -3, 3);
       DeviceBuf<float> dnw(nw), dres(resid), dy(8 * static_cast<size_t>(N)), dy1(static_cast<size_t>(N));
@@ -489,7 +499,10 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
 TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(42);
+  for (int i8 : {0, 1})
   for (WFormat f : kPackedFormats) {
+    const I8Mode mode(i8);
+    SCOPED_TRACE(i8 ? "8-bit activations" : "bf16 activations");
     // gate/up: F = 1001, K = 2048, batch 3
     const int F = 1001, K = 2048, batch = 3;
     const Packed p = pack(rng, f, 2 * F, K);

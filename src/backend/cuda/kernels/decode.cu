@@ -21,6 +21,7 @@
 // batch columns do not interact in an mma), and the norm's reduction tree is fixed, so a
 // sequence's logits do not depend on what shares its step.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -598,6 +599,11 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   phase_leave(a.stamps);
 }
 
+// The packed formats' norm ops on 8-bit activations by default (SS_CUDA_DEC_I8 overrides). Off: on an
+// H100 (2026-12-06, 8B Q4_0) the step was 0.9% faster at batch 1 and 11% slower at batch 8, the
+// redundant per-CTA quantizing prologue costing more than the products gained (docs/perf/gpu.md).
+constexpr bool kI8Default = false;
+
 struct Tuning {
   int u = 8, ctas = 2;  // measured best at 8B and within noise of the best at 135M (H200)
   // bf16: the pipelined loop (two rounds of kU = 4 in registers). -1 (the default): wherever a warp's
@@ -607,10 +613,10 @@ struct Tuning {
   // Rounds wholly inside a warp's K range run without a bound check a chunk (SS_CUDA_DEC_FULL=0: every
   // round checked, as before, for the A/B).
   bool full_rounds = true;
-  // The packed formats' norm ops on 8-bit activations and the integer tensor cores
-  // (dec_k's kI8); SS_CUDA_DEC_I8=0:
-  // bf16 activations, as before, for the A/B.
-  bool i8 = true;
+  // The packed formats' norm ops on 8-bit activations and the integer tensor cores (dec_k's kI8):
+  // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
+  bool i8 = kI8Default;
+  int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
   // Benchmarking only: SS_CUDA_EMPTY=1 launches every fused decode kernel (and the attention, through
   // the backend) with its grid, to wait and exit, so a step's time is its kernel boundaries alone.
   bool empty = false;
@@ -632,7 +638,16 @@ const Tuning& tuning() {
                      "and at most 2 CTAs)\n", e);
     }
     if (const char* e = std::getenv("SS_CUDA_DEC_FULL"); e && std::string(e) == "0") r.full_rounds = false;
-    if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && std::string(e) == "0") r.i8 = false;
+    if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && (std::string(e) == "0" || std::string(e) == "1"))
+      r.i8 = std::string(e) == "1";
+    if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
+      int v[4] = {0, 0, 0, 0};
+      if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
+          std::all_of(v, v + 4, [](int x) { return x == 0 || x == 1 || x == 2 || x == 4 || x == 8; }))
+        std::copy(v, v + 4, r.force_s);
+      else
+        std::fprintf(stderr, "selfserve: SS_CUDA_DEC_S=%s ignored (want four of 0, 1, 2, 4, 8)\n", e);
+    }
     return r;
   }();
   return t;
@@ -687,6 +702,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
     const int64_t rounds = waves * (((chunks + s2 - 1) / s2 + kU - 1) / kU);
     if (best < 0 || rounds <= best) best = rounds, S = s2;
   }
+  // Tuning only: SS_CUDA_DEC_S=<qkv>,<add>,<gate/up>,<logits> forces S per op (0: the choice above).
+  if (const int* f = tuning().force_s; f[static_cast<int>(OP)] > 0) S = f[static_cast<int>(OP)];
   // An add whose tiles, S = 8 warps each, fill under half the warp slots (Llama-3.2-1B's o_proj and
   // down: 128 tiles, 1024 of 2112 warps on an H100, ~50% of DRAM peak) splits K across KS CTAs,
   // while every warp keeps at least min_chunks_per_warp chunks (the backend takes 8: a round;
@@ -753,7 +770,14 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
 }  // namespace
 
 void set_chain_slot(unsigned long long* slot) { g_chain_slot = slot; }
-bool dec_int8_acts(WFormat f) { return f != WFormat::BF16 && tuning().i8; }
+namespace {
+std::atomic<int> g_i8_set{-1};  // dec_set_int8_acts: -1 the default
+}  // namespace
+void dec_set_int8_acts(int on) { g_i8_set.store(on); }
+bool dec_int8_acts(WFormat f) {
+  const int o = g_i8_set.load();
+  return f != WFormat::BF16 && (o >= 0 ? o == 1 : tuning().i8);
+}
 bool empty_kernels() { return tuning().empty; }
 
 int device_sm_count() {

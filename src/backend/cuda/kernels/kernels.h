@@ -171,10 +171,13 @@ Status dec_gate_up(const DevWeights& W, const float* resid, const float* norm_w,
 Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* rows, const float* norm_w, float eps,
                      float* y, int N, int K, int batch, bool pdl, cudaStream_t s);
 // Whether the norm ops (dec_qkv, dec_gate_up, dec_norm_gemv) over weights of format f quantize their
-// normalised input to 8-bit blocks and multiply on the integer tensor cores: every packed format,
-// unless SS_CUDA_DEC_I8=0. Per 32 values d = amax / 127 and q = round-to-nearest-even(x * (1 / d)),
-// from the fp32 normalised values (the CPU backend's rule, cpu/act_quant.h); the adds keep bf16 inputs.
+// normalised input to 8-bit blocks and multiply on the integer tensor cores: every packed format when
+// on (SS_CUDA_DEC_I8=1; decode.cu's kI8Default). Per 32 values d = amax / 127 and
+// q = round-to-nearest-even(x * (1 / d)), from the fp32 normalised values (the CPU backend's rule,
+// cpu/act_quant.h); the adds keep bf16 inputs.
 bool dec_int8_acts(WFormat f);
+// Tests: 1 / 0 turn the 8-bit activations on / off for every later launch; -1 back to the default.
+void dec_set_int8_acts(int on);
 // The current device's SM count, asked once per process (0 when there is no device).
 int device_sm_count();
 // Benchmarking only (SS_CUDA_CHAIN_TRACE=1): the next fused decode kernel launched (dec_*) stamps its
