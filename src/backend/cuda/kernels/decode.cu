@@ -108,6 +108,27 @@ struct Round {
   uint4 da, db, ma, mb;
 };
 
+// Chunk u of a round's scales for rows g and g + 8 (dg, dg8) and, for the formats with mins, the
+// min term's factors (mg, mg8; else 0): a weight is dg q + mg. K formats: the super-block header
+// (d, dmin, then 12 bytes of 6-bit (scale, min) pairs; the chunk is sub-block u): (d sc) q - dmin m.
+template <WFormat F, int kU>
+__device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float& dg, float& dg8, float& mg,
+                                             float& mg8) {
+  mg = 0.0f, mg8 = 0.0f;
+  if constexpr (kKHeader<F>) {
+    int sc, mn, sc8, mn8;
+    header_scale_min(r.da, u, &sc, &mn);
+    header_scale_min(r.db, u, &sc8, &mn8);
+    dg = h2f(static_cast<uint16_t>(r.da.x & 0xffffu)) * static_cast<float>(sc);
+    dg8 = h2f(static_cast<uint16_t>(r.db.x & 0xffffu)) * static_cast<float>(sc8);
+    mg = -(h2f(static_cast<uint16_t>(r.da.x >> 16)) * static_cast<float>(mn));
+    mg8 = -(h2f(static_cast<uint16_t>(r.db.x >> 16)) * static_cast<float>(mn8));
+  } else {
+    dg = h_at(r.da, u), dg8 = h_at(r.db, u);
+    if constexpr (kMinArray<F>) mg = h_at(r.ma, u), mg8 = h_at(r.mb, u);
+  }
+}
+
 // W (16 rows a tile) times x (B <= 8 columns) on the tensor cores: one m16n8k16 per 16 K, the
 // A fragment loaded straight from global memory. A lane loads 16 bytes (8 consecutive K) of rows
 // g and g + 8 and feeds them to two mmas as K slots (2t, 2t+1, 2t+8, 2t+9); its B fragment is
@@ -230,6 +251,22 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   pdl_trigger();
   phase(st, 1);
 
+  // The norm ops: every batch row's sum of squares, each warp's share in ssq, then one barrier.
+  __shared__ float ssq[kWarps][8];
+  auto sums_of_squares = [&] {
+    for (int b = 0; b < a.B; ++b) {
+      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
+      float ss = 0.0f;
+      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(r + i);
+        ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) ssq[warp][b] = ss;
+    }
+    __syncthreads();
+  };
+  (void)sums_of_squares;
   const uint16_t* x = nullptr;
   const uint2* xq8 = nullptr;  // kI8: the lane's slot of batch row g's blocks
   const uint4* xd4 = nullptr;  // kI8: chunk c's (d, C) of columns 2t and 2t + 1 at xd4[4 c]
@@ -243,18 +280,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     // exactly; for the other formats d sum(q), the mins' term's sum(x) (their C is 0x4B400000).
     uint2* xq = reinterpret_cast<uint2*>(smem_raw);
     uint2* xd = reinterpret_cast<uint2*>(smem_raw + static_cast<size_t>(a.B) * (chunks + 1) * 32);
-    __shared__ float ssq[kWarps][8];
-    for (int b = 0; b < a.B; ++b) {
-      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
-      float ss = 0.0f;
-      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(r + i);
-        ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) ssq[warp][b] = ss;
-    }
-    __syncthreads();
+    sums_of_squares();
     const int per_b = chunks * 4, nslot = a.B * per_b;  // a multiple of 4: a chunk's slots share a warp
     for (int base = 0; base < nslot; base += kThreads) {
       const int s = base + static_cast<int>(threadIdx.x);
@@ -306,19 +332,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     xd4 = reinterpret_cast<const uint4*>(xd) + t;
   } else if constexpr (kNorm) {
     uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);
-    __shared__ float ssq[kWarps][8];
-    // The sums of squares of every batch row, then one barrier for all of them.
-    for (int b = 0; b < a.B; ++b) {
-      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
-      float ss = 0.0f;
-      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(r + i);
-        ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) ssq[warp][b] = ss;
-    }
-    __syncthreads();
+    sums_of_squares();
     for (int b = 0; b < a.B; ++b) {
       float tot = 0.0f;
 #pragma unroll
@@ -416,20 +430,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           mma_u8s8(p, wa32 & 0x0F0F0F0Fu, wb32 & 0x0F0F0F0Fu, (wa32 >> 4) & 0x0F0F0F0Fu, (wb32 >> 4) & 0x0F0F0F0Fu,
                    xv.x, xv.y);
         }
-        float dg, dg8, mg = 0.0f, mg8 = 0.0f;
-        (void)mg, (void)mg8;
-        if constexpr (kKHeader<F>) {  // as the bf16 path: (d * sc) q - dmin * m
-          int sc, mn, sc8, mn8;
-          header_scale_min(r.da, u, &sc, &mn);
-          header_scale_min(r.db, u, &sc8, &mn8);
-          dg = h2f(static_cast<uint16_t>(r.da.x & 0xffffu)) * static_cast<float>(sc);
-          dg8 = h2f(static_cast<uint16_t>(r.db.x & 0xffffu)) * static_cast<float>(sc8);
-          mg = -(h2f(static_cast<uint16_t>(r.da.x >> 16)) * static_cast<float>(mn));
-          mg8 = -(h2f(static_cast<uint16_t>(r.db.x >> 16)) * static_cast<float>(mn8));
-        } else {
-          dg = h_at(r.da, u), dg8 = h_at(r.db, u);
-          if constexpr (kMinArray<F>) mg = h_at(r.ma, u), mg8 = h_at(r.mb, u);
-        }
+        float dg, dg8, mg, mg8;
+        chunk_scales(r, u, dg, dg8, mg, mg8);
         const float x0 = __uint_as_float(sd.x), x1 = __uint_as_float(sd.z);
         c[0] = fmaf(dg * x0, __int_as_float(p[0]) - 12582912.0f, c[0]);
         c[1] = fmaf(dg * x1, __int_as_float(p[1]) - 12582912.0f, c[1]);
@@ -491,22 +493,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           mma_bf16(p, pa4[0], pb4[0], pa4[1], pb4[1], xv.x, xv.y);
           mma_bf16(p, pa4[2], pb4[2], pa4[3], pb4[3], xv.z, xv.w);
-          float dg, dg8, mg = 0.0f, mg8 = 0.0f;
-          (void)mg, (void)mg8;
-          if constexpr (kKHeader<F>) {
-            // The super-block header: d, dmin, then 12 bytes of 6-bit (scale, min) pairs; this
-            // chunk is sub-block u: value = (d * sc) q - dmin * m.
-            int sc, mn, sc8, mn8;
-            header_scale_min(r.da, u, &sc, &mn);
-            header_scale_min(r.db, u, &sc8, &mn8);
-            dg = h2f(static_cast<uint16_t>(r.da.x & 0xffffu)) * static_cast<float>(sc);
-            dg8 = h2f(static_cast<uint16_t>(r.db.x & 0xffffu)) * static_cast<float>(sc8);
-            mg = -(h2f(static_cast<uint16_t>(r.da.x >> 16)) * static_cast<float>(mn));
-            mg8 = -(h2f(static_cast<uint16_t>(r.db.x >> 16)) * static_cast<float>(mn8));
-          } else {
-            dg = h_at(r.da, u), dg8 = h_at(r.db, u);
-            if constexpr (kMinArray<F>) mg = h_at(r.ma, u), mg8 = h_at(r.mb, u);
-          }
+          float dg, dg8, mg, mg8;
+          chunk_scales(r, u, dg, dg8, mg, mg8);
           c[0] = fmaf(dg, p[0], c[0]), c[1] = fmaf(dg, p[1], c[1]);
           c[2] = fmaf(dg8, p[2], c[2]), c[3] = fmaf(dg8, p[3], c[3]);
           if constexpr (kHasMin<F>) {
