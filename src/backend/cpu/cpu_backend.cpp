@@ -275,6 +275,7 @@ void CpuBackend::ensure_rows(int rows) {
   order_.resize(n);
   tiles_.reserve(n + 64);
   items_.reserve((n + 64) * nh_);
+  items_by_list_.reserve((n + 64) * nh_);
   slot_keys_.resize(n);
 }
 
@@ -384,6 +385,26 @@ void CpuBackend::plan_attention(const StepBatch& b) {
     }
     for (int h = 0; h < nh_; h += tile.n == 1 ? n_rep : 1) items_.push_back(t * nh_ + h);
   }
+  // Decode rows alone (each tile one row of its own sequence): thread i first takes the rows of the
+  // sequences [S i / nt, S (i + 1) / nt), whose K/V its side stream prefetched into its own L2 during
+  // the products before (arm_kv_prefetch splits the sequences the same way), then helps the others.
+  const int nt = pool_.size();
+  bool all_whole = nt > 1 && !tiles_.empty();
+  for (const Tile& t : tiles_) all_whole = all_whole && t.whole;
+  list_begin_.assign(1, 0);
+  if (all_whole) {  // a stable split by owner, so each list keeps the costliest-first order
+    auto owner = [&](int item) { return static_cast<int>(static_cast<int64_t>(tiles_[item / nh_].seq) * nt / S); };
+    items_by_list_.clear();
+    for (int i = 0; i < nt; ++i) {
+      for (int item : items_)
+        if (owner(item) == i) items_by_list_.push_back(item);
+      list_begin_.push_back(static_cast<int>(items_by_list_.size()));
+    }
+    items_.swap(items_by_list_);
+  } else {
+    list_begin_.push_back(static_cast<int>(items_.size()));
+  }
+  if (list_next_.size() < list_begin_.size()) list_next_ = std::vector<ItemCounter>(list_begin_.size());
 }
 
 void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
@@ -405,26 +426,33 @@ void CpuBackend::arm_kv_prefetch(int layer, int n_tok) {
   const double wbytes = static_cast<double>(Lp.wo.nbytes + Lp.w_gate.nbytes + Lp.w_up.nbytes + Lp.w_down.nbytes +
                                             Ln.wq.nbytes + Ln.wk.nbytes + Ln.wv.nbytes);
   const int64_t budget = static_cast<int64_t>(0.8 * (n_tok / 8.0 - 1.0) * wbytes / 64);
+  // Thread t's share: the blocks of sequences [S t / nt, S (t + 1) / nt), up to budget / nt lines, so
+  // that its L2 holds the K/V of the decode rows it attends first (plan_attention's lists).
+  const int nt = pool_.size();
+  const int S = static_cast<int>(seq_tables_.size());
   side_ranges_.clear();
-  int64_t taken = 0;
-  for (size_t s = 0; s < seq_tables_.size() && taken + lines <= budget; ++s)
-    for (int j = 0; seq_max_pos_[s] >= 0 && j <= seq_max_pos_[s] / bs && taken + lines <= budget; ++j, taken += lines)
-      side_ranges_.push_back({base + static_cast<int64_t>(seq_tables_[s][j]) * block_bytes, lines});
+  side_split_.assign(1, 0);
+  for (int t = 0; t < nt; ++t) {
+    int64_t taken = 0;
+    const int64_t share = budget / nt;
+    for (int s = S * t / nt; s < S * (t + 1) / nt && taken + lines <= share; ++s)
+      for (int j = 0; seq_max_pos_[s] >= 0 && j <= seq_max_pos_[s] / bs && taken + lines <= share; ++j, taken += lines)
+        side_ranges_.push_back({base + static_cast<int64_t>(seq_tables_[s][j]) * block_bytes, lines});
+    side_split_.push_back(static_cast<int>(side_ranges_.size()));
+  }
   if (side_ranges_.empty()) return;
   // Lines a pass of 16 rows x 32 columns: enough that each thread's share is done by about two thirds
   // of the products it rides on (layer - 1's output, gate, up and down, then layer's Q, K and V), with
   // passes of 4 rows (the kernels run 4 or 8).
-  const int nt = pool_.size();
   const int64_t H = H_, I = I_, qd = int64_t{nh_} * hd_, kvd = int64_t{nkv_} * hd_;
   const int64_t units = std::max<int64_t>(1, (H * qd + 3 * H * I + H * (qd + 2 * kvd)) / (16 * 32) * ((n_tok + 3) / 4));
   const int64_t total = static_cast<int64_t>(side_ranges_.size()) * lines;
   const int per_block = static_cast<int>(std::clamp<int64_t>((3 * total + 2 * units - 1) / (2 * units), 1, 16));
   side_cursors_.assign(nt, {});
-  const int64_t R = static_cast<int64_t>(side_ranges_.size());
   for (int t = 0; t < nt; ++t) {
     cpu::SideCursor& c = side_cursors_[t];
-    c.next = side_ranges_.data() + R * t / nt;
-    c.end = side_ranges_.data() + R * (t + 1) / nt;
+    c.next = side_ranges_.data() + side_split_[t];
+    c.end = side_ranges_.data() + side_split_[t + 1];
     c.per_block = per_block;
   }
   side_ = side_cursors_.data();
@@ -564,7 +592,7 @@ Status CpuBackend::forward(const StepBatch& b) {
     sw.lap(pf.rope_kv_s);
     if (last && R == 0) break;  // nothing more is needed than this layer's K/V
 
-    // Attention: (query tile, head) items pulled from a shared counter, costliest first.
+    // Attention: (query tile, head) items pulled from shared counters, costliest first (plan_attention's lists).
     {
       const int64_t kv_stride = block_bytes / cpu::ops::kv_elem_bytes(kv_elem_);  // in elements
       cpu::ops::AttnLayer A{q_.data(), qd,      att_.data(), qd,         kc,   vc, kv_stride,
@@ -575,25 +603,27 @@ Status CpuBackend::forward(const StepBatch& b) {
         const cpu::ops::AttnLayer* A;
         const StepBatch* b;
         const cpu::ops::OpsTable* ops;
-        std::atomic<int> next{0};
-        int n_items;
-      } ctx{this, &A, &b, &ops, {}, static_cast<int>(items_.size())};
+        int n_lists;
+      } ctx{this, &A, &b, &ops, static_cast<int>(list_begin_.size()) - 1};
+      for (int i = 0; i < ctx.n_lists; ++i) list_next_[i].next.store(0, std::memory_order_relaxed);
       auto work = [c = &ctx](int thread) {
         CpuBackend& s = *c->self;
         float* scratch = s.attn_scratch_.data() + s.attn_scratch_stride_ * thread;
-        for (;;) {
-          const int it = c->next.fetch_add(1, std::memory_order_relaxed);
-          if (it >= c->n_items) break;
-          const int item = s.items_[it];
-          const Tile& tile = s.tiles_[item / s.nh_];
-          if (tile.whole)
-            c->ops->attention_token(*c->A, s.order_[tile.begin], s.seq_tables_[tile.seq], scratch);
-          else if (tile.n == 1)
-            c->ops->attention_group(*c->A, s.order_[tile.begin], item % s.nh_, s.nh_ / s.nkv_,
-                                    s.seq_tables_[tile.seq], scratch);
-          else
-            c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
-                              s.seq_tables_[tile.seq], scratch);
+        for (int k = 0; k < c->n_lists; ++k) {  // its own list first, then the others'
+          const int li = (thread + k) % c->n_lists;
+          std::atomic<int>& next = s.list_next_[li].next;
+          for (int it; (it = s.list_begin_[li] + next.fetch_add(1, std::memory_order_relaxed)) < s.list_begin_[li + 1];) {
+            const int item = s.items_[it];
+            const Tile& tile = s.tiles_[item / s.nh_];
+            if (tile.whole)
+              c->ops->attention_token(*c->A, s.order_[tile.begin], s.seq_tables_[tile.seq], scratch);
+            else if (tile.n == 1)
+              c->ops->attention_group(*c->A, s.order_[tile.begin], item % s.nh_, s.nh_ / s.nkv_,
+                                      s.seq_tables_[tile.seq], scratch);
+            else
+              c->ops->attention(*c->A, s.order_.data() + tile.begin, tile.n, item % s.nh_,
+                                s.seq_tables_[tile.seq], scratch);
+          }
         }
       };
       int64_t work_total = 0;

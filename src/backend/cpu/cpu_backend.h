@@ -2,6 +2,7 @@
 // cache it owns, then the host sampler over the rows that want a token. Private to cpu/:
 // make_cpu_backend() (backend.h) is the way in.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -125,6 +126,14 @@ class CpuBackend final : public Backend {
   };
   std::vector<Tile> tiles_;
   std::vector<int32_t> items_;       // tile * n_heads + head, most expensive first
+  // items_ as lists [list_begin_[i], list_begin_[i + 1]), list i first taken by thread i (one list: any
+  // thread). Decode rows are listed by the thread whose side stream prefetched their K/V.
+  std::vector<int32_t> list_begin_;
+  struct alignas(64) ItemCounter {
+    std::atomic<int> next{0};
+  };
+  std::vector<ItemCounter> list_next_;  // one per list
+  std::vector<int32_t> items_by_list_;  // plan_attention's scratch
   std::vector<int64_t> slot_keys_;   // validation: written (block, slot) pairs
 
   BlockTables tables_;               // per slot, edited by each batch
@@ -133,6 +142,7 @@ class CpuBackend final : public Backend {
   std::vector<float> logits_;        // rows_.size() x vocab, grown on demand
   bool kv_prefetch_ = true;          // SS_CPU_KV_PREFETCH=0 turns arm_kv_prefetch off (A/B runs)
   std::vector<cpu::SideRange> side_ranges_;
+  std::vector<int> side_split_;                // thread t's ranges: [side_split_[t], side_split_[t + 1])
   std::vector<cpu::SideCursor> side_cursors_;  // one per pool thread
   cpu::SideCursor* side_ = nullptr;            // armed: the products prefetch these cursors' lines
   std::vector<RowSampler> samplers_; // one per pool thread

@@ -574,10 +574,10 @@ SS_AMX void rows_packed_amx_t(const PackedMatrix& P, const QActs& a, float* y, i
                   [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
                     const int64_t pf_lines = pf ? static_cast<int64_t>(P.group_bytes / 64) : 0;
                     const bool unpack = t == 0;
-                    // The side stream's lines of one 4-token VNNI pass (per_block per 16 rows x 32
-                    // columns: cpu_backend.cpp), spread over its block pairs: a quarter of the full
-                    // share, as rows_packed_amx_k (matmul_qk_packed_avx512.cpp) says why.
-                    const SideSpread side = side_take(a.side, nb, (nb + 1) / 2);
+                    // The side stream's lines of two 4-token VNNI passes (per_block per 16 rows x 32
+                    // columns: cpu_backend.cpp), spread over its block pairs: half of the full share,
+                    // as rows_packed_amx_k (matmul_qk_packed_avx512.cpp) says why.
+                    const SideSpread side = side_take(a.side, 2 * nb, (nb + 1) / 2);
                     if (nt > 12) amx_tokens<T, 16>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
                     else if (nt > 8) amx_tokens<T, 12>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);
                     else if (nt > 4) amx_tokens<T, 8>(gp, nb, ub, cached, unpack, a, t, nt, y, ldy, o0, keep, pf, pf_lines, side);

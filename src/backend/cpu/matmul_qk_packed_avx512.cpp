@@ -405,12 +405,14 @@ SS_AMX void rows_packed_amx_k(const PackedMatrix& P, const QActs& a, float* y, i
   const int64_t nsb = P.cols / 256;
   amx_walk_groups(P, a.n_tok, kAmxTokensK, KSub<T>::kb, g0, g1,
                   [&](const uint8_t* gp, int64_t o0, __mmask16 keep, int t, int nt, const uint8_t* pf) SS_AMX {
-                    // The side stream's lines of one 4-token VNNI pass (per_block per 16 rows x 32
-                    // columns: cpu_backend.cpp), spread over its super-blocks: a quarter of what the
-                    // VNNI passes a 16-token pass replaces take. At that full share the AMX products
-                    // were ~2.2 ms a step slower and attention ~1 ms faster (16 streams, Q4_K_M, AMX
-                    // Xeon); at a quarter they are even (the commit that made it so says by how much).
-                    const SideSpread side = side_take(a.side, 8 * nsb, nsb);
+                    // The side stream's lines of two 4-token VNNI passes (per_block per 16 rows x 32
+                    // columns: cpu_backend.cpp), spread over its super-blocks: half of what the VNNI
+                    // passes a 16-token pass replaces take. At that full share the AMX products were
+                    // ~2.2 ms a step slower and attention ~1 ms faster (16 streams, Q4_K_M, AMX Xeon,
+                    // a build beside); a quarter was even there. On a quiet machine, with each thread
+                    // prefetching the K/V of the rows it attends (cpu_backend.cpp), half gains ~0.4 ms
+                    // a step over a quarter (docs/perf/cpu.md, 2026-12-07).
+                    const SideSpread side = side_take(a.side, 16 * nsb, nsb);
                     if (nt > 12) amx_k_tokens<T, 16>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
                     else if (nt > 8) amx_k_tokens<T, 12>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
                     else if (nt > 4) amx_k_tokens<T, 8>(gp, nsb, a, t, nt, y, ldy, o0, keep, pf, side);
