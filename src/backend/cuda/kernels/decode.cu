@@ -649,6 +649,28 @@ unsigned long long* take_chain_slot() {
   return p;
 }
 
+// The instantiation for a launch: a packed format on bf16 or (i8, the norm ops only) 8-bit
+// activations, or bf16 weights with kU 4 / 8 and the pipelined loop.
+template <Op OP, bool kI8>
+auto pick_packed(WFormat f) {
+  constexpr Op O = kI8 && OP == Op::Add ? Op::Qkv : OP;  // (never chosen for the adds: i8 is false there)
+  switch (f) {
+    case WFormat::Q4_0: return dec_k<O, 8, WFormat::Q4_0, false, kI8>;
+    case WFormat::Q4_1: return dec_k<O, 8, WFormat::Q4_1, false, kI8>;
+    case WFormat::Q8_0: return dec_k<O, 8, WFormat::Q8_0, false, kI8>;
+    case WFormat::Q4_K: return dec_k<O, 8, WFormat::Q4_K, false, kI8>;
+    case WFormat::Q5_0: return dec_k<O, 8, WFormat::Q5_0, false, kI8>;
+    case WFormat::Q5_1: return dec_k<O, 8, WFormat::Q5_1, false, kI8>;
+    case WFormat::Q5_K: return dec_k<O, 8, WFormat::Q5_K, false, kI8>;
+    default: return dec_k<O, 8, WFormat::Q6_K, false, kI8>;
+  }
+}
+template <Op OP>
+auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
+  if (f != WFormat::BF16) return i8 ? pick_packed<OP, true>(f) : pick_packed<OP, false>(f);
+  return pipe ? dec_k<OP, 4, WFormat::BF16, true> : kU == 4 ? dec_k<OP, 4, WFormat::BF16> : dec_k<OP, 8, WFormat::BF16>;
+}
+
 template <Op OP>
 Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s, const SplitK* sk = nullptr) {
   a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
@@ -719,26 +741,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   const int tpc = kWarps / S;
   const int grid =
       KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
-  constexpr Op kI8Op = OP == Op::Add ? Op::Qkv : OP;  // (never chosen for the adds: i8 is false there)
-  auto* k = i8 && W.format == WFormat::Q4_0   ? dec_k<kI8Op, 8, WFormat::Q4_0, false, true>
-            : i8 && W.format == WFormat::Q4_1 ? dec_k<kI8Op, 8, WFormat::Q4_1, false, true>
-            : i8 && W.format == WFormat::Q4_K ? dec_k<kI8Op, 8, WFormat::Q4_K, false, true>
-            : i8 && W.format == WFormat::Q8_0 ? dec_k<kI8Op, 8, WFormat::Q8_0, false, true>
-            : i8 && W.format == WFormat::Q5_0 ? dec_k<kI8Op, 8, WFormat::Q5_0, false, true>
-            : i8 && W.format == WFormat::Q5_1 ? dec_k<kI8Op, 8, WFormat::Q5_1, false, true>
-            : i8 && W.format == WFormat::Q5_K ? dec_k<kI8Op, 8, WFormat::Q5_K, false, true>
-            : i8                              ? dec_k<kI8Op, 8, WFormat::Q6_K, false, true>
-            : W.format == WFormat::Q4_0       ? dec_k<OP, 8, WFormat::Q4_0>
-            : W.format == WFormat::Q4_1 ? dec_k<OP, 8, WFormat::Q4_1>
-            : W.format == WFormat::Q8_0 ? dec_k<OP, 8, WFormat::Q8_0>
-            : W.format == WFormat::Q4_K ? dec_k<OP, 8, WFormat::Q4_K>
-            : W.format == WFormat::Q6_K ? dec_k<OP, 8, WFormat::Q6_K>
-            : W.format == WFormat::Q5_0 ? dec_k<OP, 8, WFormat::Q5_0>
-            : W.format == WFormat::Q5_1 ? dec_k<OP, 8, WFormat::Q5_1>
-            : W.format == WFormat::Q5_K ? dec_k<OP, 8, WFormat::Q5_K>
-            : pipe                      ? dec_k<OP, 4, WFormat::BF16, true>
-            : kU == 4                   ? dec_k<OP, 4, WFormat::BF16>
-                                        : dec_k<OP, 8, WFormat::BF16>;
+  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU);
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
