@@ -234,6 +234,36 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   int tb = cta * TPC;
   const int tstride = n_cta * TPC;
+  // L2 prefetch a.pf rounds ahead of the register loads, across tile boundaries: round j of the
+  // warp's stream is round j % R of its tile j / R. Lanes 0-15 take the weights of tile row `lane`
+  // (the 128-byte lines of up to kU chunks), lanes 16-31 its scales (and mins). A few instructions a
+  // lane and round, and the bytes a warp keeps in flight no longer wait on its registers: ncu had the
+  // packed gate/up at 57% of DRAM peak with 40% SM throughput (waiting, not issuing), one exposed
+  // round trip a tile for the rounds after the first.
+  const int R = c_end > c_begin ? (c_end - c_begin + kU - 1) / kU : 0;
+  auto prefetch_round = [&](int j) {
+    if (R == 0) return;
+    const int k = j / R, c0 = c_begin + (j - k * R) * kU;
+    const int tile = cta * TPC + tw + k * tstride;
+    if (tile >= a.tiles) return;
+    const int64_t row = tile_row<OP>(a, tile, lane & 15);
+    if (row < 0) return;
+    const int n = min(kU, c_end - c0);
+    if (lane < 16) {
+      constexpr int kChunkBytes = F == WFormat::BF16 ? 64 : kBits8<F> ? 32 : 16;
+      const int64_t rb = F == WFormat::BF16 ? 2 * static_cast<int64_t>(K) : kBits8<F> ? a.Kp : a.Kp / 2;
+      // Line by line (a bulk prefetch takes its address in uniform registers: the compiler loops
+      // over the lanes' distinct addresses, 16 passes a round).
+      const uintptr_t p = reinterpret_cast<uintptr_t>(a.W) + row * rb + static_cast<int64_t>(kChunkBytes) * c0;
+      for (uintptr_t l = p >> 7; l <= (p + kChunkBytes * n - 1) >> 7; ++l)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(l << 7));
+    } else if constexpr (F != WFormat::BF16) {
+      const int64_t rs = kKHeader<F> ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
+      const uint16_t* d = a.qd + row * rs + (F == WFormat::Q6_K ? 2 * c0 : c0);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(d));
+      if constexpr (kMinArray<F>) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.qm + row * (a.Kp / 32) + c0));
+    }
+  };
   // Before the wait: the first round of weights, the norm's weights, and what the first tile's
   // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
   // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
@@ -244,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     load(w, c_begin);
     if (S == 1 || sub == 0) epi = EpiIn<OP>::load(a, tb + tw, g, t);
   }
+  for (int j = 1; j <= a.pf; ++j) prefetch_round(j);  // the next rounds, into L2
   if constexpr (kNorm) {  // the norm's weights into L1 (prefetch: no registers held across the wait)
     for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + i));
   }
@@ -251,78 +282,145 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   pdl_trigger();
   phase(st, 1);
 
-  // The norm ops: every batch row's sum of squares, each warp's share in ssq, then one barrier.
+  // The norm ops: every batch row's 1/rms into invs. A thread sums the squares of its float4s at
+  // i = 4 threadIdx.x + 4 kThreads m, m ascending (the same order at every batch size: a row's bits
+  // do not depend on its batch), then the warps' sums in warp order.
+  // Batch 1 with K <= 16 kThreads (hold): the row stays in the registers it was summed from, one
+  // read of the residual instead of two (a round trip a norm op). Otherwise four rows' loads in
+  // flight at a time (a row after another left one round trip a row exposed, eight at batch 8).
   __shared__ float ssq[kWarps][8];
-  auto sums_of_squares = [&] {
-    for (int b = 0; b < a.B; ++b) {
-      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
-      float ss = 0.0f;
-      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(r + i);
-        ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) ssq[warp][b] = ss;
+  __shared__ float invs[8];
+  constexpr int kHold = 4;  // float4s a thread holds
+  const bool hold = kNorm && a.hold && a.B == 1 && K <= kThreads * 4 * kHold;
+  float4 hv[kHold];
+  auto sumsq = [](float ss, const float4& v) {
+    return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss))));
+  };
+  auto reduce_invs = [&](const float (&ss)[4], int b0) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float t2 = warp_sum(ss[j]);
+      if (lane == 0 && b0 + j < a.B) ssq[warp][b0 + j] = t2;
+    }
+  };
+  auto finish_invs = [&] {
+    __syncthreads();
+    if (threadIdx.x < static_cast<unsigned>(a.B)) {
+      float tot = 0.0f;
+#pragma unroll
+      for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][threadIdx.x];
+      invs[threadIdx.x] = rsqrtf(tot / static_cast<float>(K) + a.eps);
     }
     __syncthreads();
   };
-  (void)sums_of_squares;
+  auto row_invs = [&] {
+    if (hold) {
+      const float* r0 = a.resid + static_cast<int64_t>(a.rows ? a.rows[0] : 0) * K;
+#pragma unroll
+      for (int m = 0; m < kHold; ++m) {
+        const int i = threadIdx.x * 4 + m * kThreads * 4;
+        hv[m] = i < K ? *reinterpret_cast<const float4*>(r0 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int m = 0; m < kHold; ++m)
+        if (threadIdx.x * 4 + m * kThreads * 4 < K) ss[0] = sumsq(ss[0], hv[m]);
+      reduce_invs(ss, 0);
+      finish_invs();
+      return;
+    }
+    for (int b0 = 0; b0 < a.B; b0 += 4) {
+      const float* rp[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[min(b0 + j, a.B - 1)] : min(b0 + j, a.B - 1)) * K;
+      float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
+        float4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          v[j] = b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ss[j] = sumsq(ss[j], v[j]);
+      }
+      reduce_invs(ss, b0);
+    }
+    finish_invs();
+  };
+  (void)row_invs;
+  (void)hv;
   const uint16_t* x = nullptr;
   const uint2* xq8 = nullptr;  // kI8: the lane's slot of batch row g's blocks
   const uint4* xd4 = nullptr;  // kI8: chunk c's (d, C) of columns 2t and 2t + 1 at xd4[4 c]
   if constexpr (kI8) {
-    // 8-bit blocks of the normalised rows: a thread a (row, chunk, lane slot t) takes the slot's 8
-    // values (x * inv * w in fp32, as the bf16 path computes them), the 4 slots of a chunk (adjacent
-    // lanes) share their amax, and q = rne(x * (1 / d)) lands in the order the weights' nibbles
-    // unpack to: word 0 = values (0, 4, 1, 5), word 1 = (2, 6, 3, 7) of the slot. Beside each block
-    // (xd): d, and for Q4_0 the mma's C operand 0x4B400000 - 8 sum(q), so the accumulator comes out
-    // as the float bits of 1.5 * 2^23 + sum((w - 8) q) (|sum| < 2^20): one FADD makes it a float,
-    // exactly; for the other formats d sum(q), the mins' term's sum(x) (their C is 0x4B400000).
+    // 8-bit blocks of the normalised rows, q = rne(x * (1 / d)), d = amax / 127 over each 32 values
+    // (x * inv * w in fp32, as the bf16 path computes them). A thread takes 4 values (the float4 of
+    // the sums above), a chunk is 8 adjacent lanes; the lanes holding a slot's values 0-3 and 4-7
+    // (a pair) swap their bytes so each writes one word of the slot in the order the weights'
+    // nibbles unpack to: word 0 = values (0, 4, 1, 5), word 1 = (2, 6, 3, 7), xq [B][chunks + 1][4
+    // slots] uint2 (a padded row). Beside each block (xd [chunks][8 columns]): d, and for Q4_0 the
+    // mma's C operand 0x4B400000 - 8 sum(q), so the accumulator comes out as the float bits of
+    // 1.5 * 2^23 + sum((w - 8) q) (|sum| < 2^20): one FADD makes it a float, exactly; for the other
+    // formats d sum(q), the mins' term's sum(x) (their C is 0x4B400000).
     uint2* xq = reinterpret_cast<uint2*>(smem_raw);
     uint2* xd = reinterpret_cast<uint2*>(smem_raw + static_cast<size_t>(a.B) * (chunks + 1) * 32);
-    sums_of_squares();
-    const int per_b = chunks * 4, nslot = a.B * per_b;  // a multiple of 4: a chunk's slots share a warp
-    for (int base = 0; base < nslot; base += kThreads) {
-      const int s = base + static_cast<int>(threadIdx.x);
-      const bool ok = s < nslot;
-      const int b = ok ? s / per_b : 0, r = s - b * per_b, ch = r >> 2, tt = r & 3;
-      float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int per_b = chunks * 4;
+    row_invs();
+    // One float4 of row b at i (every lane of the warp calls it: the shuffles; ok: i < K).
+    auto quantize4 = [&](int b, int i, const float4& x4, bool ok) {
+      const float inv = invs[b];
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (ok) {
-        float tot = 0.0f;
-#pragma unroll
-        for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][b];
-        const float inv = rsqrtf(tot / static_cast<float>(K) + a.eps);
-        const float* rr = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K + 32 * ch + 8 * tt;
-        const float* nw = a.norm_w + 32 * ch + 8 * tt;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float4 rv = *reinterpret_cast<const float4*>(rr + 4 * h);
-          const float4 wv = *reinterpret_cast<const float4*>(nw + 4 * h);
-          v[4 * h] = rv.x * inv * wv.x, v[4 * h + 1] = rv.y * inv * wv.y;
-          v[4 * h + 2] = rv.z * inv * wv.z, v[4 * h + 3] = rv.w * inv * wv.w;
-        }
+        const float4 wv = *reinterpret_cast<const float4*>(a.norm_w + i);
+        v[0] = x4.x * inv * wv.x, v[1] = x4.y * inv * wv.y, v[2] = x4.z * inv * wv.z, v[3] = x4.w * inv * wv.w;
       }
-      float am = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) am = fmaxf(am, fabsf(v[i]));
+      float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
       am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
       am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+      am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 4));
       const float d = __fdiv_rn(am, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-      int q[8], sum = 0;
+      int q[4], sum = 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        q[i] = __float_as_int(__fadd_rn(__fmul_rn(v[i], id), 12582912.0f)) - 0x4B400000;
-        sum += q[i];
+      for (int k2 = 0; k2 < 4; ++k2) {
+        q[k2] = __float_as_int(__fadd_rn(__fmul_rn(v[k2], id), 12582912.0f)) - 0x4B400000;
+        sum += q[k2];
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      const uint32_t mine = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
+      const int half = (i >> 2) & 1;  // 0: the slot's values 0-3 (word 0), 1: values 4-7 (word 1)
       if (ok) {
-        const uint32_t w0 = __byte_perm(__byte_perm(q[0], q[4], 0x0040), __byte_perm(q[1], q[5], 0x0040), 0x5410);
-        const uint32_t w1 = __byte_perm(__byte_perm(q[2], q[6], 0x0040), __byte_perm(q[3], q[7], 0x0040), 0x5410);
-        xq[b * (per_b + 4) + r] = make_uint2(w0, w1);
-        if (tt == 0)
-          xd[ch * 8 + b] = make_uint2(__float_as_uint(d), F == WFormat::Q4_0 ? static_cast<uint32_t>(0x4B400000 - 8 * sum)
-                                                                              : __float_as_uint(d * static_cast<float>(sum)));
+        const int r = i >> 3;  // the slot: chunk i / 32, slot (i % 32) / 8
+        reinterpret_cast<uint32_t*>(xq)[2 * (b * (per_b + 4) + r) + half] =
+            half == 0 ? __byte_perm(mine, other, 0x5140) : __byte_perm(other, mine, 0x7362);
+        if ((i & 31) == 0)
+          xd[(i >> 5) * 8 + b] = make_uint2(__float_as_uint(d), F == WFormat::Q4_0 ? static_cast<uint32_t>(0x4B400000 - 8 * sum)
+                                                                                    : __float_as_uint(d * static_cast<float>(sum)));
+      }
+    };
+    if (hold) {
+#pragma unroll
+      for (int m = 0; m < kHold; ++m) {
+        const int i0 = warp * 128 + m * kThreads * 4;
+        if (i0 < K) quantize4(0, i0 + lane * 4, hv[m], i0 + lane * 4 < K);  // warp-uniform: K % 32 == 0
+      }
+    } else {
+      for (int b0 = 0; b0 < a.B; b0 += 4) {  // four rows' loads in flight
+        const float* rp[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[min(b0 + j, a.B - 1)] : min(b0 + j, a.B - 1)) * K;
+        for (int i0 = warp * 128; i0 < K; i0 += kThreads * 4) {
+          const int i = i0 + lane * 4;
+          const bool ok = i < K;
+          float4 v[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            v[j] = ok && b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (b0 + j < a.B) quantize4(b0 + j, i, v[j], ok);
+        }
       }
     }
     for (int i = threadIdx.x; i < chunks * (8 - a.B); i += kThreads)  // columns past the batch: 0
@@ -332,20 +430,39 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     xd4 = reinterpret_cast<const uint4*>(xd) + t;
   } else if constexpr (kNorm) {
     uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);
-    sums_of_squares();
-    for (int b = 0; b < a.B; ++b) {
-      float tot = 0.0f;
+    row_invs();
+    auto put = [&](int b, int i, const float4& v, float inv) {
+      const float4 nw = *reinterpret_cast<const float4*>(a.norm_w + i);
+      uint2 o;
+      o.x = static_cast<uint32_t>(f2bf(v.x * inv * nw.x)) | (static_cast<uint32_t>(f2bf(v.y * inv * nw.y)) << 16);
+      o.y = static_cast<uint32_t>(f2bf(v.z * inv * nw.z)) | (static_cast<uint32_t>(f2bf(v.w * inv * nw.w)) << 16);
+      *reinterpret_cast<uint2*>(xs + static_cast<int64_t>(b) * K + i) = o;
+    };
+    if (hold) {
 #pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][b];
-      const float inv = rsqrtf(tot / static_cast<float>(K) + a.eps);
-      const float* r = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K;
-      for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(r + i);
-        const float4 nw = *reinterpret_cast<const float4*>(a.norm_w + i);
-        uint2 o;
-        o.x = static_cast<uint32_t>(f2bf(v.x * inv * nw.x)) | (static_cast<uint32_t>(f2bf(v.y * inv * nw.y)) << 16);
-        o.y = static_cast<uint32_t>(f2bf(v.z * inv * nw.z)) | (static_cast<uint32_t>(f2bf(v.w * inv * nw.w)) << 16);
-        *reinterpret_cast<uint2*>(xs + static_cast<int64_t>(b) * K + i) = o;
+      for (int m = 0; m < kHold; ++m) {
+        const int i = threadIdx.x * 4 + m * kThreads * 4;
+        if (i < K) put(0, i, hv[m], invs[0]);
+      }
+    } else {
+      constexpr int kRG = 2;
+      for (int b0 = 0; b0 < a.B; b0 += kRG) {  // kRG rows' loads in flight
+        const float* rp[kRG];
+        float inv[kRG];
+#pragma unroll
+        for (int j = 0; j < kRG; ++j) {
+          const int b = min(b0 + j, a.B - 1);
+          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = invs[b];
+        }
+        for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
+          float4 v[kRG];
+#pragma unroll
+          for (int j = 0; j < kRG; ++j)
+            if (b0 + j < a.B) v[j] = *reinterpret_cast<const float4*>(rp[j] + i);
+#pragma unroll
+          for (int j = 0; j < kRG; ++j)
+            if (b0 + j < a.B) put(b0 + j, i, v[j], inv[j]);
+        }
       }
     }
     __syncthreads();
@@ -540,21 +657,23 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   };
 
   phase(st, 2);  // the norm's prologue done (the input staged)
-  for (; tb < a.tiles; tb += tstride) {
+  for (int j0 = 0; tb < a.tiles; tb += tstride, j0 += R) {  // j0: the tile's first round in the stream
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
     const bool first_tile = tb == cta * TPC;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
       if constexpr (kPipe) {
-        for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+        for (int c0 = c_begin, j = j0; c0 < c_end; c0 += 2 * kU, j += 2) {
+          if (a.pf > 0) prefetch_round(j + a.pf), prefetch_round(j + 1 + a.pf);
           if (c0 + kU < c_end) load(w2, c0 + kU);
           mma_round(w, c0, c);
           if (c0 + 2 * kU < c_end) load(w, c0 + 2 * kU);
           if (c0 + kU < c_end) mma_round(w2, c0 + kU, c);
         }
       } else {
-        for (int c0 = c_begin; c0 < c_end; c0 += kU) {
+        for (int c0 = c_begin, j = j0; c0 < c_end; c0 += kU, ++j) {
+          if (a.pf > 0) prefetch_round(j + a.pf);
           if (c0 != c_begin) load(w, c0);
           mma_round(w, c0, c);
         }
@@ -605,6 +724,11 @@ struct Tuning {
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
   int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
+  // Rounds a warp prefetches into L2 ahead of its register loads (DecArgs::pf); SS_CUDA_DEC_PF=<n>.
+  int pf = 0;
+  // The norm ops at batch 1 read the residual once and hold it in registers (DecArgs::hold);
+  // SS_CUDA_DEC_HOLD=0: two reads, as at larger batches (the same bits either way).
+  bool hold = true;
   // Benchmarking only: SS_CUDA_EMPTY=1 launches every fused decode kernel (and the attention, through
   // the backend) with its grid, to wait and exit, so a step's time is its kernel boundaries alone.
   bool empty = false;
@@ -628,6 +752,13 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_FULL"); e && std::string(e) == "0") r.full_rounds = false;
     if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.i8 = std::string(e) == "1";
+    if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
+    if (const char* e = std::getenv("SS_CUDA_DEC_PF")) {
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);
+      if (end != e && *end == '\0' && v >= 0 && v <= 16) r.pf = static_cast<int>(v);
+      else std::fprintf(stderr, "selfserve: SS_CUDA_DEC_PF=%s ignored (want 0..16)\n", e);
+    }
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
       int v[4] = {0, 0, 0, 0};
       if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
@@ -732,6 +863,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   a.S = S;
   a.empty = tuning().empty;
   a.full_rounds = tuning().full_rounds;
+  a.pf = tuning().pf;
+  a.hold = tuning().hold;
   a.stamps = take_chain_slot();
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
