@@ -234,36 +234,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   int tb = cta * TPC;
   const int tstride = n_cta * TPC;
-  // L2 prefetch a.pf rounds ahead of the register loads, across tile boundaries: round j of the
-  // warp's stream is round j % R of its tile j / R. Lanes 0-15 take the weights of tile row `lane`
-  // (the 128-byte lines of up to kU chunks), lanes 16-31 its scales (and mins). A few instructions a
-  // lane and round, and the bytes a warp keeps in flight no longer wait on its registers: ncu had the
-  // packed gate/up at 57% of DRAM peak with 40% SM throughput (waiting, not issuing), one exposed
-  // round trip a tile for the rounds after the first.
-  const int R = c_end > c_begin ? (c_end - c_begin + kU - 1) / kU : 0;
-  auto prefetch_round = [&](int j) {
-    if (R == 0) return;
-    const int k = j / R, c0 = c_begin + (j - k * R) * kU;
-    const int tile = cta * TPC + tw + k * tstride;
-    if (tile >= a.tiles) return;
-    const int64_t row = tile_row<OP>(a, tile, lane & 15);
-    if (row < 0) return;
-    const int n = min(kU, c_end - c0);
-    if (lane < 16) {
-      constexpr int kChunkBytes = F == WFormat::BF16 ? 64 : kBits8<F> ? 32 : 16;
-      const int64_t rb = F == WFormat::BF16 ? 2 * static_cast<int64_t>(K) : kBits8<F> ? a.Kp : a.Kp / 2;
-      // Line by line (a bulk prefetch takes its address in uniform registers: the compiler loops
-      // over the lanes' distinct addresses, 16 passes a round).
-      const uintptr_t p = reinterpret_cast<uintptr_t>(a.W) + row * rb + static_cast<int64_t>(kChunkBytes) * c0;
-      for (uintptr_t l = p >> 7; l <= (p + kChunkBytes * n - 1) >> 7; ++l)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(l << 7));
-    } else if constexpr (F != WFormat::BF16) {
-      const int64_t rs = kKHeader<F> ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
-      const uint16_t* d = a.qd + row * rs + (F == WFormat::Q6_K ? 2 * c0 : c0);
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(d));
-      if constexpr (kMinArray<F>) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.qm + row * (a.Kp / 32) + c0));
-    }
-  };
   // Before the wait: the first round of weights, the norm's weights, and what the first tile's
   // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
   // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
@@ -274,7 +244,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     load(w, c_begin);
     if (S == 1 || sub == 0) epi = EpiIn<OP>::load(a, tb + tw, g, t);
   }
-  for (int j = 1; j <= a.pf; ++j) prefetch_round(j);  // the next rounds, into L2
   if constexpr (kNorm) {  // the norm's weights into L1 (prefetch: no registers held across the wait)
     for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + i));
   }
@@ -282,15 +251,19 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   pdl_trigger();
   phase(st, 1);
 
-  // The norm ops: every batch row's 1/rms into invs. A thread sums the squares of its float4s at
-  // i = 4 threadIdx.x + 4 kThreads m, m ascending (the same order at every batch size: a row's bits
-  // do not depend on its batch), then the warps' sums in warp order.
-  // Batch 1 with K <= 16 kThreads (hold): the row stays in the registers it was summed from, one
-  // read of the residual instead of two (a round trip a norm op). Otherwise four rows' loads in
-  // flight at a time (a row after another left one round trip a row exposed, eight at batch 8).
+  // The norm ops: every batch row's sum of squares into ssq. A thread sums the squares of its
+  // float4s at i = 4 threadIdx.x + 4 kThreads m, m ascending (the same order at every batch size: a
+  // row's bits do not depend on its batch), then the warps' sums in warp order; after one barrier
+  // each thread takes the 1/rms it needs from ssq.
+  // Batch 1 with K <= 4 kHold kThreads (hold): the row stays in the registers it was summed from,
+  // one read of the residual instead of two (a round trip a norm op). Otherwise kRS rows' loads in
+  // flight together (a row after another left one round trip a row exposed, eight at batch 8).
+  // Registers: the first round of weights is live across the prologue (64 of them in the bf16
+  // kU = 8 kernels, so those hold one float4: K <= 1024, 135M); with these sizes ptxas reports no
+  // spills in any kernel the defaults run (four rows at a time spilled 4-44 bytes).
   __shared__ float ssq[kWarps][8];
-  __shared__ float invs[8];
-  constexpr int kHold = 4;  // float4s a thread holds
+  constexpr int kHold = F == WFormat::BF16 && kU == 8 ? 1 : 4;  // float4s a thread holds
+  constexpr int kRS = 2;                                         // rows whose loads are in flight together
   const bool hold = kNorm && a.hold && a.B == 1 && K <= kThreads * 4 * kHold;
   float4 hv[kHold];
   auto sumsq = [](float ss, const float4& v) {
@@ -298,21 +271,20 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   };
   auto reduce_invs = [&](const float (&ss)[4], int b0) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kRS; ++j) {
+      if (b0 + j >= a.B) break;  // uniform
       const float t2 = warp_sum(ss[j]);
-      if (lane == 0 && b0 + j < a.B) ssq[warp][b0 + j] = t2;
+      if (lane == 0) ssq[warp][b0 + j] = t2;
     }
   };
-  auto finish_invs = [&] {
-    __syncthreads();
-    if (threadIdx.x < static_cast<unsigned>(a.B)) {
-      float tot = 0.0f;
+  // After row_invs' barrier: row b's 1/rms (each thread its own: no second barrier).
+  auto inv_of = [&](int b) {
+    float tot = 0.0f;
 #pragma unroll
-      for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][threadIdx.x];
-      invs[threadIdx.x] = rsqrtf(tot / static_cast<float>(K) + a.eps);
-    }
-    __syncthreads();
+    for (int w2 = 0; w2 < kWarps; ++w2) tot += ssq[w2][b];
+    return rsqrtf(tot / static_cast<float>(K) + a.eps);
   };
+  (void)inv_of;
   auto row_invs = [&] {
     if (hold) {
       const float* r0 = a.resid + static_cast<int64_t>(a.rows ? a.rows[0] : 0) * K;
@@ -326,25 +298,25 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       for (int m = 0; m < kHold; ++m)
         if (threadIdx.x * 4 + m * kThreads * 4 < K) ss[0] = sumsq(ss[0], hv[m]);
       reduce_invs(ss, 0);
-      finish_invs();
+      __syncthreads();
       return;
     }
-    for (int b0 = 0; b0 < a.B; b0 += 4) {
-      const float* rp[4];
+    for (int b0 = 0; b0 < a.B; b0 += kRS) {
+      const float* rp[kRS];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[min(b0 + j, a.B - 1)] : min(b0 + j, a.B - 1)) * K;
+      for (int j = 0; j < kRS; ++j) rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[min(b0 + j, a.B - 1)] : min(b0 + j, a.B - 1)) * K;
       float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-        float4 v[4];
+        float4 v[kRS];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < kRS; ++j)
           v[j] = b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) ss[j] = sumsq(ss[j], v[j]);
+        for (int j = 0; j < kRS; ++j) ss[j] = sumsq(ss[j], v[j]);
       }
       reduce_invs(ss, b0);
     }
-    finish_invs();
+    __syncthreads();
   };
   (void)row_invs;
   (void)hv;
@@ -366,8 +338,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     const int per_b = chunks * 4;
     row_invs();
     // One float4 of row b at i (every lane of the warp calls it: the shuffles; ok: i < K).
-    auto quantize4 = [&](int b, int i, const float4& x4, bool ok) {
-      const float inv = invs[b];
+    auto quantize4 = [&](int b, int i, const float4& x4, bool ok, float inv) {
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (ok) {
         const float4 wv = *reinterpret_cast<const float4*>(a.norm_w + i);
@@ -400,26 +371,31 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       }
     };
     if (hold) {
+      const float inv0 = inv_of(0);
 #pragma unroll
       for (int m = 0; m < kHold; ++m) {
         const int i0 = warp * 128 + m * kThreads * 4;
-        if (i0 < K) quantize4(0, i0 + lane * 4, hv[m], i0 + lane * 4 < K);  // warp-uniform: K % 32 == 0
+        if (i0 < K) quantize4(0, i0 + lane * 4, hv[m], i0 + lane * 4 < K, inv0);  // warp-uniform: K % 32 == 0
       }
     } else {
-      for (int b0 = 0; b0 < a.B; b0 += 4) {  // four rows' loads in flight
-        const float* rp[4];
+      for (int b0 = 0; b0 < a.B; b0 += kRS) {
+        const float* rp[kRS];
+        float inv[kRS];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[min(b0 + j, a.B - 1)] : min(b0 + j, a.B - 1)) * K;
+        for (int j = 0; j < kRS; ++j) {
+          const int b = min(b0 + j, a.B - 1);
+          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = inv_of(b);
+        }
         for (int i0 = warp * 128; i0 < K; i0 += kThreads * 4) {
           const int i = i0 + lane * 4;
           const bool ok = i < K;
-          float4 v[4];
+          float4 v[kRS];
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < kRS; ++j)
             v[j] = ok && b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (b0 + j < a.B) quantize4(b0 + j, i, v[j], ok);
+          for (int j = 0; j < kRS; ++j)
+            if (b0 + j < a.B) quantize4(b0 + j, i, v[j], ok, inv[j]);
         }
       }
     }
@@ -439,28 +415,28 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       *reinterpret_cast<uint2*>(xs + static_cast<int64_t>(b) * K + i) = o;
     };
     if (hold) {
+      const float inv0 = inv_of(0);
 #pragma unroll
       for (int m = 0; m < kHold; ++m) {
         const int i = threadIdx.x * 4 + m * kThreads * 4;
-        if (i < K) put(0, i, hv[m], invs[0]);
+        if (i < K) put(0, i, hv[m], inv0);
       }
     } else {
-      constexpr int kRG = 2;
-      for (int b0 = 0; b0 < a.B; b0 += kRG) {  // kRG rows' loads in flight
-        const float* rp[kRG];
-        float inv[kRG];
+      for (int b0 = 0; b0 < a.B; b0 += kRS) {
+        const float* rp[kRS];
+        float inv[kRS];
 #pragma unroll
-        for (int j = 0; j < kRG; ++j) {
+        for (int j = 0; j < kRS; ++j) {
           const int b = min(b0 + j, a.B - 1);
-          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = invs[b];
+          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = inv_of(b);
         }
         for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-          float4 v[kRG];
+          float4 v[kRS];
 #pragma unroll
-          for (int j = 0; j < kRG; ++j)
+          for (int j = 0; j < kRS; ++j)
             if (b0 + j < a.B) v[j] = *reinterpret_cast<const float4*>(rp[j] + i);
 #pragma unroll
-          for (int j = 0; j < kRG; ++j)
+          for (int j = 0; j < kRS; ++j)
             if (b0 + j < a.B) put(b0 + j, i, v[j], inv[j]);
         }
       }
@@ -657,23 +633,21 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   };
 
   phase(st, 2);  // the norm's prologue done (the input staged)
-  for (int j0 = 0; tb < a.tiles; tb += tstride, j0 += R) {  // j0: the tile's first round in the stream
+  for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
     const bool first_tile = tb == cta * TPC;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (valid) {
       if constexpr (kPipe) {
-        for (int c0 = c_begin, j = j0; c0 < c_end; c0 += 2 * kU, j += 2) {
-          if (a.pf > 0) prefetch_round(j + a.pf), prefetch_round(j + 1 + a.pf);
+        for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
           if (c0 + kU < c_end) load(w2, c0 + kU);
           mma_round(w, c0, c);
           if (c0 + 2 * kU < c_end) load(w, c0 + 2 * kU);
           if (c0 + kU < c_end) mma_round(w2, c0 + kU, c);
         }
       } else {
-        for (int c0 = c_begin, j = j0; c0 < c_end; c0 += kU, ++j) {
-          if (a.pf > 0) prefetch_round(j + a.pf);
+        for (int c0 = c_begin; c0 < c_end; c0 += kU) {
           if (c0 != c_begin) load(w, c0);
           mma_round(w, c0, c);
         }
@@ -724,8 +698,6 @@ struct Tuning {
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
   int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
-  // Rounds a warp prefetches into L2 ahead of its register loads (DecArgs::pf); SS_CUDA_DEC_PF=<n>.
-  int pf = 0;
   // The norm ops at batch 1 read the residual once and hold it in registers (DecArgs::hold);
   // SS_CUDA_DEC_HOLD=0: two reads, as at larger batches (the same bits either way).
   bool hold = true;
@@ -753,12 +725,6 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.i8 = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
-    if (const char* e = std::getenv("SS_CUDA_DEC_PF")) {
-      char* end = nullptr;
-      const long v = std::strtol(e, &end, 10);
-      if (end != e && *end == '\0' && v >= 0 && v <= 16) r.pf = static_cast<int>(v);
-      else std::fprintf(stderr, "selfserve: SS_CUDA_DEC_PF=%s ignored (want 0..16)\n", e);
-    }
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
       int v[4] = {0, 0, 0, 0};
       if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
@@ -863,7 +829,6 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   a.S = S;
   a.empty = tuning().empty;
   a.full_rounds = tuning().full_rounds;
-  a.pf = tuning().pf;
   a.hold = tuning().hold;
   a.stamps = take_chain_slot();
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was

@@ -32,7 +32,6 @@ struct DecArgs {
   uint16_t* act;         // GateUp: [B][F]
   RopeKv rk;             // Qkv
   bool full_rounds;      // rounds wholly inside a warp's K range skip the bound check a chunk
-  int pf;                // rounds of weights a warp prefetches into L2 ahead of its loads (0: none)
   bool hold;             // the norm ops at batch 1: the residual read once, held in registers
   bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
   unsigned long long* stamps;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
