@@ -353,9 +353,6 @@ SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0,
   const int8_t* aq = a.qs + t0 * cols;
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = gp + sb * kBlock;
-    if (pf)
-      for (int l = 0; l < kLines; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, a.n_tok);  // to L2
-    side.at(sb);
     const uint8_t* ub = u[sb % 2];
     for (int j = 0; j < NS; j += 2) {
       _tile_loadd(0, aq + 256 * sb + KB * j, cols);
@@ -379,6 +376,11 @@ SS_AMX void amx_k_tokens(const uint8_t* gp, int64_t nsb, const QActs& a, int t0,
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     [[maybe_unused]] const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
     for (int i = 0; i < NT; ++i) {
+      // The next group's lines of this super-block (to L2) and the side stream's, a share a token
+      // instead of all at once: a burst of 50-90 prefetches waits on the fill buffers.
+      if (pf)
+        for (int l = i * kLines / NT; l < (i + 1) * kLines / NT; ++l) prefetch_next_weights(pf + sb * kBlock + 64 * l, a.n_tok);
+      side.at_part(sb, i, NT);
       __m512i isum = _mm512_setzero_si512();
       for (int j = 0; j < NS; ++j)
         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cb[j] + 16 * i), _mm512_load_si512(s + 16 * j)));

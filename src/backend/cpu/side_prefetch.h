@@ -35,6 +35,13 @@ struct SideSpread {
   [[gnu::always_inline]] void at(int64_t s) const {
     for (int64_t l = s * per_step, e = l + per_step < n ? l + per_step : n; l < e; ++l) side_prefetch_line(p + 64 * l);
   }
+  // Part k of `parts` of step s's lines (a step's lines spread over its inner loop).
+  [[gnu::always_inline]] void at_part(int64_t s, int k, int parts) const {
+    const int64_t b = s * per_step, e = b + per_step < n ? b + per_step : n;
+    if (e <= b) return;
+    for (int64_t l = b + (e - b) * k / parts, le = b + (e - b) * (k + 1) / parts; l < le; ++l)
+      side_prefetch_line(p + 64 * l);
+  }
 };
 
 // One thread's share of the side stream: the ranges [next, end) not yet started and the current one.
