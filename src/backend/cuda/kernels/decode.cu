@@ -319,6 +319,41 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     __syncthreads();
   };
   (void)row_invs;
+  // After row_invs: fn(b, i, v, ok, inv) for every float4 v at i of every row b, in the mapping the
+  // sums used (i = 4 threadIdx.x + 4 kThreads m), warp-uniformly (ok: i < K; a 32-value chunk is
+  // all in or all out, K % 32 == 0): from the held registers, or kRS rows' loads at a time.
+  auto for_each_float4 = [&](auto&& fn) {
+    if (hold) {
+      const float inv0 = inv_of(0);
+#pragma unroll
+      for (int m = 0; m < kHold; ++m) {
+        const int i0 = warp * 128 + m * kThreads * 4;
+        if (i0 < K) fn(0, i0 + lane * 4, hv[m], i0 + lane * 4 < K, inv0);
+      }
+      return;
+    }
+    for (int b0 = 0; b0 < a.B; b0 += kRS) {
+      const float* rp[kRS];
+      float inv[kRS];
+#pragma unroll
+      for (int j = 0; j < kRS; ++j) {
+        const int b = min(b0 + j, a.B - 1);
+        rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = inv_of(b);
+      }
+      for (int i0 = warp * 128; i0 < K; i0 += kThreads * 4) {
+        const int i = i0 + lane * 4;
+        const bool ok = i < K;
+        float4 v[kRS];
+#pragma unroll
+        for (int j = 0; j < kRS; ++j)
+          v[j] = ok && b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < kRS; ++j)
+          if (b0 + j < a.B) fn(b0 + j, i, v[j], ok, inv[j]);
+      }
+    }
+  };
+  (void)for_each_float4;
   (void)hv;
   const uint16_t* x = nullptr;
   const uint2* xq8 = nullptr;  // kI8: the lane's slot of batch row g's blocks
@@ -337,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     uint2* xd = reinterpret_cast<uint2*>(smem_raw + static_cast<size_t>(a.B) * (chunks + 1) * 32);
     const int per_b = chunks * 4;
     row_invs();
-    // One float4 of row b at i (every lane of the warp calls it: the shuffles; ok: i < K).
+    // One float4 of row b at i (every lane of the warp calls it: the shuffles).
     auto quantize4 = [&](int b, int i, const float4& x4, bool ok, float inv) {
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (ok) {
@@ -370,35 +405,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
                                                                                     : __float_as_uint(d * static_cast<float>(sum)));
       }
     };
-    if (hold) {
-      const float inv0 = inv_of(0);
-#pragma unroll
-      for (int m = 0; m < kHold; ++m) {
-        const int i0 = warp * 128 + m * kThreads * 4;
-        if (i0 < K) quantize4(0, i0 + lane * 4, hv[m], i0 + lane * 4 < K, inv0);  // warp-uniform: K % 32 == 0
-      }
-    } else {
-      for (int b0 = 0; b0 < a.B; b0 += kRS) {
-        const float* rp[kRS];
-        float inv[kRS];
-#pragma unroll
-        for (int j = 0; j < kRS; ++j) {
-          const int b = min(b0 + j, a.B - 1);
-          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = inv_of(b);
-        }
-        for (int i0 = warp * 128; i0 < K; i0 += kThreads * 4) {
-          const int i = i0 + lane * 4;
-          const bool ok = i < K;
-          float4 v[kRS];
-#pragma unroll
-          for (int j = 0; j < kRS; ++j)
-            v[j] = ok && b0 + j < a.B ? *reinterpret_cast<const float4*>(rp[j] + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-          for (int j = 0; j < kRS; ++j)
-            if (b0 + j < a.B) quantize4(b0 + j, i, v[j], ok, inv[j]);
-        }
-      }
-    }
+    for_each_float4(quantize4);
     for (int i = threadIdx.x; i < chunks * (8 - a.B); i += kThreads)  // columns past the batch: 0
       xd[(i / (8 - a.B)) * 8 + a.B + i % (8 - a.B)] = make_uint2(0u, F == WFormat::Q4_0 ? 0x4B400000u : 0u);
     __syncthreads();
@@ -407,40 +414,15 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   } else if constexpr (kNorm) {
     uint16_t* xs = reinterpret_cast<uint16_t*>(smem_raw);
     row_invs();
-    auto put = [&](int b, int i, const float4& v, float inv) {
+    auto put = [&](int b, int i, const float4& v, bool ok, float inv) {
+      if (!ok) return;
       const float4 nw = *reinterpret_cast<const float4*>(a.norm_w + i);
       uint2 o;
       o.x = static_cast<uint32_t>(f2bf(v.x * inv * nw.x)) | (static_cast<uint32_t>(f2bf(v.y * inv * nw.y)) << 16);
       o.y = static_cast<uint32_t>(f2bf(v.z * inv * nw.z)) | (static_cast<uint32_t>(f2bf(v.w * inv * nw.w)) << 16);
       *reinterpret_cast<uint2*>(xs + static_cast<int64_t>(b) * K + i) = o;
     };
-    if (hold) {
-      const float inv0 = inv_of(0);
-#pragma unroll
-      for (int m = 0; m < kHold; ++m) {
-        const int i = threadIdx.x * 4 + m * kThreads * 4;
-        if (i < K) put(0, i, hv[m], inv0);
-      }
-    } else {
-      for (int b0 = 0; b0 < a.B; b0 += kRS) {
-        const float* rp[kRS];
-        float inv[kRS];
-#pragma unroll
-        for (int j = 0; j < kRS; ++j) {
-          const int b = min(b0 + j, a.B - 1);
-          rp[j] = a.resid + static_cast<int64_t>(a.rows ? a.rows[b] : b) * K, inv[j] = inv_of(b);
-        }
-        for (int i = threadIdx.x * 4; i < K; i += kThreads * 4) {
-          float4 v[kRS];
-#pragma unroll
-          for (int j = 0; j < kRS; ++j)
-            if (b0 + j < a.B) v[j] = *reinterpret_cast<const float4*>(rp[j] + i);
-#pragma unroll
-          for (int j = 0; j < kRS; ++j)
-            if (b0 + j < a.B) put(b0 + j, i, v[j], inv[j]);
-        }
-      }
-    }
+    for_each_float4(put);
     __syncthreads();
     x = xs;
   } else {
