@@ -445,7 +445,8 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(41);
   // The last shape has 2112 tiles of 16 rows: on 132 SMs the K split picks S = 1 (the others pick 8),
-  // so the split's other paths run too. The norm op under both activation paths (dec_int8_acts).
+  // so the split's other paths run too. The norm op under both activation paths (dec_int8_acts); the
+  // adds, which have one, under the first.
   for (int i8 : {0, 1})
   for (WFormat f : kPackedFormats)
     for (auto [N, K0] : {std::pair{577, 576}, std::pair{1003, 2048}, std::pair{64, 14336}, std::pair{33792, 768}}) {
@@ -453,6 +454,7 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
       const Packed p = pack(rng, f, N, K);
       DevPacked dp(p, f);
       for (int batch : {1, 3, 8}) {
+        if (i8 == 1) break;  // the adds take bf16 inputs on either path: checked once
         std::vector<float> xf;
         auto x = random_bf16(rng, static_cast<size_t>(batch) * K, -1, 1, &xf);
         const auto r0 = random_f32(rng, static_cast<size_t>(batch) * N, -2, 2);
