@@ -564,6 +564,51 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
   }
 }
 
+// 8B's gate/up and lm_head shapes in miniature: K = 4096 (128 chunks: S = 8 warps a tile, two
+// rounds a warp) and more tiles than the grid has CTAs, so warps loop over tiles and the next tile's
+// rounds load during a reduction. The other packed tests' shapes give every warp one tile of one
+// round; these are the paths SS_CUDA_DEC_QPIPE=1 (the pipelined packed loop) changes.
+// Batch 3 against the host; batch 1 bit-identical to its row of batch 3.
+TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(44);
+  const int K = 4096, F = 4096, N = 8192, batch = 3;
+  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_K, WFormat::Q4_1}) {
+    SCOPED_TRACE(fname(f));
+    const Packed p = pack(rng, f, 2 * F, K);  // gate/up: 2F rows; lm_head: the same N = 2F rows
+    DevPacked dp(p, f);
+    const auto nw = random_f32(rng, K, 0.5f, 1.5f);
+    const auto resid = random_f32(rng, static_cast<size_t>(batch) * K, -2, 2);
+    DeviceBuf<float> dnw(nw), dres(resid), dy(static_cast<size_t>(batch) * N), dy1(static_cast<size_t>(N));
+    DeviceBuf<uint16_t> dact(static_cast<size_t>(batch) * F), dact1(static_cast<size_t>(F));
+    dact.poison(), dact1.poison(), dy.poison(), dy1.poison();
+    LAUNCH_OK(dec_gate_up(dp.w, dres.get(), dnw.get(), 1e-6f, dact.get(), F, K, batch, true, nullptr));
+    LAUNCH_OK(dec_gate_up(dp.w, dres.get() + K, dnw.get(), 1e-6f, dact1.get(), F, K, 1, true, nullptr));
+    LAUNCH_OK(dec_norm_gemv(dp.w, dres.get(), nullptr, dnw.get(), 1e-5f, dy.get(), N, K, batch, true, nullptr));
+    LAUNCH_OK(dec_norm_gemv(dp.w, dres.get() + K, nullptr, dnw.get(), 1e-5f, dy1.get(), N, K, 1, true, nullptr));
+    const auto act = dact.download(), act1 = dact1.download();
+    const auto y = dy.download(), y1 = dy1.download();
+    for (int b = 0; b < batch; ++b) {
+      const Normed g6 = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
+      const Normed g5 = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-5);
+      for (int i = 0; i < F; ++i) {
+        const Dot g = host_dot_f(f, p.wf.data() + static_cast<size_t>(i) * K, g6, K);
+        const Dot u = host_dot_f(f, p.wf.data() + static_cast<size_t>(F + i) * K, g6, K);
+        const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
+        const double tol = std::abs(ref) / 256 + (1e-5 * g.mag + g.slack) * std::abs(u.v) * 1.1 +
+                           std::abs(sg) * (1e-5 * u.mag + u.slack) + 1e-6;
+        ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << "gate/up b=" << b << " i=" << i;
+      }
+      for (int n = 0; n < N; ++n) {
+        const Dot d = host_dot_f(f, p.wf.data() + static_cast<size_t>(n) * K, g5, K);
+        ASSERT_NEAR(y[static_cast<size_t>(b) * N + n], d.v, 1e-5 * d.mag + d.slack + 1e-6) << "lm_head b=" << b << " n=" << n;
+      }
+    }
+    ASSERT_EQ(0, std::memcmp(act1.data(), act.data() + F, sizeof(uint16_t) * F)) << "gate/up batch 1 vs its row of 3";
+    ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + N, sizeof(float) * N)) << "lm_head batch 1 vs its row of 3";
+  }
+}
+
 TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);

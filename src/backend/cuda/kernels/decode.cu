@@ -615,6 +615,8 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   };
 
   phase(st, 2);  // the norm's prologue done (the input staged)
+  bool w2_ahead = false;  // kPipe: the tile's second round was loaded during the previous reduction
+  (void)w2_ahead;
   for (; tb < a.tiles; tb += tstride) {
     const int tile = tb + tw;
     const bool valid = tile < a.tiles;
@@ -623,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     if (valid) {
       if constexpr (kPipe) {
         for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
-          if (c0 + kU < c_end) load(w2, c0 + kU);
+          if (c0 + kU < c_end && (c0 != c_begin || !w2_ahead)) load(w2, c0 + kU);
           mma_round(w, c0, c);
           if (c0 + 2 * kU < c_end) load(w, c0 + 2 * kU);
           if (c0 + kU < c_end) mma_round(w2, c0 + kU, c);
@@ -639,6 +641,12 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
     if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
       set_rows(tile + tstride);
       load(w, c_begin);
+      if constexpr (kPipe && kQuant) {  // and its second round: both rounds' latencies behind the reduction
+        // (the packed formats; bf16's kU = 4 rounds are 32 registers more across the epilogue: the
+        // adds' kernel spilled)
+        w2_ahead = c_begin + kU < c_end;
+        if (w2_ahead) load(w2, c_begin + kU);
+      }
     }
     if (S == 1) {
       if (valid) finish(tile, c, first_tile);
@@ -676,6 +684,9 @@ struct Tuning {
   // Rounds wholly inside a warp's K range run without a bound check a chunk (SS_CUDA_DEC_FULL=0: every
   // round checked, as before, for the A/B).
   bool full_rounds = true;
+  // The packed formats: the pipelined loop with two kU = 8 rounds in registers, where a warp's K
+  // range holds more than one round and the kernel fits (packed_pipe_fits); SS_CUDA_DEC_QPIPE=1.
+  bool qpipe = false;
   // The packed formats' norm ops on 8-bit activations and the integer tensor cores (dec_k's kI8):
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
@@ -707,6 +718,8 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.i8 = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
+    if (const char* e = std::getenv("SS_CUDA_DEC_QPIPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
+      r.qpipe = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
       int v[4] = {0, 0, 0, 0};
       if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
@@ -730,23 +743,30 @@ unsigned long long* take_chain_slot() {
 
 // The instantiation for a launch: a packed format on bf16 or (i8, the norm ops only) 8-bit
 // activations, or bf16 weights with kU 4 / 8 and the pipelined loop.
-template <Op OP, bool kI8>
+template <Op OP, bool kI8, bool kPipe>
 auto pick_packed(WFormat f) {
   constexpr Op O = kI8 && OP == Op::Add ? Op::Qkv : OP;  // (never chosen for the adds: i8 is false there)
   switch (f) {
-    case WFormat::Q4_0: return dec_k<O, 8, WFormat::Q4_0, false, kI8>;
+    case WFormat::Q4_0: return dec_k<O, 8, WFormat::Q4_0, kPipe, kI8>;
     case WFormat::Q4_1: return dec_k<O, 8, WFormat::Q4_1, false, kI8>;
     case WFormat::Q8_0: return dec_k<O, 8, WFormat::Q8_0, false, kI8>;
-    case WFormat::Q4_K: return dec_k<O, 8, WFormat::Q4_K, false, kI8>;
+    case WFormat::Q4_K: return dec_k<O, 8, WFormat::Q4_K, kPipe, kI8>;
     case WFormat::Q5_0: return dec_k<O, 8, WFormat::Q5_0, false, kI8>;
     case WFormat::Q5_1: return dec_k<O, 8, WFormat::Q5_1, false, kI8>;
     case WFormat::Q5_K: return dec_k<O, 8, WFormat::Q5_K, false, kI8>;
     default: return dec_k<O, 8, WFormat::Q6_K, false, kI8>;
   }
 }
+// The packed formats whose pipelined kernels (two kU = 8 rounds in registers) fit 128 registers a
+// thread without spilling (ptxas, sm_90): Q4_0, and Q4_K but for the adds; the others spill 8-580
+// bytes (Q4_0's opt-in 8-bit QKV kernel spills 40).
+bool packed_pipe_fits(WFormat f, Op op) { return f == WFormat::Q4_0 || (f == WFormat::Q4_K && op != Op::Add); }
 template <Op OP>
 auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
-  if (f != WFormat::BF16) return i8 ? pick_packed<OP, true>(f) : pick_packed<OP, false>(f);
+  if (f != WFormat::BF16) {
+    if (pipe) return i8 ? pick_packed<OP, true, true>(f) : pick_packed<OP, false, true>(f);
+    return i8 ? pick_packed<OP, true, false>(f) : pick_packed<OP, false, false>(f);
+  }
   return pipe ? dec_k<OP, 4, WFormat::BF16, true> : kU == 4 ? dec_k<OP, 4, WFormat::BF16> : dec_k<OP, 8, WFormat::BF16>;
 }
 
@@ -755,7 +775,6 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
   const bool quant = W.format != WFormat::BF16;
   int kU = quant ? 8 : tuning().u;
-  const int kCtasPerSm = tuning().ctas;
   if (quant && (!W.d || (has_min_array(W.format) && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
                 (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
     return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1, Q5_1)");
@@ -778,6 +797,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
   const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
+  const int kCtasPerSm = tuning().ctas;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
@@ -816,8 +836,9 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const int64_t split_chunks = (chunks + KS - 1) / KS;
-  const bool pipe = !quant && (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
-  if (pipe) kU = 4;
+  const bool pipe = quant ? tuning().qpipe && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
+                          : (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
+  if (pipe && !quant) kU = 4;
   const int tpc = kWarps / S;
   const int grid =
       KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
