@@ -498,6 +498,23 @@ TEST(GpuDecodePacked, AddAndNormGemvMatchHostOverPackedWeights) {
     }
 }
 
+// dec_gate_up's output (eps 1e-6) over packed weights against the host: SiLU(gate) * up from the
+// format's dot products of the normed rows, within the bf16 output's rounding and the dots' bounds.
+void check_gate_up(WFormat f, const Packed& p, const std::vector<uint16_t>& act, const std::vector<float>& resid,
+                   const std::vector<float>& nw, int F, int K, int batch) {
+  for (int b = 0; b < batch; ++b) {
+    const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
+    for (int i = 0; i < F; ++i) {
+      const Dot g = host_dot_f(f, p.wf.data() + static_cast<size_t>(i) * K, xn, K);
+      const Dot u = host_dot_f(f, p.wf.data() + static_cast<size_t>(F + i) * K, xn, K);
+      const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
+      const double tol = std::abs(ref) / 256 + (1e-5 * g.mag + g.slack) * std::abs(u.v) * 1.1 +
+                         std::abs(sg) * (1e-5 * u.mag + u.slack) + 1e-6;
+      ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << fname(f) << " gate/up b=" << b << " i=" << i;
+    }
+  }
+}
+
 TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(42);
@@ -515,18 +532,8 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
     DeviceBuf<uint16_t> dact(static_cast<size_t>(batch) * F);
     dact.poison();
     LAUNCH_OK(dec_gate_up(dp.w, dres.get(), dnw.get(), 1e-6f, dact.get(), F, K, batch, true, nullptr));
-    const auto act = dact.download();
-    for (int b = 0; b < batch; ++b) {
-      const Normed xn = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
-      for (int i = 0; i < F; ++i) {
-        const Dot g = host_dot_f(f, p.wf.data() + static_cast<size_t>(i) * K, xn, K);
-        const Dot u = host_dot_f(f, p.wf.data() + static_cast<size_t>(F + i) * K, xn, K);
-        const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
-        const double tol = std::abs(ref) / 256 + (1e-5 * g.mag + g.slack) * std::abs(u.v) * 1.1 +
-                           std::abs(sg) * (1e-5 * u.mag + u.slack) + 1e-6;
-        ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << fname(f) << " b=" << b << " i=" << i;
-      }
-    }
+    check_gate_up(f, p, dact.download(), resid, nw, F, K, batch);
+    if (HasFatalFailure()) return;
     // QKV: q of one head shape against the host, K and V stored (the rotation itself is the bf16
     // test's; here only that packed rows land where bf16 rows do).
     const int nh = 4, nkv = 2, hd = 64, Kq = k_for(f, 576), rows = (nh + 2 * nkv) * hd, max_blocks = 4;
@@ -589,17 +596,10 @@ TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
     LAUNCH_OK(dec_norm_gemv(dp.w, dres.get() + K, nullptr, dnw.get(), 1e-5f, dy1.get(), N, K, 1, true, nullptr));
     const auto act = dact.download(), act1 = dact1.download();
     const auto y = dy.download(), y1 = dy1.download();
+    check_gate_up(f, p, act, resid, nw, F, K, batch);
+    if (HasFatalFailure()) return;
     for (int b = 0; b < batch; ++b) {
-      const Normed g6 = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-6);
       const Normed g5 = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-5);
-      for (int i = 0; i < F; ++i) {
-        const Dot g = host_dot_f(f, p.wf.data() + static_cast<size_t>(i) * K, g6, K);
-        const Dot u = host_dot_f(f, p.wf.data() + static_cast<size_t>(F + i) * K, g6, K);
-        const double sg = g.v / (1 + std::exp(-g.v)), ref = sg * u.v;
-        const double tol = std::abs(ref) / 256 + (1e-5 * g.mag + g.slack) * std::abs(u.v) * 1.1 +
-                           std::abs(sg) * (1e-5 * u.mag + u.slack) + 1e-6;
-        ASSERT_NEAR(from_bf16(act[static_cast<size_t>(b) * F + i]), ref, tol) << "gate/up b=" << b << " i=" << i;
-      }
       for (int n = 0; n < N; ++n) {
         const Dot d = host_dot_f(f, p.wf.data() + static_cast<size_t>(n) * K, g5, K);
         ASSERT_NEAR(y[static_cast<size_t>(b) * N + n], d.v, 1e-5 * d.mag + d.slack + 1e-6) << "lm_head b=" << b << " n=" << n;
