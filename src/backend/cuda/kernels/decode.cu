@@ -805,22 +805,24 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
       (a.norm_w && (reinterpret_cast<uintptr_t>(a.norm_w) & 15u) != 0))
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
   const bool i8 = OP != Op::Add && dec_int8_acts(W.format);
-  const size_t xs = OP == Op::Add ? 0
-                    : i8 ? static_cast<size_t>(a.B) * (a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
-                         : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
+  // The staged input's shared memory at batch b (dec_k's xs_bytes).
+  auto staged = [&](int b) -> size_t {
+    return OP == Op::Add ? 0
+           : i8 ? static_cast<size_t>(b) * (a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
+                : sizeof(uint16_t) * static_cast<size_t>(b) * a.K;
+  };
+  const size_t xs = staged(a.B);
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
   const bool mins = W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K || W.format == WFormat::Q5_1 ||
                     W.format == WFormat::Q5_K;
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
-  const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
+  const size_t red = sizeof(float) * kWarps * 32 * 4, smem = xs + sx + red;
   // SS_CUDA_DEC_Q3=1: three CTAs a SM for the packed kernels compiled for them (dec_k's kOcc3), where
   // three CTAs' shared memory fits at batch 8 (SS_CUDA_DEC_QPIPE=1 takes the pipelined two instead).
   // The CTA count sets S below, so it depends on the shape only, never on the batch.
-  const size_t smem8 = (OP == Op::Add ? 0 : i8 ? 8 * static_cast<size_t>(a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
-                                                : sizeof(uint16_t) * 8 * static_cast<size_t>(a.K)) +
-                       sx + sizeof(float) * kWarps * 32 * 4;
-  const bool occ3 = quant && tuning().q3 && !tuning().qpipe && packed_occ3(W.format, OP, i8) && 3 * (smem8 + 1024) <= 227 * 1024;
+  const bool occ3 = quant && tuning().q3 && !tuning().qpipe && packed_occ3(W.format, OP, i8) &&
+                    3 * (staged(8) + sx + red + 1024) <= 227 * 1024;
   const int kCtasPerSm = occ3 ? 3 : tuning().ctas;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
