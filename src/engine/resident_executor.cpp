@@ -193,8 +193,10 @@ class HostLoopRunner final : public LoopRunner {
         }
         return;
       }
+      // The step is counted before its tokens are published: whoever sees a token also sees the
+      // forward pass that made it in steps() (the watchdog's progress and the stats never lag).
+      steps_.store(st_.steps + 1, std::memory_order_relaxed);
       resident::commit(st_, r, out.tokens.data(), emit_fn);
-      steps_.store(st_.steps, std::memory_order_relaxed);
     }
   }
 
