@@ -150,19 +150,12 @@ __device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float
 // Q4_0's offset 8 and a float conversion ride in the mma's C operand (below); the mins' term takes
 // sum(x) as d sum(q). ncu, H100, 8B Q4_0: gate/up issued 59 instructions a 16x32 weight chunk on the
 // bf16 path with its ALU pipe the busiest.
-// kOcc3: compiled for three CTAs a SM (80 registers a thread; otherwise 128, two CTAs). The packed
-// Q4_0 and Q4_K gate/up and lm_head kernels fit 80 with 4 bytes spilled (ptxas, sm_90): 24 warps a
-// SM to hide the weight stream's latency instead of 16 (ncu, H100, 8B Q4_0 gate/up: 0.87 eligible
-// warps a scheduler of 3.8, 55% of DRAM peak). The other packed kernels spill 36-600 bytes at 80,
-// and so do those on 8-bit activations (8-68). Opt-in (SS_CUDA_DEC_Q3=1) until measured.
-__host__ __device__ constexpr bool packed_occ3(WFormat f, Op op, bool i8) {
-  return !i8 && (op == Op::GateUp || op == Op::Logits) && (f == WFormat::Q4_0 || f == WFormat::Q4_K);
-}
-
-template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false, bool kOcc3 = false>
-__global__ void __launch_bounds__(kThreads, kOcc3 || (kU == 4 && !kPipe) ? 3 : 2) dec_k(DecArgs a) {
+// Three CTAs a SM for the packed Q4_0/Q4_K gate/up and lm_head kernels (compiled for 80 registers)
+// were measured and dropped (H100, 2026-12-07: 8B Q4_0 step +1% at batch 1, +24% at batch 8, gate/up
+// under ncu unchanged at 37.7 us): more warps did not move their DRAM throughput.
+template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false>
+__global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   static_assert(!kI8 || (F != WFormat::BF16 && OP != Op::Add), "8-bit activations: the packed formats' norm ops");
-  static_assert(!kOcc3 || (packed_occ3(F, OP, kI8) && !kPipe), "three CTAs a SM: the kernels that fit 80 registers");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   if (a.empty) {  // benchmarking only: the kernel boundary alone
     pdl_wait();
@@ -697,9 +690,6 @@ struct Tuning {
   // The packed formats: the pipelined loop with two kU = 8 rounds in registers, where a warp's K
   // range holds more than one round and the kernel fits (packed_pipe_fits); SS_CUDA_DEC_QPIPE=1.
   bool qpipe = false;
-  // The packed Q4_0 / Q4_K gate/up and lm_head kernels compiled for and run at three CTAs a SM
-  // (dec_k's kOcc3): SS_CUDA_DEC_Q3=1. Not yet measured on a GPU.
-  bool q3 = false;
   // The packed formats' norm ops on 8-bit activations and the integer tensor cores (dec_k's kI8):
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
@@ -731,8 +721,6 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_I8"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.i8 = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
-    if (const char* e = std::getenv("SS_CUDA_DEC_Q3"); e && (std::string(e) == "0" || std::string(e) == "1"))
-      r.q3 = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_QPIPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.qpipe = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
@@ -777,9 +765,7 @@ auto pick_packed(WFormat f) {
 // bytes (Q4_0's opt-in 8-bit QKV kernel spills 40).
 bool packed_pipe_fits(WFormat f, Op op) { return f == WFormat::Q4_0 || (f == WFormat::Q4_K && op != Op::Add); }
 template <Op OP>
-auto pick_kernel(WFormat f, bool i8, bool pipe, int kU, bool occ3) {
-  if constexpr (OP == Op::GateUp || OP == Op::Logits)
-    if (occ3) return f == WFormat::Q4_K ? dec_k<OP, 8, WFormat::Q4_K, false, false, true> : dec_k<OP, 8, WFormat::Q4_0, false, false, true>;
+auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
   if (f != WFormat::BF16) {
     if (pipe) return i8 ? pick_packed<OP, true, true>(f) : pick_packed<OP, false, true>(f);
     return i8 ? pick_packed<OP, true, false>(f) : pick_packed<OP, false, false>(f);
@@ -818,12 +804,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
   const size_t red = sizeof(float) * kWarps * 32 * 4, smem = xs + sx + red;
-  // SS_CUDA_DEC_Q3=1: three CTAs a SM for the packed kernels compiled for them (dec_k's kOcc3), where
-  // three CTAs' shared memory fits at batch 8 (SS_CUDA_DEC_QPIPE=1 takes the pipelined two instead).
-  // The CTA count sets S below, so it depends on the shape only, never on the batch.
-  const bool occ3 = quant && tuning().q3 && !tuning().qpipe && packed_occ3(W.format, OP, i8) &&
-                    3 * (staged(8) + sx + red + 1024) <= 227 * 1024;
-  const int kCtasPerSm = occ3 ? 3 : tuning().ctas;
+  const int kCtasPerSm = tuning().ctas;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
@@ -862,13 +843,13 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const int64_t split_chunks = (chunks + KS - 1) / KS;
-  const bool pipe = quant ? !occ3 && tuning().qpipe && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
+  const bool pipe = quant ? tuning().qpipe && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
                           : (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
   if (pipe && !quant) kU = 4;
   const int tpc = kWarps / S;
   const int grid =
       KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
-  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU, occ3);
+  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU);
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
