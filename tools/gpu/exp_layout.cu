@@ -14,6 +14,9 @@
 //   q4-tiles      each (tile, round) block contiguous: 16 rows x 128 bytes of nibbles, then their
 //                 16 x 16 bytes of scales (2,304 bytes), a tile's rounds one after another
 //   q4-tiles-2r   q4-tiles with both of a warp's rounds requested before either is consumed
+//   q4-groups8    each (8-row group, round) block contiguous (1,152 bytes), a group's rounds one
+//                 after another: a tile reads two such blocks a round, a group's length apart (a
+//                 layout that needs no op's tile map: gate/up's and QKV's tiles are two groups)
 //   bf16-rows     dec_k's bf16 layout (16 rows x 512 bytes a round), for calibration
 // and a plain copy-sized streaming read (every thread 16-byte vectors, grid-stride) as the peak.
 // Prints GB/s and the share of that streaming read for each.
@@ -56,7 +59,7 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 }
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
-enum class Mode { RowsSc, RowsNoSc, Tiles, Tiles2, Bf16 };
+enum class Mode { RowsSc, RowsNoSc, Tiles, Tiles2, Groups8, Bf16 };
 
 // dec_k's walk: warp slot (cta, tw) takes tiles tb + tw, tb + tw + tstride, ...; warp sub of the
 // tile's S takes rounds [sub R / S, (sub + 1) R / S).
@@ -84,6 +87,21 @@ __global__ void __launch_bounds__(kThreads, 2) walk(const uint8_t* base, int S, 
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u) acc ^= fold(a[u]) ^ fold(b[u]);
+      }
+    } else if constexpr (M == Mode::Groups8) {
+      constexpr int kG = 8 * 128 + 8 * 16;
+      const uint8_t* ga = base + static_cast<int64_t>(2 * tile) * kRounds * kG;
+      const uint8_t* gb = ga + static_cast<int64_t>(kRounds) * kG;
+#pragma unroll 1
+      for (int rd = sub * rpw; rd < (sub + 1) * rpw; ++rd) {
+        const uint8_t* ba = ga + static_cast<int64_t>(rd) * kG;
+        const uint8_t* bb = gb + static_cast<int64_t>(rd) * kG;
+        uint4 v[6];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) v[2 * h] = ld_stream(ba + g * 128 + (h * 4 + t) * 16), v[2 * h + 1] = ld_stream(bb + g * 128 + (h * 4 + t) * 16);
+        v[4] = ld_stream(ba + 1024 + g * 16), v[5] = ld_stream(bb + 1024 + g * 16);
+#pragma unroll
+        for (int i = 0; i < 6; ++i) acc ^= fold(v[i]);
       }
     } else if constexpr (M == Mode::Tiles || M == Mode::Tiles2) {
       const uint8_t* tb = base + static_cast<int64_t>(tile) * kRounds * kBlock;
@@ -211,6 +229,7 @@ int main(int argc, char** argv) {
     row("q4-rows-nosc", S, static_cast<int64_t>(kRows) * kNibRow, walk<Mode::RowsNoSc>);
     row("q4-tiles", S, kQ4Bytes, walk<Mode::Tiles>);
     row("q4-tiles-2r", S, kQ4Bytes, walk<Mode::Tiles2>);
+    row("q4-groups8", S, kQ4Bytes, walk<Mode::Groups8>);
     row("bf16-rows", S, kBfBytes, walk<Mode::Bf16>);
   }
   CK(cudaFree(buf));
