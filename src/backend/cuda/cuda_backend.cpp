@@ -814,6 +814,7 @@ size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> par
   const cuda::kern::WFormat f = packed_format(parts, opts_.gpu_native_quant);
   if (f == cuda::kern::WFormat::BF16) return padded(sizeof(bf16_bits) * static_cast<size_t>(rows * cols));
   const int K = static_cast<int>(cols);
+  if (cuda::kern::groups_layout()) return padded(cuda::kern::packed_bytes(f, rows, K));
   const size_t scales = padded(2 * cuda::kern::packed_scale_count(f, rows, K));
   return padded(cuda::kern::packed_q_bytes(f, rows, K)) + scales * (cuda::kern::has_min_array(f) ? 2 : 1);
 }
@@ -831,7 +832,8 @@ Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> p
     *out = k::bf16_weights(p);
     return {};
   }
-  // Pack on the host (the whole matrix), then copy each array through the pinned staging buffer.
+  // Pack on the host (the whole matrix), then copy each array (or, in the groups layout, the blocked
+  // buffer: kernels.h, to_groups) through the pinned staging buffer.
   const int K = static_cast<int>(cols);
   const size_t rq = k::packed_q_bytes(f, 1, K), rs = k::packed_scale_count(f, 1, K);
   std::vector<uint8_t> q(rq * rows);
@@ -853,6 +855,14 @@ Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> p
     }
     return dst;
   };
+  if (k::groups_layout()) {
+    std::vector<uint8_t> blocked(k::packed_bytes(f, rows, K));
+    k::to_groups(f, rows, K, q.data(), d.data(), m.empty() ? nullptr : m.data(), blocked.data());
+    auto bd = copy(blocked.data(), blocked.size());
+    if (!bd.ok()) return make_error(bd.message());
+    *out = k::DevWeights{f, bd.value(), nullptr, nullptr, true};
+    return {};
+  }
   auto qd = copy(q.data(), q.size());
   if (!qd.ok()) return make_error(qd.message());
   auto dd = copy(d.data(), 2 * d.size());

@@ -296,9 +296,10 @@ int k_for(WFormat f, int K) { return is_k_format(f) ? (K + 255) / 256 * 256 : K;
 
 // GGUF rows packed the device's way, on the host and uploaded; wf: the weights as host_rows reads them.
 struct Packed {
-  std::vector<uint8_t> q;
+  std::vector<uint8_t> q;  // pack_row's rows, one after another
   std::vector<uint16_t> d, m;
   std::vector<float> wf;
+  int n = 0, k = 0;  // rows, K
 };
 // Rows of the 5-bit and K-quant types: random blocks (random quants and sub-block scales, small
 // fp16 scales and mins where the block has them); the reference values are the model loader's
@@ -325,6 +326,7 @@ Packed pack_k(std::mt19937& rng, WFormat f, int N, int K) {
     if (L.m_at >= 0) std::memcpy(p + L.m_at, &m, 2);
   }
   Packed p;
+  p.n = N, p.k = K;
   p.wf.resize(static_cast<size_t>(N) * K);
   const size_t rq = packed_q_bytes(f, 1, K), rs = packed_scale_count(f, 1, K);
   p.q.resize(rq * N), p.d.resize(rs * N), p.m.resize(rs * N);
@@ -341,6 +343,7 @@ Packed pack(std::mt19937& rng, WFormat f, int N, int K) {
   if (f != WFormat::Q4_0 && f != WFormat::Q4_1 && f != WFormat::Q8_0) return pack_k(rng, f, N, K);
   const auto raw = random_blocks(rng, table_type(f), static_cast<size_t>(N) * K / 32);
   Packed p;
+  p.n = N, p.k = K;
   p.wf = host_rows(raw, table_type(f), N, K);
   const size_t rq = packed_q_bytes(f, 1, K), rs = packed_scale_count(f, 1, K);
   p.q.resize(rq * N), p.d.resize(rs * N), p.m.resize(rs * N);
@@ -375,12 +378,67 @@ TEST(GpuDecodePacked, PackThenUnpackGivesTheGgufValues) {
   EXPECT_FALSE(pack_row(WFormat::Q4_K, q, 288, q, d, nullptr).ok());  // K % 256
 }
 
+// The rows of p blocked as the device holds them (to_groups).
+std::vector<uint8_t> blocked(const Packed& p, WFormat f) {
+  std::vector<uint8_t> b(packed_bytes(f, p.n, p.k));
+  to_groups(f, p.n, p.k, p.q.data(), p.d.data(), p.m.data(), b.data());
+  return b;
+}
+// Host only: the groups layout (to_groups) holds each row's every round with the 8 rows of a group's
+// round contiguous (quants, then scales, then mins) and the rows that pad the matrix to a multiple
+// of 8 zero; packed_at, which the kernels address through, finds them there and in the rows layout.
+TEST(GpuDecodePacked, BothLayoutsHoldEveryRoundOfEveryRow) {
+  std::mt19937 rng(41);
+  for (WFormat f : kPackedFormats) {
+    const int K = k_for(f, 576), N = 13;  // 3 rounds (K formats: 768), two groups, 3 padding rows
+    const Packed p = pack(rng, f, N, K);
+    const std::vector<uint8_t> b = blocked(p, f);
+    const PackGeom g = pack_geom(f);
+    const int64_t rounds = packed_k(K) / 256, per = g.q + g.d + g.m;
+    ASSERT_EQ(b.size(), static_cast<size_t>(16 * rounds * per)) << fname(f);
+    const uint8_t* d8 = reinterpret_cast<const uint8_t*>(p.d.data());
+    const uint8_t* m8 = reinterpret_cast<const uint8_t*>(p.m.data());
+    for (int r = 0; r < 16; ++r)
+      for (int64_t R = 0; R < rounds; ++R) {
+        const int64_t at = (r / 8 * rounds + R) * 8 * per;  // the group's round R: one block
+        ASSERT_EQ(grp_q(g, rounds, r, R), at + (r % 8) * g.q) << fname(f);
+        ASSERT_EQ(grp_d(g, rounds, r, R), at + 8 * g.q + (r % 8) * g.d) << fname(f);
+        ASSERT_EQ(grp_m(g, rounds, r, R), at + 8 * (g.q + g.d) + (r % 8) * g.m) << fname(f);
+        for (int i = 0; i < g.q; ++i)
+          ASSERT_EQ(b[grp_q(g, rounds, r, R) + i], r < N ? p.q[(r * rounds + R) * g.q + i] : 0) << fname(f) << " q " << r;
+        for (int i = 0; i < g.d; ++i)
+          ASSERT_EQ(b[grp_d(g, rounds, r, R) + i], r < N ? d8[(r * rounds + R) * g.d + i] : 0) << fname(f) << " d " << r;
+        for (int i = 0; i < g.m; ++i)
+          ASSERT_EQ(b[grp_m(g, rounds, r, R) + i], r < N ? m8[(r * rounds + R) * g.m + i] : 0) << fname(f) << " m " << r;
+      }
+    // What the kernels address (packed_at): the same places in the groups layout, and pack_row's
+    // rows, arrays apart, in the rows layout.
+    const PackedAt pg = packed_at(DevWeights{f, b.data(), nullptr, nullptr, true}, K);
+    const PackedAt pr = packed_at(DevWeights{f, p.q.data(), p.d.data(), has_min_array(f) ? p.m.data() : nullptr}, K);
+    for (int r = 0; r < N; ++r)
+      for (int64_t R = 0; R < rounds; ++R) {
+        EXPECT_EQ(part_at(pg.q, r, R), b.data() + grp_q(g, rounds, r, R));
+        EXPECT_EQ(part_at(pg.d, r, R), b.data() + grp_d(g, rounds, r, R));
+        EXPECT_EQ(part_at(pr.q, r, R), p.q.data() + (r * rounds + R) * g.q);
+        EXPECT_EQ(part_at(pr.d, r, R), d8 + (r * rounds + R) * g.d);
+        if (g.m > 0) {
+          EXPECT_EQ(part_at(pg.m, r, R), b.data() + grp_m(g, rounds, r, R));
+          EXPECT_EQ(part_at(pr.m, r, R), m8 + (r * rounds + R) * g.m);
+        }
+      }
+  }
+}
+
+// On the device in the layout the backend uploads (groups_layout(): SS_CUDA_QLAYOUT=groups, else rows).
 struct DevPacked {
   DeviceBuf<uint8_t> q;
   DeviceBuf<uint16_t> d, m;
   DevWeights w;
-  DevPacked(const Packed& p, WFormat f) : q(p.q), d(p.d), m(p.m) {
-    w = DevWeights{f, q.get(), d.get(), has_min_array(f) ? m.get() : nullptr};
+  DevPacked(const Packed& p, WFormat f)
+      : q(groups_layout() ? blocked(p, f) : p.q), d(groups_layout() ? std::vector<uint16_t>{0} : p.d),
+        m(groups_layout() ? std::vector<uint16_t>{0} : p.m) {
+    w = groups_layout() ? DevWeights{f, q.get(), nullptr, nullptr, true}
+                        : DevWeights{f, q.get(), d.get(), has_min_array(f) ? m.get() : nullptr};
   }
 };
 

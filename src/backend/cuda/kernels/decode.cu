@@ -156,6 +156,7 @@ __device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float
 template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false>
 __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   static_assert(!kI8 || (F != WFormat::BF16 && OP != Op::Add), "8-bit activations: the packed formats' norm ops");
+  static_assert(F == WFormat::BF16 || kU == 8, "packed formats: a round is one 256-weight block");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   if (a.empty) {  // benchmarking only: the kernel boundary alone
     pdl_wait();
@@ -190,7 +191,9 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
 
   const uint4 *pa = nullptr, *pb = nullptr;
-  const uint4 *da = nullptr, *db = nullptr, *ma = nullptr, *mb = nullptr;
+  // Packed formats: rows r0's and r1's round 0 (quants at the lane's 16 bytes, scales, mins) in
+  // either layout (a.pk); round R is a.pk.<part>.round bytes further.
+  const uint8_t *qa = nullptr, *qb = nullptr, *da = nullptr, *db = nullptr, *ma = nullptr, *mb = nullptr;
   Round<F, kU> w, w2;  // w2: the second round of the pipelined loop (kPipe)
   auto set_rows = [&](int tile) {
     int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
@@ -199,18 +202,9 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       pa = reinterpret_cast<const uint4*>(a.W + r0 * K) + t;
       pb = reinterpret_cast<const uint4*>(a.W + r1 * K) + t;
     } else {
-      const int64_t rb = kBits8<F> ? a.Kp : a.Kp / 2;  // packed bytes a row
-      const uint8_t* q = reinterpret_cast<const uint8_t*>(a.W);
-      pa = reinterpret_cast<const uint4*>(q + r0 * rb) + t;
-      pb = reinterpret_cast<const uint4*>(q + r1 * rb) + t;
-      // Scales a row: fp16 per chunk, or the K formats' super-block headers (16 / 32 bytes each).
-      const int64_t rs = kKHeader<F> ? a.Kp / 256 * 8 : F == WFormat::Q6_K ? a.Kp / 256 * 16 : a.Kp / 32;
-      da = reinterpret_cast<const uint4*>(a.qd + r0 * rs);
-      db = reinterpret_cast<const uint4*>(a.qd + r1 * rs);
-      if constexpr (kMinArray<F>) {
-        ma = reinterpret_cast<const uint4*>(a.qm + r0 * (a.Kp / 32));
-        mb = reinterpret_cast<const uint4*>(a.qm + r1 * (a.Kp / 32));
-      }
+      qa = part_at(a.pk.q, r0, 0) + 16 * t, qb = part_at(a.pk.q, r1, 0) + 16 * t;
+      da = part_at(a.pk.d, r0, 0), db = part_at(a.pk.d, r1, 0);
+      if constexpr (kMinArray<F>) ma = part_at(a.pk.m, r0, 0), mb = part_at(a.pk.m, r1, 0);
     }
   };
   auto load = [&](Round<F, kU>& r, int c0) {
@@ -219,19 +213,24 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
       for (int u = 0; u < kU; ++u)
         if (c0 + u < c_end) r.a[u] = ld_stream(pa + 4 * (c0 + u)), r.b[u] = ld_stream(pb + 4 * (c0 + u));
     } else {
-      // c0 % 8 == 0; a 64-byte group (4 lanes x 16 bytes) holds 4 chunks (Q4) or 2 (Q8).
+      // c0 % 8 == 0 (a round: 256 weights, one block); a 64-byte group (4 lanes x 16 bytes) holds 4
+      // chunks (Q4) or 2 (Q8).
       constexpr int per = kBits8<F> ? 2 : 4;
+      const int64_t R = c0 / 8, oq = R * a.pk.q.round, od = R * a.pk.d.round;
 #pragma unroll
       for (int v = 0; v < Round<F, kU>::kVecs; ++v)
-        if (c0 + v * per < c_end) r.a[v] = ld_stream(pa + 4 * (c0 / per + v)), r.b[v] = ld_stream(pb + 4 * (c0 / per + v));
+        if (c0 + v * per < c_end) r.a[v] = ld_stream(qa + oq + 64 * v), r.b[v] = ld_stream(qb + oq + 64 * v);
       if (c0 >= c_end) return;  // an empty K split (a short row over many warps): no scales to read
       if constexpr (F == WFormat::Q6_K) {  // a round is one super-block: its scales, then d
-        r.da = ld_stream(da + c0 / 4), r.ma = ld_stream(da + c0 / 4 + 1);
-        r.db = ld_stream(db + c0 / 4), r.mb = ld_stream(db + c0 / 4 + 1);
+        r.da = ld_stream(da + od), r.ma = ld_stream(da + od + 16);
+        r.db = ld_stream(db + od), r.mb = ld_stream(db + od + 16);
       } else {
-        r.da = ld_stream(da + c0 / 8), r.db = ld_stream(db + c0 / 8);
+        r.da = ld_stream(da + od), r.db = ld_stream(db + od);
       }
-      if constexpr (kMinArray<F>) r.ma = ld_stream(ma + c0 / 8), r.mb = ld_stream(mb + c0 / 8);
+      if constexpr (kMinArray<F>) {
+        const int64_t om = R * a.pk.m.round;
+        r.ma = ld_stream(ma + om), r.mb = ld_stream(mb + om);
+      }
     }
   };
 
@@ -775,12 +774,14 @@ auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
 
 template <Op OP>
 Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s, const SplitK* sk = nullptr) {
-  a.W = static_cast<const uint16_t*>(W.q), a.qd = W.d, a.qm = W.m, a.Kp = packed_k(a.K);
+  a.W = static_cast<const uint16_t*>(W.q), a.Kp = packed_k(a.K);
   const bool quant = W.format != WFormat::BF16;
   int kU = quant ? 8 : tuning().u;
-  if (quant && (!W.d || (has_min_array(W.format) && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
-                (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
+  if (quant && !W.groups &&
+      (!W.d || (has_min_array(W.format) && !W.m) || (reinterpret_cast<uintptr_t>(W.d) & 15u) != 0 ||
+       (W.m && (reinterpret_cast<uintptr_t>(W.m) & 15u) != 0)))
     return make_error(std::string(what) + ": packed weights need 16-byte aligned scales (and mins for Q4_1, Q5_1)");
+  if (quant) a.pk = packed_at(W, a.K);
   if (is_k_format(W.format) && a.K % 256 != 0)
     return make_error(std::string(what) + ": K-quant weights need K a multiple of 256 (K=" + std::to_string(a.K) + ")");
   if (a.K <= 0 || a.K % 32 != 0 || a.B < 1 || a.B > 8 || a.tiles <= 0)
@@ -939,47 +940,45 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
 namespace {
 // One thread a (row, chunk, quarter): 8 of the chunk's 32 weights from the packed layout, as bf16,
 // stored as one 16-byte vector; consecutive threads write consecutive 16 bytes (coalesced).
-__global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int N, int K, int kp,
-                          uint16_t* out) {
+__global__ void dequant_k(WFormat f, PackedAt pk, int N, int K, uint16_t* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int chunks = K / 32;
   if (i >= static_cast<int64_t>(N) * chunks * 4) return;
   const int t = static_cast<int>(i & 3);
   const int64_t rc = i >> 2, row = rc / chunks;
-  const int c = static_cast<int>(rc % chunks);
+  const int c = static_cast<int>(rc % chunks), R = c / 8, u = c % 8;  // round R's chunk u
+  const uint8_t* qr = part_at(pk.q, row, R);  // the row's quants, scales and mins of round R
+  const uint8_t* h = part_at(pk.d, row, R);
+  const uint8_t* mr = pk.m.base ? part_at(pk.m, row, R) : nullptr;
+  auto f16_at = [](const uint8_t* p, int j) { return h2f(static_cast<uint16_t>(p[2 * j] | (p[2 * j + 1] << 8))); };
+  const int8_t* p8 = reinterpret_cast<const int8_t*>(qr + (u / 2) * 64 + t * 16 + (u % 2) * 8);
   uint16_t o[8];
   if (f == WFormat::Q4_K || f == WFormat::Q5_K) {  // (d * sc) q - dmin * m, in that order (GGUF's value)
-    const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 8) + (c / 8) * 16;
     int sc, mn;
-    k4_scale_min(c % 8, h + 4, &sc, &mn);
-    const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[0] | (h[1] << 8))), static_cast<float>(sc));
-    const float m1 = __fmul_rn(h2f(static_cast<uint16_t>(h[2] | (h[3] << 8))), static_cast<float>(mn));
+    k4_scale_min(u, h + 4, &sc, &mn);
+    const float d1 = __fmul_rn(f16_at(h, 0), static_cast<float>(sc));
+    const float m1 = __fmul_rn(f16_at(h, 1), static_cast<float>(mn));
     if (f == WFormat::Q4_K) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(qr + (u / 4) * 64 + t * 16 + (u % 4) * 4);
       for (int e = 0; e < 8; ++e)
         o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF)), m1));
     } else {
-      const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
-      for (int e = 0; e < 8; ++e) o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>(p[e])), m1));
+      for (int e = 0; e < 8; ++e) o[e] = f2bf(__fsub_rn(__fmul_rn(d1, static_cast<float>(p8[e])), m1));
     }
-  } else if (f == WFormat::Q6_K) {  // (d * sc) (q - 32); lane t's 8 weights lie in sub-block 2 (c % 8) + t / 2
-    const uint8_t* h = reinterpret_cast<const uint8_t*>(d + row * (kp / 256) * 16) + (c / 8) * 32;
-    const float d1 = __fmul_rn(h2f(static_cast<uint16_t>(h[16] | (h[17] << 8))),
-                               static_cast<float>(static_cast<int8_t>(h[2 * (c % 8) + t / 2])));
-    const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
-    for (int e = 0; e < 8; ++e) o[e] = f2bf(__fmul_rn(d1, static_cast<float>(p[e])));
+  } else if (f == WFormat::Q6_K) {  // (d * sc) (q - 32); lane t's 8 weights lie in sub-block 2 u + t / 2
+    const float d1 = __fmul_rn(f16_at(h, 8), static_cast<float>(static_cast<int8_t>(h[2 * u + t / 2])));
+    for (int e = 0; e < 8; ++e) o[e] = f2bf(__fmul_rn(d1, static_cast<float>(p8[e])));
   } else if (f == WFormat::Q8_0 || f == WFormat::Q5_0 || f == WFormat::Q5_1) {
-    const float dc = h2f(d[row * (kp / 32) + c]);
-    const float mc = f == WFormat::Q5_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
-    const int8_t* p = reinterpret_cast<const int8_t*>(q + row * kp + (c / 2) * 64 + t * 16 + (c % 2) * 8);
+    const float dc = f16_at(h, u);
+    const float mc = f == WFormat::Q5_1 ? f16_at(mr, u) : 0.0f;
     for (int e = 0; e < 8; ++e) {
-      const float v = __fmul_rn(dc, static_cast<float>(p[e]));
+      const float v = __fmul_rn(dc, static_cast<float>(p8[e]));
       o[e] = f2bf(f == WFormat::Q5_1 ? __fadd_rn(v, mc) : v);
     }
   } else {
-    const float dc = h2f(d[row * (kp / 32) + c]);
-    const float mc = f == WFormat::Q4_1 ? h2f(m[row * (kp / 32) + c]) : 0.0f;
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(q + row * (kp / 2) + (c / 4) * 64 + t * 16 + (c % 4) * 4);
+    const float dc = f16_at(h, u);
+    const float mc = f == WFormat::Q4_1 ? f16_at(mr, u) : 0.0f;
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(qr + (u / 4) * 64 + t * 16 + (u % 4) * 4);
     for (int e = 0; e < 8; ++e) {
       const float v = static_cast<float>((w >> ((e % 2) * 16 + 4 * (e / 2))) & 0xF);
       o[e] = f2bf(f == WFormat::Q4_0 ? dc * (v - 8.0f) : fmaf(dc, v, mc));
@@ -994,13 +993,12 @@ __global__ void dequant_k(WFormat f, const uint8_t* q, const uint16_t* d, const 
 
 Status dequantize_weights(const DevWeights& W, int N, int K, bf16_bits* out, cudaStream_t s) {
   if (W.format == WFormat::BF16) return make_error("dequantize_weights: the weights are bf16 already");
-  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || !W.d || (has_min_array(W.format) && !W.m) ||
+  if (N <= 0 || K <= 0 || K % 32 != 0 || !W.q || (!W.groups && (!W.d || (has_min_array(W.format) && !W.m))) ||
       (is_k_format(W.format) && K % 256 != 0))
     return make_error("dequantize_weights: bad shape or missing arrays");
   if ((reinterpret_cast<uintptr_t>(out) & 15u) != 0) return make_error("dequantize_weights: out must be 16-byte aligned");
   const int64_t n = static_cast<int64_t>(N) * (K / 32) * 4;
-  dequant_k<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(W.format, static_cast<const uint8_t*>(W.q), W.d, W.m,
-                                                                      N, K, packed_k(K), out);
+  dequant_k<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(W.format, packed_at(W, K), N, K, out);
   SS_CUDA_LAUNCHED();
   return {};
 }

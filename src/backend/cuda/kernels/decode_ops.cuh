@@ -12,8 +12,7 @@ enum class Op { Qkv, Add, GateUp, Logits };
 
 struct DecArgs {
   const uint16_t* W;     // bf16 rows, or the packed quants (DevWeights)
-  const uint16_t* qd;    // fp16 scales [N][Kp/32]
-  const uint16_t* qm;    // fp16 mins (Q4_1)
+  PackedAt pk;           // the packed formats: where each row's rounds lie (either layout)
   int Kp;                // K rounded up to 256 (quantized formats)
   int K;
   int tiles;             // 16-row tiles

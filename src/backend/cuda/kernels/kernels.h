@@ -111,12 +111,22 @@ Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, i
 // sub-block scales, then d). The 5-bit types keep their quants as int8 in Q8_0's layout: Q5_0 as
 // q - 16 with Q8_0's fp16 scales, Q5_1 as q with Q4_1's fp16 scales and mins, Q5_K as q with Q4_K's
 // headers. Values as GGUF defines them (d * sc in fp32, exact).
+//
+// Two layouts of the packed rows on the device. Rows (the default): the three arrays above. Groups
+// (DevWeights::groups, SS_CUDA_QLAYOUT=groups; to_groups): rows in aligned groups of 8, each group's
+// 256-weight rounds one after another, a round's block holding the 8 rows' quants, then their scales,
+// then their mins ([8][q] [8][d] [8][m] bytes, PackGeom), in one buffer. A warp's round of a 16-row
+// tile then reads two contiguous blocks (Q4_0: 1,152 bytes each) instead of 16 runs of 128 bytes and
+// 16 of 16 bytes in two arrays; the packed kernels stream near 55% of DRAM peak where bf16's 512-byte
+// runs reach 81% (H100, 2026-12-07; tools/gpu/exp_layout.cu times the patterns alone). Opt-in until
+// measured on a GPU.
 enum class WFormat : int { BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K };
 struct DevWeights {
   WFormat format = WFormat::BF16;
-  const void* q = nullptr;       // bf16 [N][K], or the packed quants
-  const uint16_t* d = nullptr;   // fp16 scales (quantized formats; K formats: the super-block headers)
-  const uint16_t* m = nullptr;   // fp16 mins (Q4_1)
+  const void* q = nullptr;       // bf16 [N][K], or the packed quants (groups: the blocked buffer)
+  const uint16_t* d = nullptr;   // fp16 scales (quantized formats; K formats: the super-block headers); groups: null
+  const uint16_t* m = nullptr;   // fp16 mins (Q4_1, Q5_1); groups: null
+  bool groups = false;           // the packed formats in the blocked layout (to_groups)
 };
 inline bool is_k_format(WFormat f) { return f == WFormat::Q4_K || f == WFormat::Q6_K || f == WFormat::Q5_K; }
 inline bool has_min_array(WFormat f) { return f == WFormat::Q4_1 || f == WFormat::Q5_1; }
@@ -130,6 +140,50 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
 // The inverse as floats (tests): h2f converts an fp16 bit pattern.
 void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),
                 float* out);
+// Bytes a row holds a 256-weight round in the blocked layout: quants, scales (Q6_K: its 32-byte
+// super-block; the K formats: their 16-byte headers; else 8 fp16), mins (Q4_1, Q5_1: 8 fp16).
+struct PackGeom {
+  int q, d, m;
+};
+__host__ __device__ constexpr PackGeom pack_geom(WFormat f) {
+  const bool b8 = f == WFormat::Q8_0 || f == WFormat::Q6_K || f == WFormat::Q5_0 || f == WFormat::Q5_1 ||
+                  f == WFormat::Q5_K;
+  return PackGeom{b8 ? 256 : 128, f == WFormat::Q6_K ? 32 : 16, f == WFormat::Q4_1 || f == WFormat::Q5_1 ? 16 : 0};
+}
+// Byte offsets of row r's round R (rounds: Kp / 256 a row) in the blocked layout: its quants, its
+// scales and its mins.
+__host__ __device__ constexpr int64_t grp_block(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
+  return ((r >> 3) * rounds + R) * 8 * (g.q + g.d + g.m);
+}
+__host__ __device__ constexpr int64_t grp_q(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
+  return grp_block(g, rounds, r, R) + (r & 7) * g.q;
+}
+__host__ __device__ constexpr int64_t grp_d(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
+  return grp_block(g, rounds, r, R) + 8 * g.q + (r & 7) * g.d;
+}
+__host__ __device__ constexpr int64_t grp_m(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
+  return grp_block(g, rounds, r, R) + 8 * (g.q + g.d) + (r & 7) * g.m;
+}
+// The blocked buffer of N rows (N rounded up to 8; the extra rows zero), and N rows packed by
+// pack_row (q, d, m as it writes them, row after row) blocked into it.
+size_t packed_bytes(WFormat f, int64_t N, int K);
+void to_groups(WFormat f, int64_t N, int K, const uint8_t* q, const uint16_t* d, const uint16_t* m, uint8_t* out);
+// Whether packed weights are uploaded in the groups layout (SS_CUDA_QLAYOUT=groups; default rows).
+bool groups_layout();
+// Where row r's round R of one part (quants, scales or mins) starts, in either layout:
+// base + (r / 8) grp + (r % 8) row + R round.
+struct PartAt {
+  const uint8_t* base = nullptr;
+  int64_t grp = 0, row = 0, round = 0;
+};
+struct PackedAt {
+  PartAt q, d, m;
+};
+__host__ __device__ inline const uint8_t* part_at(const PartAt& p, int64_t r, int64_t R) {
+  return p.base + (r >> 3) * p.grp + (r & 7) * p.row + R * p.round;
+}
+// The parts of packed weights W with rows of K.
+PackedAt packed_at(const DevWeights& W, int K);
 
 // Five kernels a layer, each launched (pdl true) with programmatic dependent launch: it loads its
 // first weight vectors, then waits for the previous kernel (griddepcontrol.wait) and computes. The

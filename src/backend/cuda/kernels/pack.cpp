@@ -1,6 +1,7 @@
 // Host side of the quantized weight layouts the decode kernels read (kernels.h, DevWeights): GGUF
 // rows repacked so that a lane's share of a 32-weight chunk is one aligned word and the scales are an
 // array of their own. The values are GGUF's, bit for bit (quants and fp16 scales copied, reordered).
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -256,6 +257,52 @@ void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* 
         out[32 * c + 8 * t + i] = v;
       }
   }
+}
+
+size_t packed_bytes(WFormat f, int64_t N, int K) {
+  const PackGeom g = pack_geom(f);
+  return static_cast<size_t>((N + 7) / 8 * 8 * (packed_k(K) / 256)) * static_cast<size_t>(g.q + g.d + g.m);
+}
+
+void to_groups(WFormat f, int64_t N, int K, const uint8_t* q, const uint16_t* d, const uint16_t* m, uint8_t* out) {
+  const PackGeom g = pack_geom(f);
+  const int64_t rounds = packed_k(K) / 256;
+  std::memset(out, 0, packed_bytes(f, N, K));
+  const uint8_t* db = reinterpret_cast<const uint8_t*>(d);
+  const uint8_t* mb = reinterpret_cast<const uint8_t*>(m);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t R = 0; R < rounds; ++R) {
+      std::memcpy(out + grp_q(g, rounds, r, R), q + (r * rounds + R) * g.q, static_cast<size_t>(g.q));
+      std::memcpy(out + grp_d(g, rounds, r, R), db + (r * rounds + R) * g.d, static_cast<size_t>(g.d));
+      if (g.m > 0) std::memcpy(out + grp_m(g, rounds, r, R), mb + (r * rounds + R) * g.m, static_cast<size_t>(g.m));
+    }
+}
+
+bool groups_layout() {
+  static const bool on = [] {
+    const char* e = std::getenv("SS_CUDA_QLAYOUT");
+    return e != nullptr && std::string(e) == "groups";
+  }();
+  return on;
+}
+
+PackedAt packed_at(const DevWeights& W, int K) {
+  const PackGeom g = pack_geom(W.format);
+  const int64_t rounds = packed_k(K) / 256;
+  const uint8_t* q = static_cast<const uint8_t*>(W.q);
+  PackedAt a;
+  if (W.groups) {
+    const int64_t blk = 8 * (g.q + g.d + g.m);
+    a.q = PartAt{q, rounds * blk, g.q, blk};
+    a.d = PartAt{q + 8 * g.q, rounds * blk, g.d, blk};
+    a.m = PartAt{g.m > 0 ? q + 8 * (g.q + g.d) : nullptr, rounds * blk, g.m, blk};
+    return a;
+  }
+  auto rows = [&](const void* base, int per) {
+    return PartAt{static_cast<const uint8_t*>(base), 8 * rounds * per, rounds * per, per};
+  };
+  a.q = rows(q, g.q), a.d = rows(W.d, g.d), a.m = rows(g.m > 0 ? W.m : nullptr, g.m);
+  return a;
 }
 
 }  // namespace ss::cuda::kern
