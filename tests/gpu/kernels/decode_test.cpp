@@ -398,31 +398,31 @@ TEST(GpuDecodePacked, BothLayoutsHoldEveryRoundOfEveryRow) {
     ASSERT_EQ(b.size(), static_cast<size_t>(16 * rounds * per)) << fname(f);
     const uint8_t* d8 = reinterpret_cast<const uint8_t*>(p.d.data());
     const uint8_t* m8 = reinterpret_cast<const uint8_t*>(p.m.data());
-    for (int r = 0; r < 16; ++r)
-      for (int64_t R = 0; R < rounds; ++R) {
-        const int64_t at = (r / 8 * rounds + R) * 8 * per;  // the group's round R: one block
-        ASSERT_EQ(grp_q(g, rounds, r, R), at + (r % 8) * g.q) << fname(f);
-        ASSERT_EQ(grp_d(g, rounds, r, R), at + 8 * g.q + (r % 8) * g.d) << fname(f);
-        ASSERT_EQ(grp_m(g, rounds, r, R), at + 8 * (g.q + g.d) + (r % 8) * g.m) << fname(f);
-        for (int i = 0; i < g.q; ++i)
-          ASSERT_EQ(b[grp_q(g, rounds, r, R) + i], r < N ? p.q[(r * rounds + R) * g.q + i] : 0) << fname(f) << " q " << r;
-        for (int i = 0; i < g.d; ++i)
-          ASSERT_EQ(b[grp_d(g, rounds, r, R) + i], r < N ? d8[(r * rounds + R) * g.d + i] : 0) << fname(f) << " d " << r;
-        for (int i = 0; i < g.m; ++i)
-          ASSERT_EQ(b[grp_m(g, rounds, r, R) + i], r < N ? m8[(r * rounds + R) * g.m + i] : 0) << fname(f) << " m " << r;
-      }
-    // What the kernels address (packed_at): the same places in the groups layout, and pack_row's
-    // rows, arrays apart, in the rows layout.
+    // The groups layout by its definition: row r's round R in the block of group r / 8's round R.
+    const auto at = [&](int r, int64_t R) { return (r / 8 * rounds + R) * 8 * per; };
     const PackedAt pg = packed_at(DevWeights{f, b.data(), nullptr, nullptr, true}, K);
     const PackedAt pr = packed_at(DevWeights{f, p.q.data(), p.d.data(), has_min_array(f) ? p.m.data() : nullptr}, K);
-    for (int r = 0; r < N; ++r)
+    for (int r = 0; r < 16; ++r)
       for (int64_t R = 0; R < rounds; ++R) {
-        EXPECT_EQ(part_at(pg.q, r, R), b.data() + grp_q(g, rounds, r, R));
-        EXPECT_EQ(part_at(pg.d, r, R), b.data() + grp_d(g, rounds, r, R));
+        const int64_t oq = at(r, R) + (r % 8) * g.q, od = at(r, R) + 8 * g.q + (r % 8) * g.d,
+                      om = at(r, R) + 8 * (g.q + g.d) + (r % 8) * g.m;
+        for (int i = 0; i < g.q; ++i)
+          ASSERT_EQ(b[oq + i], r < N ? p.q[(r * rounds + R) * g.q + i] : 0) << fname(f) << " q " << r;
+        for (int i = 0; i < g.d; ++i)
+          ASSERT_EQ(b[od + i], r < N ? d8[(r * rounds + R) * g.d + i] : 0) << fname(f) << " d " << r;
+        for (int i = 0; i < g.m; ++i)
+          ASSERT_EQ(b[om + i], r < N ? m8[(r * rounds + R) * g.m + i] : 0) << fname(f) << " m " << r;
+        // What the kernels address (packed_at): these places in the groups layout, and pack_row's
+        // rows, arrays apart, in the rows layout.
+        EXPECT_EQ(part_at(pg.q, r, R), b.data() + oq);
+        EXPECT_EQ(part_at(pg.d, r, R), b.data() + od);
+        if (g.m > 0) {
+          EXPECT_EQ(part_at(pg.m, r, R), b.data() + om);
+        }
+        if (r >= N) continue;
         EXPECT_EQ(part_at(pr.q, r, R), p.q.data() + (r * rounds + R) * g.q);
         EXPECT_EQ(part_at(pr.d, r, R), d8 + (r * rounds + R) * g.d);
         if (g.m > 0) {
-          EXPECT_EQ(part_at(pg.m, r, R), b.data() + grp_m(g, rounds, r, R));
           EXPECT_EQ(part_at(pr.m, r, R), m8 + (r * rounds + R) * g.m);
         }
       }

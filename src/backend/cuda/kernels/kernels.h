@@ -140,7 +140,7 @@ Status pack_row(WFormat f, const void* gguf_row, int K, uint8_t* q, uint16_t* d,
 // The inverse as floats (tests): h2f converts an fp16 bit pattern.
 void unpack_row(WFormat f, const uint8_t* q, const uint16_t* d, const uint16_t* m, int K, float (*h2f)(uint16_t),
                 float* out);
-// Bytes a row holds a 256-weight round in the blocked layout: quants, scales (Q6_K: its 32-byte
+// Bytes a row holds a 256-weight round (in either layout): quants, scales (Q6_K: its 32-byte
 // super-block; the K formats: their 16-byte headers; else 8 fp16), mins (Q4_1, Q5_1: 8 fp16).
 struct PackGeom {
   int q, d, m;
@@ -149,20 +149,6 @@ __host__ __device__ constexpr PackGeom pack_geom(WFormat f) {
   const bool b8 = f == WFormat::Q8_0 || f == WFormat::Q6_K || f == WFormat::Q5_0 || f == WFormat::Q5_1 ||
                   f == WFormat::Q5_K;
   return PackGeom{b8 ? 256 : 128, f == WFormat::Q6_K ? 32 : 16, f == WFormat::Q4_1 || f == WFormat::Q5_1 ? 16 : 0};
-}
-// Byte offsets of row r's round R (rounds: Kp / 256 a row) in the blocked layout: its quants, its
-// scales and its mins.
-__host__ __device__ constexpr int64_t grp_block(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
-  return ((r >> 3) * rounds + R) * 8 * (g.q + g.d + g.m);
-}
-__host__ __device__ constexpr int64_t grp_q(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
-  return grp_block(g, rounds, r, R) + (r & 7) * g.q;
-}
-__host__ __device__ constexpr int64_t grp_d(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
-  return grp_block(g, rounds, r, R) + 8 * g.q + (r & 7) * g.d;
-}
-__host__ __device__ constexpr int64_t grp_m(PackGeom g, int64_t rounds, int64_t r, int64_t R) {
-  return grp_block(g, rounds, r, R) + 8 * (g.q + g.d) + (r & 7) * g.m;
 }
 // The blocked buffer of N rows (N rounded up to 8; the extra rows zero), and N rows packed by
 // pack_row (q, d, m as it writes them, row after row) blocked into it.

@@ -1,6 +1,7 @@
 // Host side of the quantized weight layouts the decode kernels read (kernels.h, DevWeights): GGUF
 // rows repacked so that a lane's share of a 32-weight chunk is one aligned word and the scales are an
 // array of their own. The values are GGUF's, bit for bit (quants and fp16 scales copied, reordered).
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -268,13 +269,17 @@ void to_groups(WFormat f, int64_t N, int K, const uint8_t* q, const uint16_t* d,
   const PackGeom g = pack_geom(f);
   const int64_t rounds = packed_k(K) / 256;
   std::memset(out, 0, packed_bytes(f, N, K));
-  const uint8_t* db = reinterpret_cast<const uint8_t*>(d);
-  const uint8_t* mb = reinterpret_cast<const uint8_t*>(m);
+  // From pack_row's rows (the rows layout) to the groups layout, part by part, where packed_at says.
+  const PackedAt from = packed_at(DevWeights{f, q, d, m, false}, K), to = packed_at(DevWeights{f, out, nullptr, nullptr, true}, K);
+  auto move = [&](const PartAt& src, const PartAt& dst, int bytes, int64_t r, int64_t R) {
+    const ptrdiff_t at = part_at(dst, r, R) - out;  // where packed_at puts it, in the writable buffer
+    std::memcpy(out + at, part_at(src, r, R), static_cast<size_t>(bytes));
+  };
   for (int64_t r = 0; r < N; ++r)
     for (int64_t R = 0; R < rounds; ++R) {
-      std::memcpy(out + grp_q(g, rounds, r, R), q + (r * rounds + R) * g.q, static_cast<size_t>(g.q));
-      std::memcpy(out + grp_d(g, rounds, r, R), db + (r * rounds + R) * g.d, static_cast<size_t>(g.d));
-      if (g.m > 0) std::memcpy(out + grp_m(g, rounds, r, R), mb + (r * rounds + R) * g.m, static_cast<size_t>(g.m));
+      move(from.q, to.q, g.q, r, R);
+      move(from.d, to.d, g.d, r, R);
+      if (g.m > 0) move(from.m, to.m, g.m, r, R);
     }
 }
 
