@@ -792,19 +792,15 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
       (a.norm_w && (reinterpret_cast<uintptr_t>(a.norm_w) & 15u) != 0))
     return make_error(std::string(what) + ": W, x, the residual and the norm weights must be 16-byte aligned");
   const bool i8 = OP != Op::Add && dec_int8_acts(W.format);
-  // The staged input's shared memory at batch b (dec_k's xs_bytes).
-  auto staged = [&](int b) -> size_t {
-    return OP == Op::Add ? 0
-           : i8 ? static_cast<size_t>(b) * (a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
-                : sizeof(uint16_t) * static_cast<size_t>(b) * a.K;
-  };
-  const size_t xs = staged(a.B);
+  const size_t xs = OP == Op::Add ? 0
+                    : i8 ? static_cast<size_t>(a.B) * (a.K / 32 + 1) * 32 + static_cast<size_t>(a.K / 32) * 64
+                         : sizeof(uint16_t) * static_cast<size_t>(a.B) * a.K;
   if (xs > 160 * 1024) return make_error(std::string(what) + ": batch x K too large for the staged input");
   const bool mins = W.format == WFormat::Q4_1 || W.format == WFormat::Q4_K || W.format == WFormat::Q5_1 ||
                     W.format == WFormat::Q5_K;
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
-  const size_t red = sizeof(float) * kWarps * 32 * 4, smem = xs + sx + red;
+  const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   const int kCtasPerSm = tuning().ctas;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.

@@ -14,30 +14,15 @@ namespace ss::cuda::kern {
 
 int packed_k(int K) { return (K + 255) / 256 * 256; }
 
+// Both sizes from the bytes a row holds a 256-weight round (pack_geom), the one table of them.
 size_t packed_q_bytes(WFormat f, int64_t N, int K) {
-  const int64_t kp = packed_k(K);
-  switch (f) {
-    case WFormat::Q4_0:
-    case WFormat::Q4_1:
-    case WFormat::Q4_K: return static_cast<size_t>(N * kp / 2);
-    case WFormat::Q8_0:
-    case WFormat::Q6_K:
-    case WFormat::Q5_0:
-    case WFormat::Q5_1:
-    case WFormat::Q5_K: return static_cast<size_t>(N * kp);
-    case WFormat::BF16: return static_cast<size_t>(N * K * 2);
-  }
-  return 0;
+  if (f == WFormat::BF16) return static_cast<size_t>(N * K * 2);
+  return static_cast<size_t>(N * (packed_k(K) / 256) * pack_geom(f).q);
 }
 
 size_t packed_scale_count(WFormat f, int64_t N, int K) {
-  switch (f) {
-    case WFormat::BF16: return 0;
-    case WFormat::Q4_K:
-    case WFormat::Q5_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 8);   // 16 bytes a super-block
-    case WFormat::Q6_K: return static_cast<size_t>(N * (packed_k(K) / 256) * 16);  // 32 bytes a super-block
-    default: return static_cast<size_t>(N * (packed_k(K) / 32));
-  }
+  if (f == WFormat::BF16) return 0;
+  return static_cast<size_t>(N * (packed_k(K) / 256) * pack_geom(f).d / 2);
 }
 
 namespace {
