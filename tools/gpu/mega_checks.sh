@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, one device call (~5 minutes): issue 17's persistent decode kernel
-# (kernels/mega.cu, SS_CUDA_MEGA=1). Builds selfserve and test_gpu_backend, runs the kernel's test,
-# the decode step against the PDL-chained kernels (interleaved, batch 1/2/8, context 512) at the
-# 135M, 1B and 8B shapes, the kernel's per-part trace (SS_CUDA_MEGA_TRACE=1, eager) and ncu on one
-# launch. Results in $OUT (progress, logs).
+# (kernels/mega.cu, SS_CUDA_MEGA=1). Builds selfserve and test_gpu_backend, runs the kernel's test
+# with a barrier after every operation (the default) and with its readiness counters
+# (SS_CUDA_MEGA_SYNC=counters), the decode step of both against the PDL-chained kernels
+# (interleaved, batch 1/2/8, context 512) at the SHAPES (default 135M, 1B and 8B), the kernel's
+# per-part trace (SS_CUDA_MEGA_TRACE=1, eager) in both modes and ncu on one launch (NCU=0: none).
+# Results in $OUT (progress, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/common.sh
@@ -16,31 +18,39 @@ stage build
 source build-gpu/env.sh
 B=build-gpu M=/tmp/ssm
 mkdir -p $M
-for s in smollm2-135m llama32-1b llama3-8b; do
+SHAPES=${SHAPES:-"smollm2-135m llama32-1b llama3-8b"}
+for s in $SHAPES; do
   [ -s $M/$s-bf16.gguf ] || $B/selfserve synth --shape $s --format gguf --dtype bf16 --seed 1 --out $M/$s-bf16.gguf --quiet
 done
 stage synth
-timeout 200 $B/test_gpu_backend --gtest_filter='CudaMegakernel.*' > "$OUT/t-mega.txt" 2>&1
-stage "CudaMegakernel rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t-mega.txt" | tr '\n' ' ') $(grep -E 'Failure|error:' "$OUT/t-mega.txt" | head -4 | cut -c1-160 | tr '\n' ';')"
+for sync in counters barriers; do
+  SS_CUDA_MEGA_SYNC=$sync timeout 200 $B/test_gpu_backend --gtest_filter='CudaMegakernel.*' > "$OUT/t-mega-$sync.txt" 2>&1
+  stage "CudaMegakernel [$sync] rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/t-mega-$sync.txt" | tr '\n' ' ') $(grep -E 'Failure|error:' "$OUT/t-mega-$sync.txt" | head -4 | cut -c1-160 | tr '\n' ';')"
+done
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
 # In order of importance (a call that runs out of time still brings back what $OUT holds).
-for s in smollm2-135m llama32-1b llama3-8b; do
+# chain: the PDL-chained kernels; cnt: the persistent kernel with readiness counters; bar: with a
+# barrier after every operation.
+for s in $SHAPES; do
   est=12
   [ $s = llama3-8b ] && est=40
-  for mg in 0 1; do
-    want $est "decode $s mega=$mg" || continue
-    f="$OUT/dec-$s-$mg.txt"
-    SS_CUDA_MEGA=$mg timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch 1,2,8 \
+  for v in chain:SS_CUDA_MEGA=0 cnt:SS_CUDA_MEGA=1,SS_CUDA_MEGA_SYNC=counters bar:SS_CUDA_MEGA=1,SS_CUDA_MEGA_SYNC=barriers; do
+    n=${v%%:*}
+    want $est "decode $s $n" || continue
+    f="$OUT/dec-$s-$n.txt"
+    env $(ss_envof "$v") timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda --batch 1,2,8 \
       --context 512 --steps 64 --reps 3 > "$f" 2>&1
-    stage "decode $s mega=$mg rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
+    stage "decode $s $n rc=$? $(rowsof "$f") $(grep -iE 'error|ignored|failed' "$f" | head -2 | tr '\n' ';')"
   done
   [ $s = llama32-1b ] && continue
-  want $((est + 5)) "trace $s" || continue
-  SS_CUDA_MEGA=1 SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf --device cuda \
-    --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s.txt" 2>&1
-  stage "trace $s rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s.txt" | tr '\n' ' ')"
+  for sync in counters barriers; do
+    want $((est + 5)) "trace $s $sync" || continue
+    SS_CUDA_MEGA=1 SS_CUDA_MEGA_SYNC=$sync SS_CUDA_MEGA_TRACE=1 timeout 120 $B/selfserve bench decode --model $M/$s-bf16.gguf \
+      --device cuda --enforce-eager --batch 1 --context 512 --steps 16 --reps 2 > "$OUT/trace-$s-$sync.txt" 2>&1
+    stage "trace $s $sync rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s-$sync.txt" | tr '\n' ' ')"
+  done
 done
-want 60 "ncu 8B" && SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+[ "${NCU:-1}" = 1 ] && [[ " $SHAPES " == *" llama3-8b "* ]] && want 60 "ncu 8B" && SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
   --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats $B/selfserve bench decode \
   --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 1 --context 512 --steps 8 --reps 1 \
   > "$OUT/ncu-mega-8b.txt" 2>&1

@@ -276,6 +276,7 @@ class CudaBackend final : public Backend {
   // without a GPU, opt-in until measured): bf16 weights, shapes mega_unsupported() takes. Not inside
   // the device loop's graphs (a cooperative launch from a device-launched graph is not relied on).
   bool mega_ = false, in_loop_ = false;
+  bool mega_barriers_ = true;  // MegaDecode::barriers; SS_CUDA_MEGA_SYNC=counters: false
   bool mega_uncaptured_ = false;  // a graph capture with it failed: graphs run the PDL-chained kernels
   // SS_CUDA_MEGA_TRACE=1: eager steps stamp each part of a layer (MegaDecode::trace); the mean per
   // layer is printed at exit.
@@ -566,6 +567,8 @@ Status CudaBackend::init() {
     for (const Layer& d : layers_)
       for (const auto* wt : {&d.wqkv, &d.wo, &d.wgu, &d.wdown}) bf16 = bf16 && wt->format == cuda::kern::WFormat::BF16;
     mega_ = e && std::string(e) == "1" && fused_ && bf16 && !c_.qk_norm;
+    const char* sync = std::getenv("SS_CUDA_MEGA_SYNC");
+    mega_barriers_ = !(sync && std::string(sync) == "counters");
     if (mega_ && opts_.batch_invariant) {  // its rows are not the chain's bits
       std::fprintf(stderr, "selfserve: SS_CUDA_MEGA=1 ignored: --batch-invariant runs the PDL-chained kernels\n");
       mega_ = false;
@@ -913,6 +916,7 @@ cuda::kern::MegaDecode CudaBackend::mega_args() const {
   rk.tables = d_tables_, rk.max_blocks = max_blocks_, rk.q_out = q_, rk.norm_eps = c_.rms_norm_eps;
   m.ctx_len = d_ctx_, m.resid = x_, m.att = att_, m.act = act_, m.logits = logits_, m.rows = d_rows_;
   m.work = mega_work_;
+  m.barriers = mega_barriers_;
   return m;
 }
 

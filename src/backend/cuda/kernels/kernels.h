@@ -112,14 +112,14 @@ Status gemv_quant(const void* W, QuantType type, const bf16_bits* x, float* y, i
 // q - 16 with Q8_0's fp16 scales, Q5_1 as q with Q4_1's fp16 scales and mins, Q5_K as q with Q4_K's
 // headers. Values as GGUF defines them (d * sc in fp32, exact).
 //
-// Two layouts of the packed rows on the device. Rows (the default): the three arrays above. Groups
-// (DevWeights::groups, SS_CUDA_QLAYOUT=groups; to_groups): rows in aligned groups of 8, each group's
-// 256-weight rounds one after another, a round's block holding the 8 rows' quants, then their scales,
-// then their mins ([8][q] [8][d] [8][m] bytes, PackGeom), in one buffer. A warp's round of a 16-row
-// tile then reads two contiguous blocks (Q4_0: 1,152 bytes each) instead of 16 runs of 128 bytes and
-// 16 of 16 bytes in two arrays; the packed kernels stream near 55% of DRAM peak where bf16's 512-byte
-// runs reach 81% (H100, 2026-12-07; tools/gpu/exp_layout.cu times the patterns alone). Opt-in until
-// measured on a GPU.
+// Two layouts of the packed rows on the device. Groups (the default; DevWeights::groups; to_groups):
+// rows in aligned groups of 8, each group's 256-weight rounds one after another, a round's block
+// holding the 8 rows' quants, then their scales, then their mins ([8][q] [8][d] [8][m] bytes,
+// PackGeom), in one buffer. A warp's round of a 16-row tile reads two contiguous blocks (Q4_0: 1,152
+// bytes each) instead of 16 runs of 128 bytes and 16 of 16 bytes in two arrays. Rows
+// (SS_CUDA_QLAYOUT=rows, the A/B baseline): the three arrays above. Measured on an H100
+// (2026-12-07, docs/perf/gpu.md): the 8B decode step 1.5-3.3% faster in groups for Q4_0, Q4_K and
+// Q8_0, 1B ~1%, 135M the same.
 enum class WFormat : int { BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K };
 struct DevWeights {
   WFormat format = WFormat::BF16;
@@ -154,7 +154,7 @@ __host__ __device__ constexpr PackGeom pack_geom(WFormat f) {
 // pack_row (q, d, m as it writes them, row after row) blocked into it.
 size_t packed_bytes(WFormat f, int64_t N, int K);
 void to_groups(WFormat f, int64_t N, int K, const uint8_t* q, const uint16_t* d, const uint16_t* m, uint8_t* out);
-// Whether packed weights are uploaded in the groups layout (SS_CUDA_QLAYOUT=groups; default rows).
+// Whether packed weights are uploaded in the groups layout (the default; SS_CUDA_QLAYOUT=rows: not).
 bool groups_layout();
 // Where row r's round R of one part (quants, scales or mins) starts, in either layout:
 // base + (r / 8) grp + (r % 8) row + R round.
@@ -230,9 +230,9 @@ bool empty_kernels();
 
 // --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
 // Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
-// decode layer's five operations above, in one cooperative launch of one CTA a SM, grid barriers
-// between them, each CTA streaming its share of the weights through a shared-memory ring ahead of
-// its compute), the final norm and lm_head into logits for rows[0 .. n_rows). The same arithmetic
+// decode layer's five operations above, in one cooperative launch of one CTA a SM, per-unit
+// readiness counters or grid barriers between them, each CTA streaming its share of the weights
+// through a shared-memory ring ahead of its compute), the final norm and lm_head into logits for rows[0 .. n_rows). The same arithmetic
 // as dec_* (only the order of fp32 partial sums differs; it depends on the shape and the SM count,
 // never on the batch). Attention for decode and prefill rows alike (row b sees ctx_len[b] keys).
 constexpr int kMegaMaxBatch = 8;
@@ -261,6 +261,9 @@ struct MegaDecode {
   // no work between them, run first; [10 L + 4 + k] when the last CTA arrived at barrier k (the
   // probe's first, then five a layer).
   unsigned long long* trace = nullptr;
+  // A grid barrier after every operation (the default), or readiness counters where a consumer
+  // needs only some producers' output (false: SS_CUDA_MEGA_SYNC=counters; mega.cu's top).
+  bool barriers = true;
 };
 constexpr int kMegaTraceProbe = 16;
 __host__ __device__ constexpr int mega_trace_arrivals(int L) { return 10 * L + 4; }  // where the last arrivals start

@@ -36,6 +36,30 @@
 // residual, q, K/V, the attention output, the SwiGLU output, partials) is read through L2
 // (ld.global.cg), never through a possibly stale L1 line; the barrier is release/acquire at GPU
 // scope (fence, relaxed arrival count, release of the generation word, acquire spin).
+//
+// Readiness counters (SS_CUDA_MEGA_SYNC=counters; the default is a barrier after every operation).
+// Three of a layer's five grid barriers only make consumers wait for inputs a few producers write,
+// and each costs the wait for the slowest CTA of the grid (4.6-8.8 us an H100 trace measured,
+// against 0.7 us for the release). Instead, counters that a finished unit of work increments with
+// release and a consumer spins on with acquire:
+//   QKV -> attention: one a KV group, by each finished QKV tile of the group's G + 2 heads; an
+//     attention item (row, KV head, split) waits for its group's (G + 2) hd / 16 tiles;
+//   attention -> o_proj: one a KV group, by each (row, KV head) whose merged output is written; a
+//     512-column stage of o_proj waits for the groups its columns come from, every row;
+//   gate/up -> down: one a 512-column chunk of the SwiGLU output, by each finished gate/up tile
+//     (8 columns); a stage of down waits for its chunk.
+// The two barriers left (after o_proj and after down) guard the RMSNorms, which read the whole
+// residual. What the removed barriers also guarded: (1) the residual a norm reads is rewritten by
+// the next Add's epilogue, which now needs every input column, so every QKV (gate/up) tile is done
+// and with it every CTA's norm (a CTA without stages of the operation skips its norm); (2) the
+// split tiles' partials and tickets, which the operations now take from two sets in turn (QKV and
+// gate/up the first, o_proj and down the second), so no two operations between barriers share one.
+// The counters are zeroed by CTA 0 after the barrier that follows their last wait (the o_proj
+// barrier for the first two, the down barrier for the third), so each launch leaves them zero.
+// Measured (H100, 2026-12-07, docs/perf/gpu-scheduling.md): 135M 1.687 -> 1.643 ms, 1B 2.031 ->
+// 2.250 ms at batch 1; the waits moved to the two barriers left. Every CTA takes a contiguous range
+// of each operation's tiles, so the units a consumer waits for finish near the operation's end
+// anyway; hence not the default.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -151,10 +175,14 @@ __device__ __forceinline__ void stamp(const MegaDecode& m, int i) {
 // ---- the work of one launch ----
 struct Work {
   unsigned* bar;       // [64]
-  unsigned* tickets;   // [max tiles], zero between operations
-  float* parts;        // [grid][2][128]: a CTA's partials of its first and last tile
+  unsigned* tickets;   // [2][max tiles], zero between operations; set 0 QKV and gate/up, set 1 o_proj and down
+  float* parts;        // [2][grid][2][128]: a CTA's partials of its first and last tile, the same two sets
   float* attn_parts;   // [kMegaMaxBatch][n_kv][kMaxSplits][2 kMaxG + kMaxG hd]
   unsigned* attn_cnt;  // [kMegaMaxBatch][n_kv], zero between launches
+  unsigned* qkv_ready;  // [n_kv]: QKV tiles finished a KV group (readiness counters, above)
+  unsigned* att_ready;  // [n_kv]: (row, KV head) outputs merged
+  unsigned* act_ready;  // [ceil(I / kKc)]: gate/up tiles finished a 512-column chunk
+  int max_tiles, grid;
 };
 __host__ __device__ inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 __host__ __device__ inline int imax(int a, int b) { return a > b ? a : b; }
@@ -163,26 +191,74 @@ __host__ __device__ inline int max_tiles(const MegaDecode& m) {
   return imax(imax(qkv, o), imax(gu, (m.V + 15) / 16));
 }
 __host__ __device__ inline int attn_part_floats(int hd) { return 2 * kMaxG + kMaxG * hd; }
+__host__ __device__ inline int act_chunks(const MegaDecode& m) { return (m.I + kKc - 1) / kKc; }
 struct WorkLayout {  // byte offsets into MegaDecode::work
-  int64_t tickets, parts, attn_parts, attn_cnt, total;
+  int64_t tickets, parts, attn_parts, attn_cnt, ready, total;
 };
 __host__ __device__ inline WorkLayout work_layout(const MegaDecode& m, int grid) {
   WorkLayout o{};
   int64_t p = 256;  // the barrier's two words, a line apart
-  o.tickets = p, p += align_up(4LL * max_tiles(m), 256);
-  o.parts = p, p += align_up(4LL * grid * 2 * 128, 256);
+  o.tickets = p, p += align_up(4LL * 2 * max_tiles(m), 256);
+  o.parts = p, p += align_up(4LL * 2 * grid * 2 * 128, 256);
   o.attn_parts = p, p += align_up(4LL * kMegaMaxBatch * m.rk.n_kv * kMaxSplits * attn_part_floats(m.rk.hd), 256);
   o.attn_cnt = p, p += align_up(4LL * kMegaMaxBatch * m.rk.n_kv, 256);
+  o.ready = p, p += align_up(4LL * (2 * m.rk.n_kv + act_chunks(m)), 256);
   o.total = p;
   return o;
 }
 __device__ inline Work carve(const MegaDecode& m) {
   const WorkLayout o = work_layout(m, gridDim.x);
   char* p = static_cast<char*>(m.work);
+  unsigned* ready = reinterpret_cast<unsigned*>(p + o.ready);
   return Work{reinterpret_cast<unsigned*>(p), reinterpret_cast<unsigned*>(p + o.tickets),
               reinterpret_cast<float*>(p + o.parts), reinterpret_cast<float*>(p + o.attn_parts),
-              reinterpret_cast<unsigned*>(p + o.attn_cnt)};
+              reinterpret_cast<unsigned*>(p + o.attn_cnt), ready, ready + m.rk.n_kv, ready + 2 * m.rk.n_kv,
+              max_tiles(m), static_cast<int>(gridDim.x)};
 }
+// The partials and tickets of set `set` (0: QKV, gate/up; 1: o_proj, down).
+struct Pieces {
+  float* parts;
+  unsigned* tickets;
+};
+__device__ __forceinline__ Pieces pieces_of(const Work& w, int set) {
+  return Pieces{w.parts + static_cast<int64_t>(set) * w.grid * 2 * 128, w.tickets + static_cast<int64_t>(set) * w.max_tiles};
+}
+
+// Readiness counters (the top of the file). Increments release what the warp wrote before them
+// (the lanes' stores, ordered by the __syncwarp before the call); the wait is lane 0's acquire,
+// and the __syncwarp after it orders the other lanes' loads behind it.
+__device__ __forceinline__ void ready_add(unsigned* c) { DevAtomic(*c).fetch_add(1u, ::cuda::std::memory_order_release); }
+__device__ __forceinline__ void ready_wait(const unsigned* c, unsigned target) {
+  while (DevAtomic(*const_cast<unsigned*>(c)).load(queues::memory_order_acquire) < target) __nanosleep(32);
+}
+// The counter a finished tile of OP increments: QKV, its KV group; gate/up, its 512-column chunk.
+template <Op OP>
+__device__ __forceinline__ int ready_index(const DecArgs& a, int tile) {
+  if constexpr (OP == Op::Qkv) {
+    const int hh = tile * 16 / a.rk.hd, nh = a.rk.n_heads, nkv = a.rk.n_kv;
+    return hh < nh ? hh / (nh / nkv) : hh < nh + nkv ? hh - nh : hh - nh - nkv;
+  } else {
+    return tile * 8 / kKc;
+  }
+}
+// What an Add stage waits for: the counters of its input columns [k0, k0 + kc), each covering
+// `cols` columns and complete at `full` (the last at `last_full`). seen: lane 0's counters known
+// complete (the first 64).
+struct Gate {
+  const unsigned* ready = nullptr;  // null: nothing to wait for (barrier mode)
+  int cols = 0, n = 0;
+  unsigned full = 0, last_full = 0;
+  __device__ __forceinline__ void wait(int k0, int kc, uint64_t& seen) const {
+    if (!ready) return;
+    if ((threadIdx.x & 31) == 0)
+      for (int c = k0 / cols; c <= (k0 + kc - 1) / cols && c < n; ++c) {
+        if (c < 64 && ((seen >> c) & 1)) continue;
+        ready_wait(ready + c, c == n - 1 ? last_full : full);
+        if (c < 64) seen |= 1ull << c;
+      }
+    __syncwarp();
+  }
+};
 
 // Operation arguments, as decode.cu's kernels get them.
 __device__ __forceinline__ DecArgs args_qkv(const MegaDecode& m, int l, int B) {
@@ -314,7 +390,7 @@ __device__ __forceinline__ void stage_norm(const float* resid, const int32_t* ro
 // pieces in CTA order).
 template <Op OP>
 __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, int tile, const float (&c)[4], Smem& sm,
-                             const Work& w) {
+                             const Pieces& w, unsigned* ready) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* red = sm.red + (sm.piece++ & 1) * kCWarps * 128;
   *reinterpret_cast<float4*>(red + (warp * 32 + lane) * 4) = make_float4(c[0], c[1], c[2], c[3]);
@@ -331,6 +407,8 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
   const int last = sp.cta_of(static_cast<int64_t>(tile + 1) * sp.nk - 1);
   if (first == last) {
     epilogue<OP, true>(a, tile, g, t, v);
+    __syncwarp();
+    if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, tile));
     return;
   }
   float* mine = w.parts + static_cast<int64_t>(sp.part_index(blockIdx.x, tile)) * 128;
@@ -351,18 +429,25 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
   }
   epilogue<OP, true>(a, tile, g, t, s);
   if (lane == 0) w.tickets[tile] = 0;
+  __syncwarp();
+  if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, tile));
 }
 
+// ready: the counters this operation's finished tiles increment (null: none); gate: what an Add's
+// stage waits for before its input columns are loaded.
 template <Op OP>
-__device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, const Work& w) {
+__device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, const Pieces& w, unsigned* ready = nullptr,
+                                        const Gate& gate = Gate{}) {
   constexpr int U = kKc / 32 / kCWarps;  // chunks a warp takes of a stage
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const Split sp(a);
   const int64_t lo = sp.lo(blockIdx.x), hi = sp.lo(blockIdx.x + 1);
   // The input columns of stage s: from shared memory (the norm ops) or through L2 (o_proj, down:
   // loaded a stage ahead, so the L2 round trip overlaps the wait for the weights).
+  uint64_t seen = 0;
   auto load_x = [&](int64_t s, uint4 (&xv)[U]) {
     const int k0 = static_cast<int>(s % sp.nk) * kKc, chunks = min(kKc, a.K - k0) / 32;
+    if constexpr (OP == Op::Add) gate.wait(k0, min(kKc, a.K - k0), seen);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ch = warp + u * kCWarps, k = k0 + ch * 32 + t * 8;
@@ -380,7 +465,7 @@ __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, con
   for (int64_t s = lo; s < hi; ++s, ++r.ctr) {
     const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
     if (tile != cur) {
-      if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
+      if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w, ready);
       c[0] = c[1] = c[2] = c[3] = 0.0f;
       cur = tile;
     }
@@ -404,7 +489,7 @@ __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, con
 #pragma unroll
     for (int u = 0; u < U; ++u) xv[u] = xn[u];
   }
-  if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w);
+  if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w, ready);
 }
 
 __device__ __forceinline__ int keys_per_split(int ctx) { return 32 * ((ctx + 32 * kMaxSplits - 1) / (32 * kMaxSplits)); }
@@ -413,9 +498,10 @@ __device__ __forceinline__ int keys_per_split(int ctx) { return 32 * ((ctx + 32 
 // the tensor cores: 16 keys x the group's heads (columns; bf16 q) an mma, the K fragments loaded
 // straight from L2 as decode.cu loads weight rows; P through the warp's shared slice pw [32][kMaxG];
 // P V on the CUDA cores, lanes owning (key group, 8 dims).
+// done (null in barrier mode): the KV groups' att_ready, incremented once the (b, kvh) output is written.
 template <int HD>
 __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cache, int b, int kvh, int s, int ks, int ns, int ctx,
-                       float* pw, const Work& w) {
+                       float* pw, const Work& w, unsigned* done) {
   constexpr int NC = HD / 32;                                  // 32-dim chunks
   constexpr int LPR = HD / 8, NG = 32 / LPR, KPL = 32 / NG;  // lanes a V row, key groups, V keys a lane
   const int lane = threadIdx.x & 31, dl = lane % LPR, kg = lane / LPR, g = lane >> 2, t = lane & 3;
@@ -553,6 +639,8 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
         if (h < G)
 #pragma unroll
           for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(o[h][e] / lrun[h]);
+    __syncwarp();
+    if (done && lane == 0) ready_add(done + kvh);
     return;
   }
   const int pf = attn_part_floats(HD);
@@ -617,6 +705,8 @@ __device__ __forceinline__ void attend(const MegaDecode& m, const uint16_t* cach
       for (int e = 0; e < 8; ++e) out[h * HD + dl * 8 + e] = f2bf(acc[e]);
   }
   if (lane == 0) *cnt = 0;
+  __syncwarp();
+  if (done && lane == 0) ready_add(done + kvh);
 }
 
 // Attention item `it` (over rows, then KV heads, then splits): false past the last.
@@ -655,14 +745,26 @@ __device__ __forceinline__ void prefetch_attention(const MegaDecode& m, int l, i
   }
 }
 
-__device__ __forceinline__ void attention_op(const MegaDecode& m, int l, int B, Smem& sm, const Work& w) {
+// counters: each item first waits for its KV group's QKV tiles, and merged outputs count in att_ready.
+__device__ __forceinline__ void attention_op(const MegaDecode& m, int l, int B, Smem& sm, const Work& w, bool counters) {
   const int warp = threadIdx.x >> 5;
   float* pw = reinterpret_cast<float*>(sm.xs) + warp * 32 * kMaxG;
   const uint16_t* cache = m.layers[l].cache;
+  const unsigned group_tiles = static_cast<unsigned>((m.rk.n_heads / m.rk.n_kv + 2) * (m.rk.hd / 16));
+  uint64_t seen = 0;
   Item t;
   for (int it = blockIdx.x * kCWarps + warp; item_of(m, B, it, t); it += gridDim.x * kCWarps) {
-    if (m.rk.hd == 128) attend<128>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w);
-    else attend<64>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w);
+    if (counters) {
+      const bool known = t.kvh < 64 && ((seen >> t.kvh) & 1);
+      if ((threadIdx.x & 31) == 0 && !known) {
+        ready_wait(w.qkv_ready + t.kvh, group_tiles);
+        if (t.kvh < 64) seen |= 1ull << t.kvh;
+      }
+      __syncwarp();
+    }
+    unsigned* done = counters ? w.att_ready : nullptr;
+    if (m.rk.hd == 128) attend<128>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w, done);
+    else attend<64>(m, cache, t.b, t.kvh, t.s, t.ks, t.ns, t.ctx, pw, w, done);
     __syncwarp();
   }
 }
@@ -693,9 +795,17 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
   sm.xstride = xstride;
   // Tracing: barrier k's last arrival at trace[mega_trace_arrivals(L) + k]; first kMegaTraceProbe barriers with no
   // work between them (the barrier's own cost while the producers stream), stamped 10 L + 2 / + 3.
+  // With the readiness counters, a removed barrier's place is stamped by CTA 0 as it passes (no
+  // wait, no release).
   int nb = 0;
   auto sync = [&] {
     grid_sync(w.bar, m.trace ? m.trace + mega_trace_arrivals(m.L) + nb : nullptr);
+    ++nb;
+  };
+  const bool counters = !m.barriers;
+  auto point = [&] {  // where barrier mode has a barrier the counters replace
+    if (!counters) return sync();
+    if (m.trace && blockIdx.x == 0 && threadIdx.x == 0) m.trace[mega_trace_arrivals(m.L) + nb] = globaltimer();
     ++nb;
   };
   if (m.trace) {
@@ -703,36 +813,64 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
     for (int i = 0; i < kMegaTraceProbe; ++i) sync();
     stamp(m, m.L * 10 + 3);
   }
+  // A CTA with no stages of a norm operation skips the norm (counters: see the top of the file).
+  auto has_stages = [&](const DecArgs& a) {
+    const Split sp(a);
+    return !counters || sp.lo(blockIdx.x) < sp.lo(blockIdx.x + 1);
+  };
+  // The gates of o_proj and down, made where they are used (fewer registers live across the layer).
+  auto att_gate = [&] {
+    Gate g;
+    if (counters) {
+      g.ready = w.att_ready, g.cols = m.rk.n_heads / m.rk.n_kv * m.rk.hd, g.n = m.rk.n_kv;
+      g.full = g.last_full = static_cast<unsigned>(B);
+    }
+    return g;
+  };
+  auto act_gate = [&] {
+    Gate g;
+    if (counters) {
+      const int n = act_chunks(m);
+      g.ready = w.act_ready, g.cols = kKc, g.n = n, g.full = kKc / 8;
+      g.last_full = static_cast<unsigned>((m.I - (n - 1) * kKc + 7) / 8);
+    }
+    return g;
+  };
   stamp(m, m.L * 10);
   for (int l = 0; l < m.L; ++l) {
     const MegaLayer& L = m.layers[l];
-    stage_norm(m.resid, nullptr, B, m.H, L.attn_norm, m.eps, sm);
-    consume<Op::Qkv>(args_qkv(m, l, B), r, sm, w);
+    const DecArgs qkv = args_qkv(m, l, B), gu = args_gate_up(m, l, B);
+    if (has_stages(qkv)) stage_norm(m.resid, nullptr, B, m.H, L.attn_norm, m.eps, sm);
+    consume<Op::Qkv>(qkv, r, sm, pieces_of(w, 0), counters ? w.qkv_ready : nullptr);
     prefetch_attention(m, l, B);
     stamp(m, l * 10);
-    sync();
+    point();
     stamp(m, l * 10 + 1);
-    attention_op(m, l, B, sm, w);
+    attention_op(m, l, B, sm, w, counters);
     stamp(m, l * 10 + 2);
-    sync();
+    point();
     stamp(m, l * 10 + 3);
-    consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, w);
+    consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, pieces_of(w, 1), nullptr, att_gate());
     stamp(m, l * 10 + 4);
     sync();
+    if (counters && blockIdx.x == 0)  // their last waits were before this barrier; zero for the next layer
+      for (int i = threadIdx.x; i < 2 * m.rk.n_kv; i += kCThreads) w.qkv_ready[i] = 0;  // qkv_ready, att_ready
     stamp(m, l * 10 + 5);
-    stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
-    consume<Op::GateUp>(args_gate_up(m, l, B), r, sm, w);
+    if (has_stages(gu)) stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
+    consume<Op::GateUp>(gu, r, sm, pieces_of(w, 0), counters ? w.act_ready : nullptr);
     stamp(m, l * 10 + 6);
-    sync();
+    point();
     stamp(m, l * 10 + 7);
-    consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, w);
+    consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, pieces_of(w, 1), nullptr, act_gate());
     stamp(m, l * 10 + 8);
     sync();
+    if (counters && blockIdx.x == 0)
+      for (int i = threadIdx.x; i < act_chunks(m); i += kCThreads) w.act_ready[i] = 0;
     stamp(m, l * 10 + 9);
   }
   if (R > 0) {
     stage_norm(m.resid, m.rows, R, m.H, m.out_norm, m.eps, sm);
-    consume<Op::Logits>(args_logits(m, R), r, sm, w);
+    consume<Op::Logits>(args_logits(m, R), r, sm, pieces_of(w, 0));
   }
   stamp(m, m.L * 10 + 1);
 }
