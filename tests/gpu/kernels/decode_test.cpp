@@ -429,7 +429,7 @@ TEST(GpuDecodePacked, BothLayoutsHoldEveryRoundOfEveryRow) {
   }
 }
 
-// On the device in the layout the backend uploads (groups_layout(): SS_CUDA_QLAYOUT=groups, else rows).
+// On the device in the layout the backend uploads (groups_layout(): groups, or rows under SS_CUDA_QLAYOUT=rows).
 struct DevPacked {
   DeviceBuf<uint8_t> q;
   DeviceBuf<uint16_t> d, m;

@@ -271,7 +271,7 @@ void to_groups(WFormat f, int64_t N, int K, const uint8_t* q, const uint16_t* d,
 bool groups_layout() {
   static const bool on = [] {
     const char* e = std::getenv("SS_CUDA_QLAYOUT");
-    return e != nullptr && std::string(e) == "groups";
+    return e == nullptr || std::string(e) != "rows";
   }();
   return on;
 }
