@@ -277,6 +277,7 @@ class CudaBackend final : public Backend {
   // the device loop's graphs (a cooperative launch from a device-launched graph is not relied on).
   bool mega_ = false, in_loop_ = false;
   bool mega_barriers_ = true;  // MegaDecode::barriers; SS_CUDA_MEGA_SYNC=counters: false
+  bool mega_deal_rr_ = false;  // MegaDecode::deal_rr; SS_CUDA_MEGA_DEAL=rr: true
   bool mega_uncaptured_ = false;  // a graph capture with it failed: graphs run the PDL-chained kernels
   // SS_CUDA_MEGA_TRACE=1: eager steps stamp each part of a layer (MegaDecode::trace); the mean per
   // layer is printed at exit.
@@ -569,6 +570,8 @@ Status CudaBackend::init() {
     mega_ = e && std::string(e) == "1" && fused_ && bf16 && !c_.qk_norm;
     const char* sync = std::getenv("SS_CUDA_MEGA_SYNC");
     mega_barriers_ = !(sync && std::string(sync) == "counters");
+    const char* deal = std::getenv("SS_CUDA_MEGA_DEAL");
+    mega_deal_rr_ = deal && std::string(deal) == "rr";
     if (mega_ && opts_.batch_invariant) {  // its rows are not the chain's bits
       std::fprintf(stderr, "selfserve: SS_CUDA_MEGA=1 ignored: --batch-invariant runs the PDL-chained kernels\n");
       mega_ = false;
@@ -917,6 +920,7 @@ cuda::kern::MegaDecode CudaBackend::mega_args() const {
   m.ctx_len = d_ctx_, m.resid = x_, m.att = att_, m.act = act_, m.logits = logits_, m.rows = d_rows_;
   m.work = mega_work_;
   m.barriers = mega_barriers_;
+  m.deal_rr = mega_deal_rr_;
   return m;
 }
 

@@ -264,6 +264,9 @@ struct MegaDecode {
   // A grid barrier after every operation (the default), or readiness counters where a consumer
   // needs only some producers' output (false: SS_CUDA_MEGA_SYNC=counters; mega.cu's top).
   bool barriers = true;
+  // SS_CUDA_MEGA_DEAL=rr: whole tiles dealt round-robin first (tile t to CTA t mod grid), QKV's in
+  // KV-group order, the rest in even contiguous ranges (mega.cu's Split); else even ranges only.
+  bool deal_rr = false;
 };
 constexpr int kMegaTraceProbe = 16;
 __host__ __device__ constexpr int mega_trace_arrivals(int L) { return 10 * L + 4; }  // where the last arrivals start

@@ -289,18 +289,48 @@ __device__ __forceinline__ DecArgs args_logits(const MegaDecode& m, int R) {
 }
 
 // An operation's stages (tile-major: tile s / nk, K stage s % nk) dealt to the CTAs in equal
-// contiguous ranges.
+// contiguous ranges. Round-robin (SS_CUDA_MEGA_DEAL=rr): first `full` = tiles / grid whole tiles a
+// CTA, tile j grid + c to CTA c, so the tiles finish in order across the grid (what the readiness
+// counters' consumers need); then the remaining stages, from r0 on, in equal contiguous ranges.
 struct Split {
-  int nk;
-  int64_t total;
-  __device__ Split(const DecArgs& a) : nk((a.K + kKc - 1) / kKc), total(static_cast<int64_t>(a.tiles) * nk) {}
-  __device__ int64_t lo(int c) const { return total * c / gridDim.x; }
-  __device__ int cta_of(int64_t s) const {  // the CTA whose range holds stage s
-    return static_cast<int>(((s + 1) * gridDim.x + total - 1) / total) - 1;
+  bool rr;
+  int nk, full;
+  int64_t total, r0;
+  __device__ Split(const DecArgs& a, bool rr_)
+      : rr(rr_), nk((a.K + kKc - 1) / kKc), full(rr_ ? a.tiles / static_cast<int>(gridDim.x) : 0),
+        total(static_cast<int64_t>(a.tiles) * nk), r0(static_cast<int64_t>(full) * gridDim.x * nk) {}
+  // CTA c's range of the remainder
+  __device__ int64_t lo(int c) const { return r0 + (total - r0) * c / gridDim.x; }
+  __device__ int cta_of(int64_t s) const {  // the CTA whose range holds stage s (s >= r0)
+    const int64_t rem = total - r0;
+    return static_cast<int>(((s - r0 + 1) * gridDim.x + rem - 1) / rem) - 1;
   }
-  // Where CTA c leaves its partial of tile t (t its first tile: 0, else its last: 1).
+  // Stages CTA c runs, and its i-th (a global stage index).
+  __device__ int64_t count(int c) const { return static_cast<int64_t>(full) * nk + lo(c + 1) - lo(c); }
+  __device__ int64_t stage(int c, int64_t i) const {
+    const int64_t fs = static_cast<int64_t>(full) * nk;
+    if (i < fs) return ((i / nk) * gridDim.x + c) * nk + i % nk;
+    return lo(c) + (i - fs);
+  }
+  __device__ bool whole(int t) const { return static_cast<int64_t>(t) * nk < r0; }  // a round-robin tile
+  // Where CTA c leaves its partial of remainder tile t (t its first tile: 0, else its last: 1).
   __device__ int part_index(int c, int t) const { return 2 * c + (t == static_cast<int>(lo(c) / nk) ? 0 : 1); }
 };
+// The QKV tile that the Split's tile t stands for: itself, or with round-robin dealing the tiles
+// in KV-group order (group 0's G q heads, its k head, its v head; then group 1's ...), so a group's
+// tiles finish together and early.
+template <Op OP>
+__device__ __forceinline__ int real_tile(const DecArgs& a, int t, bool rr) {
+  if constexpr (OP == Op::Qkv) {
+    if (!rr) return t;
+    const int tph = a.rk.hd / 16, nh = a.rk.n_heads, nkv = a.rk.n_kv, G = nh / nkv;
+    const int per = (G + 2) * tph, g = t / per, j = t % per, hi = j / tph;
+    const int hh = hi < G ? g * G + hi : hi == G ? nh + g : nh + nkv + g;
+    return hh * tph + j % tph;
+  } else {
+    return t;
+  }
+}
 
 struct Ring {
   unsigned char* slots;
@@ -312,12 +342,13 @@ struct Ring {
 
 // ---- producer warp ----
 template <Op OP>
-__device__ __forceinline__ void produce(const DecArgs& a, Ring& r) {
+__device__ __forceinline__ void produce(const DecArgs& a, Ring& r, bool rr) {
   const int lane = threadIdx.x & 31;
-  const Split sp(a);
-  const int64_t hi = sp.lo(blockIdx.x + 1);
-  for (int64_t s = sp.lo(blockIdx.x); s < hi; ++s, ++r.ctr) {
-    const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
+  const Split sp(a, rr);
+  const int64_t n = sp.count(blockIdx.x);
+  for (int64_t i = 0; i < n; ++i, ++r.ctr) {
+    const int64_t s = sp.stage(blockIdx.x, i);
+    const int tile = real_tile<OP>(a, static_cast<int>(s / sp.nk), rr), k0 = static_cast<int>(s % sp.nk) * kKc;
     const int kc = min(kKc, a.K - k0);
     const int slot = static_cast<int>(r.ctr % r.n);
     if (r.ctr >= static_cast<uint32_t>(r.n)) mbar_wait(&r.empty[slot], ((r.ctr / r.n) - 1) & 1);
@@ -333,14 +364,15 @@ __device__ __forceinline__ void produce(const DecArgs& a, Ring& r) {
 }
 
 __device__ __forceinline__ void producer(const MegaDecode& m, int B, int R, Ring& r) {
+  const bool rr = m.deal_rr;
   for (int l = 0; l < m.L; ++l) {
     const MegaLayer& L = m.layers[l];
-    produce<Op::Qkv>(args_qkv(m, l, B), r);
-    produce<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r);
-    produce<Op::GateUp>(args_gate_up(m, l, B), r);
-    produce<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r);
+    produce<Op::Qkv>(args_qkv(m, l, B), r, rr);
+    produce<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, rr);
+    produce<Op::GateUp>(args_gate_up(m, l, B), r, rr);
+    produce<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, rr);
   }
-  if (R > 0) produce<Op::Logits>(args_logits(m, R), r);
+  if (R > 0) produce<Op::Logits>(args_logits(m, R), r, rr);
 }
 
 // ---- consumer warps ----
@@ -403,12 +435,14 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
     v[0] += q.x, v[1] += q.y, v[2] += q.z, v[3] += q.w;
   }
   const int g = lane >> 2, t = lane & 3;
-  const int first = sp.cta_of(static_cast<int64_t>(tile) * sp.nk);
-  const int last = sp.cta_of(static_cast<int64_t>(tile + 1) * sp.nk - 1);
+  const int rt = real_tile<OP>(a, tile, sp.rr);
+  const bool whole = sp.whole(tile);
+  const int first = whole ? 0 : sp.cta_of(static_cast<int64_t>(tile) * sp.nk);
+  const int last = whole ? 0 : sp.cta_of(static_cast<int64_t>(tile + 1) * sp.nk - 1);
   if (first == last) {
-    epilogue<OP, true>(a, tile, g, t, v);
+    epilogue<OP, true>(a, rt, g, t, v);
     __syncwarp();
-    if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, tile));
+    if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, rt));
     return;
   }
   float* mine = w.parts + static_cast<int64_t>(sp.part_index(blockIdx.x, tile)) * 128;
@@ -427,21 +461,21 @@ __device__ __forceinline__ void finish_piece(const DecArgs& a, const Split& sp, 
     const float4 q = __ldcg(reinterpret_cast<const float4*>(w.parts + static_cast<int64_t>(sp.part_index(c2, tile)) * 128) + lane);
     s[0] += q.x, s[1] += q.y, s[2] += q.z, s[3] += q.w;
   }
-  epilogue<OP, true>(a, tile, g, t, s);
+  epilogue<OP, true>(a, rt, g, t, s);
   if (lane == 0) w.tickets[tile] = 0;
   __syncwarp();
-  if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, tile));
+  if (ready && lane == 0) ready_add(ready + ready_index<OP>(a, rt));
 }
 
 // ready: the counters this operation's finished tiles increment (null: none); gate: what an Add's
 // stage waits for before its input columns are loaded.
 template <Op OP>
-__device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, const Pieces& w, unsigned* ready = nullptr,
-                                        const Gate& gate = Gate{}) {
+__device__ __forceinline__ void consume(const DecArgs& a, bool rr, Ring& r, Smem& sm, const Pieces& w,
+                                        unsigned* ready = nullptr, const Gate& gate = Gate{}) {
   constexpr int U = kKc / 32 / kCWarps;  // chunks a warp takes of a stage
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const Split sp(a);
-  const int64_t lo = sp.lo(blockIdx.x), hi = sp.lo(blockIdx.x + 1);
+  const Split sp(a, rr);
+  const int64_t n = sp.count(blockIdx.x);
   // The input columns of stage s: from shared memory (the norm ops) or through L2 (o_proj, down:
   // loaded a stage ahead, so the L2 round trip overlaps the wait for the weights).
   uint64_t seen = 0;
@@ -461,15 +495,16 @@ __device__ __forceinline__ void consume(const DecArgs& a, Ring& r, Smem& sm, con
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int cur = -1;
   uint4 xv[U], xn[U];
-  if (lo < hi) load_x(lo, xv);
-  for (int64_t s = lo; s < hi; ++s, ++r.ctr) {
+  if (n > 0) load_x(sp.stage(blockIdx.x, 0), xv);
+  for (int64_t i = 0; i < n; ++i, ++r.ctr) {
+    const int64_t s = sp.stage(blockIdx.x, i);
     const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
     if (tile != cur) {
       if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w, ready);
       c[0] = c[1] = c[2] = c[3] = 0.0f;
       cur = tile;
     }
-    if (s + 1 < hi) load_x(s + 1, xn);
+    if (i + 1 < n) load_x(sp.stage(blockIdx.x, i + 1), xn);
     const int slot = static_cast<int>(r.ctr % r.n);
     const unsigned char* st = r.slots + static_cast<size_t>(slot) * kSlotBytes;
     const int chunks = min(kKc, a.K - k0) / 32;
@@ -814,10 +849,8 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
     stamp(m, m.L * 10 + 3);
   }
   // A CTA with no stages of a norm operation skips the norm (counters: see the top of the file).
-  auto has_stages = [&](const DecArgs& a) {
-    const Split sp(a);
-    return !counters || sp.lo(blockIdx.x) < sp.lo(blockIdx.x + 1);
-  };
+  const bool rr = m.deal_rr;
+  auto has_stages = [&](const DecArgs& a) { return !counters || Split(a, rr).count(blockIdx.x) > 0; };
   // The gates of o_proj and down, made where they are used (fewer registers live across the layer).
   auto att_gate = [&] {
     Gate g;
@@ -841,7 +874,7 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
     const MegaLayer& L = m.layers[l];
     const DecArgs qkv = args_qkv(m, l, B), gu = args_gate_up(m, l, B);
     if (has_stages(qkv)) stage_norm(m.resid, nullptr, B, m.H, L.attn_norm, m.eps, sm);
-    consume<Op::Qkv>(qkv, r, sm, pieces_of(w, 0), counters ? w.qkv_ready : nullptr);
+    consume<Op::Qkv>(qkv, rr, r, sm, pieces_of(w, 0), counters ? w.qkv_ready : nullptr);
     prefetch_attention(m, l, B);
     stamp(m, l * 10);
     point();
@@ -850,18 +883,18 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
     stamp(m, l * 10 + 2);
     point();
     stamp(m, l * 10 + 3);
-    consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), r, sm, pieces_of(w, 1), nullptr, att_gate());
+    consume<Op::Add>(args_add(m, L.wo, m.att, m.rk.n_heads * m.rk.hd, B), rr, r, sm, pieces_of(w, 1), nullptr, att_gate());
     stamp(m, l * 10 + 4);
     sync();
     if (counters && blockIdx.x == 0)  // their last waits were before this barrier; zero for the next layer
       for (int i = threadIdx.x; i < 2 * m.rk.n_kv; i += kCThreads) w.qkv_ready[i] = 0;  // qkv_ready, att_ready
     stamp(m, l * 10 + 5);
     if (has_stages(gu)) stage_norm(m.resid, nullptr, B, m.H, L.ffn_norm, m.eps, sm);
-    consume<Op::GateUp>(gu, r, sm, pieces_of(w, 0), counters ? w.act_ready : nullptr);
+    consume<Op::GateUp>(gu, rr, r, sm, pieces_of(w, 0), counters ? w.act_ready : nullptr);
     stamp(m, l * 10 + 6);
     point();
     stamp(m, l * 10 + 7);
-    consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), r, sm, pieces_of(w, 1), nullptr, act_gate());
+    consume<Op::Add>(args_add(m, L.wdown, m.act, m.I, B), rr, r, sm, pieces_of(w, 1), nullptr, act_gate());
     stamp(m, l * 10 + 8);
     sync();
     if (counters && blockIdx.x == 0)
@@ -870,7 +903,7 @@ __global__ void __launch_bounds__(kThreadsM, 1) mega_k(const __grid_constant__ M
   }
   if (R > 0) {
     stage_norm(m.resid, m.rows, R, m.H, m.out_norm, m.eps, sm);
-    consume<Op::Logits>(args_logits(m, R), r, sm, pieces_of(w, 0));
+    consume<Op::Logits>(args_logits(m, R), rr, r, sm, pieces_of(w, 0));
   }
   stamp(m, m.L * 10 + 1);
 }
