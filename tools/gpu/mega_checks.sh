@@ -2,11 +2,10 @@
 # On the GPU machine, one device call (~5 minutes): issue 17's persistent decode kernel
 # (kernels/mega.cu, SS_CUDA_MEGA=1). Builds selfserve and test_gpu_backend, runs the kernel's test
 # in each of MODES (default: a barrier after every operation, and its readiness counters,
-# SS_CUDA_MEGA_SYNC=counters; SS_CUDA_MEGA_DEAL=rr deals tiles round-robin), the decode step of each
-# against the PDL-chained kernels
-# (interleaved, batch 1/2/8, context 512) at the SHAPES (default 135M, 1B and 8B), the kernel's
-# per-part trace (SS_CUDA_MEGA_TRACE=1, eager) in each mode and ncu on one launch (NCU=0: none).
-# Results in $OUT (progress, logs).
+# SS_CUDA_MEGA_SYNC=counters; SS_CUDA_MEGA_DEAL=rr deals tiles round-robin), the decode step of
+# each against the PDL-chained kernels (interleaved, batch 1/2/8, context 512) at the SHAPES
+# (default 135M, 1B and 8B), the kernel's per-part trace (SS_CUDA_MEGA_TRACE=1, eager) in each
+# mode, and ncu on one launch at 8B (NCU=0: none). Results in $OUT (progress, logs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/common.sh
@@ -33,8 +32,7 @@ for v in $MODES; do
 done
 rowsof() { grep -E '^ +[0-9]+ ' "$1" | awk '{print $1 ":" $2}' | tr '\n' ' '; }
 # In order of importance (a call that runs out of time still brings back what $OUT holds).
-# chain: the PDL-chained kernels; cnt: the persistent kernel with readiness counters; bar: with a
-# barrier after every operation.
+# chain: the PDL-chained kernels; then the persistent kernel in each of MODES.
 for s in $SHAPES; do
   est=12
   [ $s = llama3-8b ] && est=40
@@ -57,9 +55,11 @@ for s in $SHAPES; do
     stage "trace $s $n rc=$? $(grep -E 'mega (trace|barriers)' "$OUT/trace-$s-$n.txt" | tr '\n' ' ')"
   done
 done
-[ "${NCU:-1}" = 1 ] && [[ " $SHAPES " == *" llama3-8b "* ]] && want 60 "ncu 8B" && SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+if [ "${NCU:-1}" = 1 ] && [[ " $SHAPES " == *" llama3-8b "* ]] && want 60 "ncu 8B"; then
+  SS_CUDA_MEGA=1 timeout 150 ncu --kernel-name regex:mega_k --launch-skip 3 --launch-count 1 --section SpeedOfLight \
   --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats $B/selfserve bench decode \
   --model $M/llama3-8b-bf16.gguf --device cuda --enforce-eager --batch 1 --context 512 --steps 8 --reps 1 \
   > "$OUT/ncu-mega-8b.txt" 2>&1
-stage "ncu 8B rc=$? $(grep -E 'Duration|DRAM Throughput|Warp Cycles Per Issued' "$OUT/ncu-mega-8b.txt" | tr -s ' ' | tr '\n' ';')"
+  stage "ncu 8B rc=$? $(grep -E 'Duration|DRAM Throughput|Warp Cycles Per Issued' "$OUT/ncu-mega-8b.txt" | tr -s ' ' | tr '\n' ';')"
+fi
 stage done

@@ -230,11 +230,11 @@ bool empty_kernels();
 
 // --- the decode step as one persistent kernel (mega.cu) ----------------------------------------------
 // Batch 1..kMegaMaxBatch, bf16 weights: embeddings in resid first (embed), then every layer (the
-// decode layer's five operations above, in one cooperative launch of one CTA a SM, per-unit
-// readiness counters or grid barriers between them, each CTA streaming its share of the weights
-// through a shared-memory ring ahead of its compute), the final norm and lm_head into logits for rows[0 .. n_rows). The same arithmetic
-// as dec_* (only the order of fp32 partial sums differs; it depends on the shape and the SM count,
-// never on the batch). Attention for decode and prefill rows alike (row b sees ctx_len[b] keys).
+// decode layer's five operations above, in one cooperative launch of one CTA a SM, grid barriers
+// or per-unit readiness counters between them, each CTA streaming its share of the weights through
+// a shared-memory ring ahead of its compute), the final norm and lm_head into logits for rows[0 ..
+// n_rows). The same arithmetic as dec_* (only the order of fp32 partial sums differs; it depends
+// on the shape and the SM count, never on the batch). Attention for decode and prefill rows alike (row b sees ctx_len[b] keys).
 constexpr int kMegaMaxBatch = 8;
 struct MegaLayer {
   const bf16_bits *wqkv, *wo, *wgu, *wdown;  // as dec_qkv / dec_add / dec_gate_up take them
