@@ -234,7 +234,8 @@ bool empty_kernels();
 // or per-unit readiness counters between them, each CTA streaming its share of the weights through
 // a shared-memory ring ahead of its compute), the final norm and lm_head into logits for rows[0 ..
 // n_rows). The same arithmetic as dec_* (only the order of fp32 partial sums differs; it depends
-// on the shape and the SM count, never on the batch). Attention for decode and prefill rows alike (row b sees ctx_len[b] keys).
+// on the shape and the SM count, never on the batch). Attention for decode and prefill rows alike
+// (row b sees ctx_len[b] keys).
 constexpr int kMegaMaxBatch = 8;
 struct MegaLayer {
   const bf16_bits *wqkv, *wo, *wgu, *wdown;  // as dec_qkv / dec_add / dec_gate_up take them

@@ -305,12 +305,14 @@ struct Split {
     const int64_t rem = total - r0;
     return static_cast<int>(((s - r0 + 1) * gridDim.x + rem - 1) / rem) - 1;
   }
-  // Stages CTA c runs, and its i-th (a global stage index).
+  // Stages CTA c runs; its first (a global stage index), and the one after its i-th, s.
   __device__ int64_t count(int c) const { return static_cast<int64_t>(full) * nk + lo(c + 1) - lo(c); }
-  __device__ int64_t stage(int c, int64_t i) const {
+  __device__ int64_t first(int c) const { return full > 0 ? static_cast<int64_t>(c) * nk : lo(c); }
+  __device__ int64_t next(int c, int64_t i, int64_t s) const {
     const int64_t fs = static_cast<int64_t>(full) * nk;
-    if (i < fs) return ((i / nk) * gridDim.x + c) * nk + i % nk;
-    return lo(c) + (i - fs);
+    if (i + 1 == fs) return lo(c);                                    // into the remainder
+    if (i + 1 < fs && (i + 1) % nk == 0) return s + static_cast<int64_t>(gridDim.x - 1) * nk + 1;  // the next whole tile
+    return s + 1;
   }
   __device__ bool whole(int t) const { return static_cast<int64_t>(t) * nk < r0; }  // a round-robin tile
   // Where CTA c leaves its partial of remainder tile t (t its first tile: 0, else its last: 1).
@@ -346,8 +348,8 @@ __device__ __forceinline__ void produce(const DecArgs& a, Ring& r, bool rr) {
   const int lane = threadIdx.x & 31;
   const Split sp(a, rr);
   const int64_t n = sp.count(blockIdx.x);
-  for (int64_t i = 0; i < n; ++i, ++r.ctr) {
-    const int64_t s = sp.stage(blockIdx.x, i);
+  int64_t s = sp.first(blockIdx.x);
+  for (int64_t i = 0; i < n; s = sp.next(blockIdx.x, i, s), ++i, ++r.ctr) {
     const int tile = real_tile<OP>(a, static_cast<int>(s / sp.nk), rr), k0 = static_cast<int>(s % sp.nk) * kKc;
     const int kc = min(kKc, a.K - k0);
     const int slot = static_cast<int>(r.ctr % r.n);
@@ -495,16 +497,17 @@ __device__ __forceinline__ void consume(const DecArgs& a, bool rr, Ring& r, Smem
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int cur = -1;
   uint4 xv[U], xn[U];
-  if (n > 0) load_x(sp.stage(blockIdx.x, 0), xv);
+  int64_t s = sp.first(blockIdx.x);
+  if (n > 0) load_x(s, xv);
   for (int64_t i = 0; i < n; ++i, ++r.ctr) {
-    const int64_t s = sp.stage(blockIdx.x, i);
+    const int64_t sn = sp.next(blockIdx.x, i, s);
     const int tile = static_cast<int>(s / sp.nk), k0 = static_cast<int>(s % sp.nk) * kKc;
     if (tile != cur) {
       if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w, ready);
       c[0] = c[1] = c[2] = c[3] = 0.0f;
       cur = tile;
     }
-    if (i + 1 < n) load_x(sp.stage(blockIdx.x, i + 1), xn);
+    if (i + 1 < n) load_x(sn, xn);
     const int slot = static_cast<int>(r.ctr % r.n);
     const unsigned char* st = r.slots + static_cast<size_t>(slot) * kSlotBytes;
     const int chunks = min(kKc, a.K - k0) / 32;
@@ -523,6 +526,7 @@ __device__ __forceinline__ void consume(const DecArgs& a, bool rr, Ring& r, Smem
     if (lane == 0) mbar_arrive(&r.empty[slot]);
 #pragma unroll
     for (int u = 0; u < U; ++u) xv[u] = xn[u];
+    s = sn;
   }
   if (cur >= 0) finish_piece<OP>(a, sp, cur, c, sm, w, ready);
 }
