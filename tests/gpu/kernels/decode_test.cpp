@@ -667,6 +667,104 @@ TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
   }
 }
 
+// The streamed-weights path (dec_set_bulk; SS_CUDA_DEC_BULK) against the register path, every
+// packed format and every fused op: the same bits (the same tiles, K splits and order of sums; the
+// register path is checked against the host by the tests above). Batch 1, 3 and 8; ring depths 2,
+// 4 and the default; shapes where a warp loops over several tiles and rounds, an add split across
+// CTAs, and QKV with RoPE both ways at real positions. The poisoned outputs must all be written.
+TEST(GpuDecodePacked, StreamedWeightsGiveTheRegisterPathsBits) {
+  SKIP_WITHOUT_GPU();
+  if (!groups_layout()) GTEST_SKIP() << "the streamed path reads the groups layout (SS_CUDA_QLAYOUT=rows is set)";
+  struct Reset {
+    ~Reset() { dec_set_bulk(-1); }
+  } reset;
+  std::mt19937 rng(45);
+  const int K = 2048, F = 1024, N = 2 * F, Na = 512, Ka = 6144;
+  const int nh = 8, nkv = 2, hd = 64, rope_dim = 64, qrows = (nh + 2 * nkv) * hd, max_blocks = 4;
+  const int max_pos = max_blocks * kBlockTokens;
+  std::vector<float> cs(static_cast<size_t>(max_pos) * rope_dim);
+  for (auto& v : cs) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  DeviceBuf<float> dcs(cs);
+  for (WFormat f : kPackedFormats) {
+    SCOPED_TRACE(fname(f));
+    const int Kf = k_for(f, K), Kaf = k_for(f, Ka);
+    const Packed pg = pack(rng, f, N, Kf);  // gate/up (2F rows), and the same rows as logits
+    const Packed pa = pack(rng, f, Na, Kaf);
+    const Packed pq = pack(rng, f, qrows, Kf);
+    DevPacked dg(pg, f), da(pa, f), dq(pq, f);
+    const auto nw = random_f32(rng, Kf, 0.5f, 1.5f);
+    const auto resid = random_f32(rng, 8 * static_cast<size_t>(Kf), -2, 2);
+    const auto x = random_bf16(rng, 8 * static_cast<size_t>(Kaf), -1, 1, nullptr);
+    const auto r0 = random_f32(rng, 8 * static_cast<size_t>(Na), -2, 2);
+    std::vector<int32_t> pos(8), seq(8), tables(8 * max_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    for (int b = 0; b < 8; ++b) pos[b] = std::uniform_int_distribution<int>(0, max_pos - 1)(rng), seq[b] = b;
+    DeviceBuf<float> dnw(nw), dres(resid), dy(8 * static_cast<size_t>(N)), dr(r0), dqo(8 * static_cast<size_t>(nh) * hd);
+    DeviceBuf<uint16_t> dx(x), dact(8 * static_cast<size_t>(F)), dcache(static_cast<size_t>(8) * max_blocks * 2 * nkv * kBlockTokens * hd);
+    DeviceBuf<int32_t> dpos(pos), dseq(seq), dtab(tables);
+    const int max_ks = 4;
+    DeviceBuf<float> part(static_cast<size_t>(splitk_part_floats(Na, max_ks)));
+    DeviceBuf<unsigned> tickets(static_cast<size_t>((Na + 15) / 16));
+    CUDA_OK(cudaMemset(tickets.get(), 0, tickets.size() * sizeof(unsigned)));
+    const SplitK sk{part.get(), tickets.get(), static_cast<int64_t>(part.size()), static_cast<int>(tickets.size()), max_ks};
+    // Every op's outputs, as raw bytes, under one setting of the path.
+    std::vector<int> used;  // dec_last_bulk after each launch
+    auto run = [&](int depth, int batch, std::vector<std::vector<uint8_t>>& out) {
+      dec_set_bulk(depth);
+      out.clear(), used.clear();
+      auto keep = [&](const auto& buf, size_t n) {
+        const auto h = buf.download();
+        const auto* b = reinterpret_cast<const uint8_t*>(h.data());
+        out.emplace_back(b, b + n * sizeof(h[0]));
+      };
+      dact.poison(), dy.poison();
+      LAUNCH_OK(dec_gate_up(dg.w, dres.get(), dnw.get(), 1e-6f, dact.get(), F, Kf, batch, true, nullptr));
+      used.push_back(dec_last_bulk());
+      LAUNCH_OK(dec_norm_gemv(dg.w, dres.get(), nullptr, dnw.get(), 1e-5f, dy.get(), N, Kf, batch, true, nullptr));
+      used.push_back(dec_last_bulk());
+      keep(dact, static_cast<size_t>(batch) * F), keep(dy, static_cast<size_t>(batch) * N);
+      for (const SplitK* s : {static_cast<const SplitK*>(nullptr), &sk}) {
+        dr.upload(r0);
+        LAUNCH_OK(dec_add(da.w, dx.get(), dr.get(), Na, Kaf, batch, true, nullptr, s));
+        used.push_back(dec_last_bulk());
+        keep(dr, static_cast<size_t>(batch) * Na);
+      }
+      for (bool inter : {false, true}) {
+        dqo.poison(), dcache.poison();
+        const RopeKv rk{nullptr, dcs.get(), rope_dim, inter, nh, nkv, hd, dpos.get(), dseq.get(), dtab.get(), max_blocks,
+                        dqo.get(), dcache.get(), nullptr, nullptr, nullptr, 0.0f};
+        LAUNCH_OK(dec_qkv(dq.w, dres.get(), dnw.get(), 1e-5f, Kf, batch, rk, true, nullptr));
+        used.push_back(dec_last_bulk());
+        keep(dqo, static_cast<size_t>(batch) * nh * hd), keep(dcache, dcache.size());
+      }
+    };
+    const char* names[] = {"gate/up", "logits", "add", "add split over CTAs", "qkv q", "qkv cache", "qkv q (interleaved)",
+                           "qkv cache (interleaved)"};
+    for (int batch : {1, 3, 8}) {
+      std::vector<std::vector<uint8_t>> reg, bulk;
+      run(0, batch, reg);
+      if (HasFatalFailure()) return;
+      for (int u : used) ASSERT_EQ(u, 0) << "the register path streamed";
+      for (size_t i = 0; i < 4; ++i) {  // the products' outputs all written (the cache's unused slots stay poisoned)
+        const auto& o = reg[i];
+        const size_t w = i == 0 ? 2 : 4;
+        for (size_t j = 0; j + w <= o.size(); j += w)
+          ASSERT_FALSE(std::all_of(o.begin() + j, o.begin() + j + w, [](uint8_t c) { return c == 0xFF; }))
+              << names[i] << " batch " << batch << ": element " << j / w << " not written";
+      }
+      for (int depth : {2, 4, 1}) {
+        run(depth, batch, bulk);
+        if (HasFatalFailure()) return;
+        for (size_t i = 0; i < used.size(); ++i)  // the streamed path ran every launch, at the depth asked
+          ASSERT_TRUE(depth == 1 ? used[i] >= 2 : used[i] == depth) << "launch " << i << " ran at depth " << used[i];
+        ASSERT_EQ(bulk.size(), reg.size());
+        for (size_t i = 0; i < reg.size(); ++i)
+          ASSERT_TRUE(bulk[i] == reg[i]) << names[i] << ": streamed (depth " << depth << ") differs from the register path at batch " << batch;
+      }
+    }
+  }
+}
+
 TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);
