@@ -27,7 +27,6 @@
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/kernels/bulk.cuh"
 #include "backend/cuda/kernels/common.cuh"
 #include "backend/cuda/kernels/decode_ops.cuh"
 #include "backend/cuda/kernels/kquant.h"
@@ -154,21 +153,10 @@ __device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float
 // Three CTAs a SM for the packed Q4_0/Q4_K gate/up and lm_head kernels (compiled for 80 registers)
 // were measured and dropped (H100, 2026-12-07: 8B Q4_0 step +1% at batch 1, +24% at batch 8, gate/up
 // under ncu unchanged at 37.7 us): more warps did not move their DRAM throughput.
-//
-// kBulk (the packed formats in the groups layout; SS_CUDA_DEC_BULK): the weights reach the warps
-// through shared memory instead of registers. Each warp has a ring of a.bulk_d slots, each one
-// round of its tile (the two 8-row groups' blocks of that round, 2 x a.pk.q.round bytes); its lane
-// 0 fills them with bulk asynchronous copies (cp.async.bulk, completed on one mbarrier a slot) in
-// the order the warp consumes them, the first bulk_d before the dependency wait, the next one into
-// the slot a round has just been read from. So a warp has bulk_d rounds in flight all along
-// instead of one that it waits for each round, the loads take no registers, and one CTA a SM (the
-// grid the dispatch gives it) leaves room for the next kernel's CTA, whose first rounds arrive
-// while this one still runs. The products, their order and so their bits are the register path's.
-template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false, bool kBulk = false>
+template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false>
 __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   static_assert(!kI8 || (F != WFormat::BF16 && OP != Op::Add), "8-bit activations: the packed formats' norm ops");
   static_assert(F == WFormat::BF16 || kU == 8, "packed formats: a round is one 256-weight block");
-  static_assert(!kBulk || (F != WFormat::BF16 && !kPipe), "streamed weights: the packed formats' plain loop");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   if (a.empty) {  // benchmarking only: the kernel boundary alone
     pdl_wait();
@@ -201,13 +189,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   const size_t sx_bytes = kHasMin<F> && !kI8 ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
   float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // mins: [8][chunks] sums of x
   float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
-  // kBulk: the warps' rings, [kWarps][bulk_d][2 groups][blk], and a barrier a slot.
-  constexpr int kMaxBulkD = 4;
-  __shared__ uint64_t bulk_full[kBulk ? kWarps : 1][kBulk ? kMaxBulkD : 1];
-  const int blk = kBulk ? static_cast<int>(a.pk.q.round) : 0, bulk_d = kBulk ? a.bulk_d : 1;
-  unsigned char* const ring = smem_raw + xs_bytes + sx_bytes + sizeof(float) * kWarps * 32 * 4 +
-                              static_cast<size_t>(warp) * (kBulk ? bulk_d : 0) * 2 * blk;
-  (void)ring;
 
   const uint4 *pa = nullptr, *pb = nullptr;
   // Packed formats: rows r0's and r1's round 0 (quants at the lane's 16 bytes, scales, mins) in
@@ -255,83 +236,12 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   int tb = cta * TPC;
   const int tstride = n_cta * TPC;
-
-  // kBulk: the lane's places in a slot (rows r0 and r1 of the tile: which of the two groups' blocks,
-  // then the row's quants, scales and mins in it), set for each tile; lane 0's cursor over the warp's
-  // rounds in the order it takes them (tiles tb + tw, tb += tstride; rounds c_begin.. of each).
-  int bq0 = 0, bq1 = 0, bd0 = 0, bd1 = 0, bm0 = 0, bm1 = 0;
-  int n_taken = 0, cur_tb = tb, cur_c0 = c_begin;
-  bool cur_ok = kBulk && c_begin < c_end && tb + tw < a.tiles;
-  (void)bq0, (void)bq1, (void)bd0, (void)bd1, (void)bm0, (void)bm1, (void)n_taken, (void)cur_ok;
-  // A tile's 16 rows are two aligned groups of 8 (the dispatch checks the shape): the group of its
-  // row 0 goes first in a slot, the other (that of row 15) second.
-  auto group_of = [&](int tile, int lr) {
-    const int64_t r = tile_row<OP>(a, tile, lr);
-    return (r < 0 ? 0 : r) >> 3;
-  };
-  auto set_slots = [&](int tile) {
-    const int64_t ga = group_of(tile, 0);
-    int64_t r0 = tile_row<OP>(a, tile, g), r1 = tile_row<OP>(a, tile, g + 8);
-    r0 = r0 < 0 ? 0 : r0, r1 = r1 < 0 ? 0 : r1;
-    const int h0 = (r0 >> 3) == ga ? 0 : blk, h1 = (r1 >> 3) == ga ? 0 : blk;
-    const int od = static_cast<int>(a.pk.d.base - a.pk.q.base);
-    const int om = a.pk.m.base ? static_cast<int>(a.pk.m.base - a.pk.q.base) : 0;
-    const int i0 = static_cast<int>(r0 & 7), i1 = static_cast<int>(r1 & 7);
-    bq0 = h0 + i0 * static_cast<int>(a.pk.q.row) + 16 * t, bq1 = h1 + i1 * static_cast<int>(a.pk.q.row) + 16 * t;
-    bd0 = h0 + od + i0 * static_cast<int>(a.pk.d.row), bd1 = h1 + od + i1 * static_cast<int>(a.pk.d.row);
-    bm0 = h0 + om + i0 * static_cast<int>(a.pk.m.row), bm1 = h1 + om + i1 * static_cast<int>(a.pk.m.row);
-  };
-  (void)set_slots;
-  // Lane 0: the warp's next round into its slot (slot n % bulk_d for the warp's n-th round).
-  int n_issued = 0;
-  auto issue = [&] {
-    if (!cur_ok) return;
-    const int tile = cur_tb + tw, slot = n_issued % bulk_d;
-    const int64_t R = cur_c0 / 8;
-    unsigned char* dst = ring + static_cast<size_t>(slot) * 2 * blk;
-    uint64_t* bar = &bulk_full[warp][slot];
-    mbar_expect_tx(bar, 2u * blk);
-    bulk_copy(dst, part_at(a.pk.q, group_of(tile, 0) * 8, R), blk, bar);
-    bulk_copy(dst + blk, part_at(a.pk.q, group_of(tile, 15) * 8, R), blk, bar);
-    ++n_issued;
-    cur_c0 += kU;
-    if (cur_c0 >= c_end) cur_tb += tstride, cur_c0 = c_begin, cur_ok = cur_tb + tw < a.tiles;
-  };
-  (void)issue;
-  // The warp's next round from its slot into r, once its copies have landed. Quant vectors v and
-  // v ^ 1 swap for odd g: rows' 64-byte halves then alternate between the two bank halves, so a
-  // warp's 16-byte reads take 4 wavefronts instead of 8.
-  auto take = [&](Round<F, kU>& r) {
-    const int slot = n_taken % bulk_d;
-    mbar_wait(&bulk_full[warp][slot], static_cast<unsigned>(n_taken / bulk_d) & 1u);
-    ++n_taken;
-    const uint32_t s0 = sptr(ring + static_cast<size_t>(slot) * 2 * blk);
-    const int sw = g & 1;
-    constexpr int kV = Round<F, kU>::kVecs;
-    uint4 va[kV], vb[kV];
-#pragma unroll
-    for (int v = 0; v < kV; ++v) va[v] = lds128(s0 + bq0 + 64 * (v ^ sw)), vb[v] = lds128(s0 + bq1 + 64 * (v ^ sw));
-#pragma unroll
-    for (int v = 0; v < kV; ++v) r.a[v] = sw ? va[v ^ 1] : va[v], r.b[v] = sw ? vb[v ^ 1] : vb[v];
-    r.da = lds128(s0 + bd0), r.db = lds128(s0 + bd1);
-    if constexpr (F == WFormat::Q6_K) r.ma = lds128(s0 + bd0 + 16), r.mb = lds128(s0 + bd1 + 16);
-    if constexpr (kMinArray<F>) r.ma = lds128(s0 + bm0), r.mb = lds128(s0 + bm1);
-  };
-  (void)take;
   // Before the wait: the first round of weights, the norm's weights, and what the first tile's
   // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
   // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
   // 135M was its position, rotation and block-table reads, one after another).
   EpiIn<OP> epi;
-  if constexpr (kBulk) {  // the ring's first rounds: copies under way while the previous kernel runs
-    if (lane == 0) {
-      for (int i = 0; i < bulk_d; ++i) mbar_init(&bulk_full[warp][i], 1);
-      fence_mbar_init();
-      for (int i = 0; i < bulk_d; ++i) issue();
-    }
-    __syncwarp();
-    if (tb + tw < a.tiles && (S == 1 || sub == 0)) epi = EpiIn<OP>::load(a, tb + tw, g, t);
-  } else if (tb + tw < a.tiles) {
+  if (tb + tw < a.tiles) {
     set_rows(tb + tw);
     load(w, c_begin);
     if (S == 1 || sub == 0) epi = EpiIn<OP>::load(a, tb + tw, g, t);
@@ -723,23 +633,14 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
           if (c0 + kU < c_end) mma_round(w2, c0 + kU, c);
         }
       } else {
-        if constexpr (kBulk) set_slots(tile);
         for (int c0 = c_begin; c0 < c_end; c0 += kU) {
-          if constexpr (kBulk) take(w);
-          else if (c0 != c_begin) load(w, c0);
+          if (c0 != c_begin) load(w, c0);
           mma_round(w, c0, c);
-          if constexpr (kBulk) {  // the slot is read (the products used its registers): refill it
-            __syncwarp();
-            if (lane == 0) {
-              if (a.bulk_fence) fence_proxy_async();
-              issue();
-            }
-          }
         }
       }
     }
     if (first_tile) phase(st, 3);  // the first tile's products (warp 0's share)
-    if (!kBulk && tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
+    if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
       set_rows(tile + tstride);
       load(w, c_begin);
       if constexpr (kPipe && kQuant) {  // and its second round: both rounds' latencies behind the reduction
@@ -792,11 +693,6 @@ struct Tuning {
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
   int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
-  // The packed formats' weights streamed through shared memory (dec_k's kBulk), in bulk_ctas CTAs a
-  // SM: SS_CUDA_DEC_BULK=<depth>[,<ctas>], depth 0 off, 1 the slots a 64 KiB ring holds (2..4), 2..4
-  // that many; ctas 1 (the default: room for the next kernel's CTA beside it) or 2.
-  int bulk = 0, bulk_ctas = 1;
-  bool bulk_fence = true;
   // The norm ops at batch 1 read the residual once and hold it in registers (DecArgs::hold);
   // SS_CUDA_DEC_HOLD=0: two reads, as at larger batches (the same bits either way).
   bool hold = true;
@@ -826,15 +722,6 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
     if (const char* e = std::getenv("SS_CUDA_DEC_QPIPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.qpipe = std::string(e) == "1";
-    if (const char* e = std::getenv("SS_CUDA_DEC_BULK")) {
-      int d = 0, c = 1;
-      const int n = std::sscanf(e, "%d,%d", &d, &c);
-      if (n >= 1 && d >= 0 && d <= 4 && c >= 1 && c <= 2)
-        r.bulk = d, r.bulk_ctas = c;
-      else
-        std::fprintf(stderr, "selfserve: SS_CUDA_DEC_BULK=%s ignored (want a depth 0..4 and 1 or 2 CTAs a SM)\n", e);
-    }
-    if (const char* e = std::getenv("SS_CUDA_DEC_BULK_FENCE"); e && std::string(e) == "0") r.bulk_fence = false;
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
       int v[4] = {0, 0, 0, 0};
       if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
@@ -846,14 +733,6 @@ const Tuning& tuning() {
     return r;
   }();
   return t;
-}
-
-thread_local int g_last_bulk = 0;  // dec_last_bulk
-// dec_set_bulk's depth (-1: SS_CUDA_DEC_BULK's).
-std::atomic<int> g_bulk_set{-1};
-int bulk_depth() {
-  const int o = g_bulk_set.load();
-  return o >= 0 ? o : tuning().bulk;
 }
 
 // The phase-trace slot for the next launch (set_chain_slot), taken once.
@@ -884,23 +763,8 @@ auto pick_packed(WFormat f) {
 // thread without spilling (ptxas, sm_90): Q4_0, and Q4_K but for the adds; the others spill 8-580
 // bytes (Q4_0's opt-in 8-bit QKV kernel spills 40).
 bool packed_pipe_fits(WFormat f, Op op) { return f == WFormat::Q4_0 || (f == WFormat::Q4_K && op != Op::Add); }
-// The streamed-weights instantiation (kBulk) of a packed format.
 template <Op OP>
-auto pick_bulk(WFormat f) {
-  switch (f) {
-    case WFormat::Q4_0: return dec_k<OP, 8, WFormat::Q4_0, false, false, true>;
-    case WFormat::Q4_1: return dec_k<OP, 8, WFormat::Q4_1, false, false, true>;
-    case WFormat::Q8_0: return dec_k<OP, 8, WFormat::Q8_0, false, false, true>;
-    case WFormat::Q4_K: return dec_k<OP, 8, WFormat::Q4_K, false, false, true>;
-    case WFormat::Q5_0: return dec_k<OP, 8, WFormat::Q5_0, false, false, true>;
-    case WFormat::Q5_1: return dec_k<OP, 8, WFormat::Q5_1, false, false, true>;
-    case WFormat::Q5_K: return dec_k<OP, 8, WFormat::Q5_K, false, false, true>;
-    default: return dec_k<OP, 8, WFormat::Q6_K, false, false, true>;
-  }
-}
-template <Op OP>
-auto pick_kernel(WFormat f, bool i8, bool pipe, int kU, bool bulk) {
-  if (bulk) return pick_bulk<OP>(f);
+auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
   if (f != WFormat::BF16) {
     if (pipe) return i8 ? pick_packed<OP, true, true>(f) : pick_packed<OP, false, true>(f);
     return i8 ? pick_packed<OP, true, false>(f) : pick_packed<OP, false, false>(f);
@@ -936,26 +800,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
                     W.format == WFormat::Q5_K;
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
-  size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
-  // Streamed weights (kBulk): the packed groups layout on 16-bit activations, where every tile's 16
-  // rows are two whole groups of 8 (adds and logits: N % 16 == 0; gate/up: F % 8 == 0; QKV: the
-  // rotated and plain halves of a head on 16-row boundaries).
-  int bulk_d = 0;
-  const int bulk_want = bulk_depth();
-  if (quant && W.groups && !i8 && bulk_want > 0) {
-    const bool whole_groups = OP == Op::Qkv      ? a.rk.rope_dim % 16 == 0 && a.rk.hd % 16 == 0
-                              : OP == Op::GateUp ? a.N % 8 == 0
-                                                 : a.N % 16 == 0;
-    const int blk = static_cast<int>(a.pk.q.round);
-    const int d = bulk_want > 1 ? bulk_want : std::clamp(64 * 1024 / (kWarps * 2 * blk), 2, 4);
-    const size_t ring = static_cast<size_t>(kWarps) * d * 2 * blk;
-    if (whole_groups && smem + ring <= 200 * 1024) bulk_d = d, smem += ring;
-  }
-  a.bulk_d = bulk_d;
-  a.bulk_fence = tuning().bulk_fence;
-  g_last_bulk = bulk_d;
-  // S and the K split are chosen for the register path's grid whatever the path, so streaming the
-  // weights changes no sum's order (the same bits); the streamed path's grid is its own.
+  const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   const int kCtasPerSm = tuning().ctas;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
@@ -1004,11 +849,9 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
                           : (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
   if (pipe && !quant) kU = 4;
   const int tpc = kWarps / S;
-  const int grid_ctas = bulk_d > 0 ? tuning().bulk_ctas : kCtasPerSm;
   const int grid =
-      KS * static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((a.tiles + tpc - 1) / tpc,
-                                                                   static_cast<int64_t>(grid_ctas) * sms / KS)));
-  auto* k = pick_kernel<OP>(W.format, i8, pipe && bulk_d == 0, kU, bulk_d > 0);
+      KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
+  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU);
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
@@ -1031,8 +874,6 @@ void set_chain_slot(unsigned long long* slot) { g_chain_slot = slot; }
 namespace {
 std::atomic<int> g_i8_set{-1};  // dec_set_int8_acts: -1 the default
 }  // namespace
-int dec_last_bulk() { return g_last_bulk; }
-void dec_set_bulk(int depth) { g_bulk_set.store(depth < -1 ? -1 : depth > 4 ? 4 : depth); }
 void dec_set_int8_acts(int on) { g_i8_set.store(on); }
 bool dec_int8_acts(WFormat f) {
   const int o = g_i8_set.load();

@@ -34,8 +34,6 @@ struct DecArgs {
   bool hold;             // the norm ops at batch 1: the residual read once, held in registers
   bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
   unsigned long long* stamps;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
-  int bulk_d = 0;        // dec_k's kBulk: slots in a warp's ring of streamed rounds (2..4)
-  bool bulk_fence = true;  // kBulk: a proxy fence before a read slot is refilled (SS_CUDA_DEC_BULK_FENCE=0: none, measuring only)
 };
 
 // Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,

@@ -218,15 +218,6 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
 bool dec_int8_acts(WFormat f);
 // Tests: 1 / 0 turn the 8-bit activations on / off for every later launch; -1 back to the default.
 void dec_set_int8_acts(int on);
-// The packed formats' weights streamed through shared memory by bulk copies (decode.cu's kBulk;
-// SS_CUDA_DEC_BULK): off by default. The same tiles, K splits and order of sums as the register
-// path, so the same bits; one CTA a SM by default, so the next kernel's CTA fits beside it and
-// its first rounds arrive while this one runs. Tests: depth 1 (auto), 2..4 on, 0 off, -1 back to
-// the default, for every later launch.
-void dec_set_bulk(int depth);
-// The ring depth the calling thread's last fused decode launch streamed its weights with (0: the
-// register path).
-int dec_last_bulk();
 // The current device's SM count, asked once per process (0 when there is no device).
 int device_sm_count();
 // Benchmarking only (SS_CUDA_CHAIN_TRACE=1): the next fused decode kernel launched (dec_*) stamps its
