@@ -8,8 +8,6 @@ ss_model() {
   [ -s "$f" ] || "$1" synth --shape "$3" --format gguf --dtype "$t" --seed 1 --out "$f" --quiet >&2
   echo "$f"
 }
-# ss_envof NAME:ENV=V,ENV2=V2 (a variant): "ENV=V ENV2=V2" for env(1). A comma separates assignments
-# only where a NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
 # ss_src_hash: one hash over the sources a build reads (CMake files, src/, tests/, tools/), the same
 # here and on the GPU machine's copy of the tree (which has no .git): prebuild.sh stamps .prebuilt
 # with it and build_on_device.sh uses .prebuilt only when it matches.
@@ -20,6 +18,8 @@ ss_src_hash() {
     -o -name '*.cuh' -o -name '*.inc' -o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name '*.in' \) |
     LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-40
 }
+# ss_envof NAME:ENV=V,ENV2=V2 (a variant): "ENV=V ENV2=V2" for env(1). A comma separates assignments
+# only where a NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
 ss_envof() { echo "${1#*:}" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'; }
 # ss_get URL: the body of a GET (nothing, and a failure, when it does not answer 2xx).
 ss_get() {

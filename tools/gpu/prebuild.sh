@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On this machine (no GPU; nvcc 13.0 as on the GPU machine): builds the GPU machine's usual targets
-# in build/ (configured with CUDA for sm_90, as tools/bootstrap.sh does where nvcc is), and packs stripped copies of them
-# with the Debian runtime libraries they need into .prebuilt/ (~50 MiB, under the device call's
-# 64 MiB). A device call that carries .prebuilt (instead of .gpu-deps) skips its ~95 s build:
+# in build/ (configured with CUDA for sm_90, as tools/bootstrap.sh does where nvcc is), and packs
+# stripped copies of them with the Debian runtime libraries they need into .prebuilt/ (~50 MiB,
+# under the device call's 64 MiB). A device call that carries .prebuilt (instead of .gpu-deps) skips its ~95 s build:
 # tools/gpu/build_on_device.sh puts the binaries in build-gpu/ when .prebuilt's source hash matches
 # the tree it runs on, and builds as before when it does not (or when a target is missing).
 # usage: tools/gpu/prebuild.sh [target ...]   (default: selfserve selfserve_cuda test_gpu

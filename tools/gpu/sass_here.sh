@@ -4,8 +4,7 @@
 # kernel and for each loop body between a backward branch's target and the branch (the hot loops:
 # instructions a 16 x 32 weight chunk are a round body's count over its chunks). cuobjdump is not
 # in this machine's CUDA install; the script fetches NVIDIA's from PyPI (nvidia-cuda-cuobjdump and
-# nvidia-cuda-nvdisasm)
-# into ~/.cache/selfserve-cuobjdump once.
+# nvidia-cuda-nvdisasm) into ~/.cache/selfserve-cuobjdump once.
 # usage: tools/gpu/sass_here.sh REGEX [OBJECT]   e.g. REGEX 'dec_kILNS1_3dec2OpE2ELi8ELNS1_7WFormatE1ELb0ELb0E'
 #        (gate/up, Q4_0, plain loop, bf16 activations). Full SASS in $SASS_OUT (default /tmp/sass.txt).
 set -euo pipefail
