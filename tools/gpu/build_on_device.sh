@@ -16,14 +16,13 @@ source tools/gpu/common.sh
 DEPS=${DEPS:-/tmp/ssdeps}
 mkdir -p "$DEPS"
 BD=${BUILD_DIR:-build-gpu}
-prebuilt_file() { [ "$1" = selfserve_cuda ] && echo libselfserve_cuda.so || echo "$1"; }
 if [ $# -gt 0 ] && [ -f .prebuilt/SOURCE_HASH ] && [ "$(cat .prebuilt/SOURCE_HASH)" = "$(ss_src_hash)" ]; then
   ok=1
-  for t in "$@" selfserve_cuda; do [ -f ".prebuilt/$(prebuilt_file "$t")" ] || ok=0; done
+  for t in "$@" selfserve_cuda; do [ -f ".prebuilt/$(ss_target_file "$t")" ] || ok=0; done
   if [ $ok = 1 ]; then
     for f in .prebuilt/deps/*.deb; do dpkg -x "$f" "$DEPS"; done
     mkdir -p "$BD"
-    for t in "$@" selfserve_cuda; do cp ".prebuilt/$(prebuilt_file "$t")" "$BD/"; done
+    for t in "$@" selfserve_cuda; do cp ".prebuilt/$(ss_target_file "$t")" "$BD/"; done
     echo "export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" > "$BD/env.sh"
     echo "build_on_device: prebuilt binaries for $* (source hash $(cat .prebuilt/SOURCE_HASH | cut -c1-12))"
     exit 0

@@ -18,6 +18,8 @@ ss_src_hash() {
     -o -name '*.cuh' -o -name '*.inc' -o -name '*.cmake' -o -name 'CMakeLists.txt' -o -name '*.in' \) |
     LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-40
 }
+# ss_target_file TARGET: the file a CMake target builds (the CUDA plugin is a library).
+ss_target_file() { [ "$1" = selfserve_cuda ] && echo libselfserve_cuda.so || echo "$1"; }
 # ss_envof NAME:ENV=V,ENV2=V2 (a variant): "ENV=V ENV2=V2" for env(1). A comma separates assignments
 # only where a NAME= follows it, so a value may hold commas (pipe:SS_CUDA_DEC=4,2,1).
 ss_envof() { echo "${1#*:}" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'; }

@@ -21,9 +21,8 @@ cmake --build build -j "$(nproc)" --target "${TARGETS[@]}"
 rm -rf .prebuilt
 mkdir -p .prebuilt/deps
 for t in "${TARGETS[@]}"; do
-  f=build/$t
-  [ "$t" = selfserve_cuda ] && f=build/libselfserve_cuda.so
-  cp "$f" .prebuilt/ && strip ".prebuilt/$(basename "$f")"
+  f=$(ss_target_file "$t")
+  cp "build/$f" .prebuilt/ && strip ".prebuilt/$f"
 done
 # The runtime libraries only (ICU, prometheus-cpp's core, xxhash); the -dev packages build, they do
 # not run.
