@@ -15,6 +15,7 @@
 #   DTYPE (default bf16): the synth GGUF's block type (q4_0, q4_1, q4_k, ...); quantized types run with
 #     --gpu-native-quant (the fused kernels over the packed blocks);
 #   NCU_FULL=1: ncu's full set on the first variant's projections; SASS=<regex>: matching kernels' SASS;
+#   NCU_STALLS=<op>: one 8B launch of that op under every variant (or STALL_VARIANTS) with PC sampling;
 #   AB_REUSE=1: a baseline binary an earlier run on this machine built is used again;
 #   LIMIT_S (default 330): a step that would end past it is skipped, and says so.
 # With .ab-base/ carried (tools/gpu/ab_base.sh REV writes it), a copy of the tree with REV's files
@@ -132,6 +133,35 @@ if [ "${NCU_FULL:-0}" = 1 ]; then
       --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-full.txt" 2>&1
     stage "ncu full 8B [$n] rc=$?"
   }
+fi
+# NCU_STALLS=<op> (Qkv, Add, GateUp or Logits): that op's kernel (one 8B launch at batch 1) under
+# every variant with ncu's PC sampling: where the warps stall, by reason for the kernel
+# (stalls-<variant>.txt) and by SASS instruction (stalls-<variant>-sass.csv).
+if [ -n "${NCU_STALLS:-}" ]; then
+  for v in ${STALL_VARIANTS:-$VARIANTS}; do
+    n=${v%%:*}
+    case $n in old*) continue ;; esac
+    want 60 "ncu stalls 8B $NCU_STALLS [$n]" || continue
+    env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name-base demangled --kernel-name "regex:Op::$NCU_STALLS" \
+      --launch-skip 40 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+      --section SchedulerStats --section Occupancy --metrics "regex:smsp__pcsamp_warps_issue_stalled_.*" -f -o /tmp/stalls-$n \
+      $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
+      --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/stalls-$n-run.txt" 2>&1
+    rc=$?
+    { ncu -i /tmp/stalls-$n.ncu-rep --page details --print-details all
+      ncu -i /tmp/stalls-$n.ncu-rep --page raw --csv | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if len(rows) >= 3:
+    for name, unit, val in zip(rows[0], rows[1], rows[2]):
+        if "pcsamp_warps_issue_stalled" in name and not name.endswith("_not_issued"):
+            try: v = float(val.replace(",", ""))
+            except ValueError: continue
+            if v > 0: print(f"{v:12.0f}  {name}")
+' | sort -rn; } > "$OUT/stalls-$n.txt" 2>&1
+    ncu -i /tmp/stalls-$n.ncu-rep --page source --csv --print-source sass > "$OUT/stalls-$n-sass.csv" 2>&1
+    stage "ncu stalls $NCU_STALLS [$n] rc=$rc: $(grep -E 'pcsamp' "$OUT/stalls-$n.txt" | head -6 | awk '{sub(/smsp__pcsamp_warps_issue_stalled_/, "", $2); printf "%s %s; ", $2, $1}')"
+  done
 fi
 # SASS=<regex>: the SASS of the kernels whose mangled names match, in sass.txt (cuobjdump).
 if [ -n "${SASS:-}" ]; then
