@@ -667,6 +667,108 @@ TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
   }
 }
 
+// The asynchronous-copy path (dec_set_async; SS_CUDA_DEC_ASYNC) against the register path on the
+// formats that have it (Q4_0, Q4_K) and every fused op: the same bits (the same tiles, K splits and
+// order of sums; the register path is checked against the host by the tests above). Shapes where
+// warps loop over several tiles of two rounds (gate/up and the logits at K = 4096, 512 tiles), adds
+// of three rounds a warp, split across CTAs too, and QKV with RoPE both ways at real positions;
+// batch 1, 3, 4 and 8. The ring must be used wherever it fits beside two CTAs a SM (at batch 8 the
+// norm ops' staged input at K = 4096 leaves no room: the register path), and the poisoned outputs
+// must all be written.
+TEST(GpuDecodePacked, AsyncCopiesGiveTheRegisterPathsBits) {
+  SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { dec_set_async(-1); }
+  } reset;
+  std::mt19937 rng(46);
+  const int K = 4096, F = 4096, N = 2 * F, Na = 512, Ka = 6144, Kq = 2048;
+  const int nh = 8, nkv = 2, hd = 64, rope_dim = 64, qrows = (nh + 2 * nkv) * hd, max_blocks = 4;
+  const int max_pos = max_blocks * kBlockTokens;
+  std::vector<float> cs(static_cast<size_t>(max_pos) * rope_dim);
+  for (auto& v : cs) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  DeviceBuf<float> dcs(cs);
+  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_K}) {
+    SCOPED_TRACE(fname(f));
+    const Packed pg = pack(rng, f, N, K);  // gate/up (2F rows), and the same rows as logits
+    const Packed pa = pack(rng, f, Na, Ka);
+    const Packed pq = pack(rng, f, qrows, Kq);
+    DevPacked dg(pg, f), da(pa, f), dq(pq, f);
+    const auto nw = random_f32(rng, K, 0.5f, 1.5f);
+    const auto resid = random_f32(rng, 8 * static_cast<size_t>(K), -2, 2);
+    const auto x = random_bf16(rng, 8 * static_cast<size_t>(Ka), -1, 1, nullptr);
+    const auto r0 = random_f32(rng, 8 * static_cast<size_t>(Na), -2, 2);
+    std::vector<int32_t> pos(8), seq(8), tables(8 * max_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    for (int b = 0; b < 8; ++b) pos[b] = std::uniform_int_distribution<int>(0, max_pos - 1)(rng), seq[b] = b;
+    DeviceBuf<float> dnw(nw), dres(resid), dy(8 * static_cast<size_t>(N)), dr(r0), dqo(8 * static_cast<size_t>(nh) * hd);
+    DeviceBuf<uint16_t> dx(x), dact(8 * static_cast<size_t>(F)), dcache(static_cast<size_t>(8) * max_blocks * 2 * nkv * kBlockTokens * hd);
+    DeviceBuf<int32_t> dpos(pos), dseq(seq), dtab(tables);
+    const int max_ks = 4;
+    DeviceBuf<float> part(static_cast<size_t>(splitk_part_floats(Na, max_ks)));
+    DeviceBuf<unsigned> tickets(static_cast<size_t>((Na + 15) / 16));
+    CUDA_OK(cudaMemset(tickets.get(), 0, tickets.size() * sizeof(unsigned)));
+    const SplitK sk{part.get(), tickets.get(), static_cast<int64_t>(part.size()), static_cast<int>(tickets.size()), max_ks};
+    std::vector<bool> used;  // dec_last_async after each launch
+    // Every op's outputs, as raw bytes, with the ring on or off.
+    auto run = [&](bool async, int batch, std::vector<std::vector<uint8_t>>& out) {
+      dec_set_async(async ? 1 : 0);
+      out.clear(), used.clear();
+      auto keep = [&](const auto& buf, size_t n) {
+        const auto h = buf.download();
+        const auto* b = reinterpret_cast<const uint8_t*>(h.data());
+        out.emplace_back(b, b + n * sizeof(h[0]));
+      };
+      dact.poison(), dy.poison();
+      LAUNCH_OK(dec_gate_up(dg.w, dres.get(), dnw.get(), 1e-6f, dact.get(), F, K, batch, true, nullptr));
+      used.push_back(dec_last_async());
+      LAUNCH_OK(dec_norm_gemv(dg.w, dres.get(), nullptr, dnw.get(), 1e-5f, dy.get(), N, K, batch, true, nullptr));
+      used.push_back(dec_last_async());
+      keep(dact, static_cast<size_t>(batch) * F), keep(dy, static_cast<size_t>(batch) * N);
+      for (const SplitK* s : {static_cast<const SplitK*>(nullptr), &sk}) {
+        dr.upload(r0);
+        LAUNCH_OK(dec_add(da.w, dx.get(), dr.get(), Na, Ka, batch, true, nullptr, s));
+        used.push_back(dec_last_async());
+        keep(dr, static_cast<size_t>(batch) * Na);
+      }
+      for (bool inter : {false, true}) {
+        dqo.poison(), dcache.poison();
+        const RopeKv rk{nullptr, dcs.get(), rope_dim, inter, nh, nkv, hd, dpos.get(), dseq.get(), dtab.get(), max_blocks,
+                        dqo.get(), dcache.get(), nullptr, nullptr, nullptr, 0.0f};
+        LAUNCH_OK(dec_qkv(dq.w, dres.get(), dnw.get(), 1e-5f, Kq, batch, rk, true, nullptr));
+        used.push_back(dec_last_async());
+        keep(dqo, static_cast<size_t>(batch) * nh * hd), keep(dcache, dcache.size());
+      }
+    };
+    const char* names[] = {"gate/up", "logits", "add", "add split over CTAs", "qkv", "qkv (interleaved)"};
+    const char* outs[] = {"gate/up", "logits", "add", "add split over CTAs", "qkv q", "qkv cache", "qkv q (interleaved)",
+                          "qkv cache (interleaved)"};
+    for (int batch : {1, 3, 4, 8}) {
+      SCOPED_TRACE("batch " + std::to_string(batch));
+      std::vector<std::vector<uint8_t>> reg, asy;
+      run(false, batch, reg);
+      if (HasFatalFailure()) return;
+      for (size_t i = 0; i < used.size(); ++i) ASSERT_FALSE(used[i]) << names[i] << ": the register path used the ring";
+      for (size_t i = 0; i < 4; ++i) {  // the products' outputs all written (the cache's unused slots stay poisoned)
+        const auto& o = reg[i];
+        const size_t w = i == 0 ? 2 : 4;
+        for (size_t j = 0; j + w <= o.size(); j += w)
+          ASSERT_FALSE(std::all_of(o.begin() + j, o.begin() + j + w, [](uint8_t c) { return c == 0xFF; }))
+              << outs[i] << ": element " << j / w << " not written";
+      }
+      run(true, batch, asy);
+      if (HasFatalFailure()) return;
+      for (size_t i = 0; i < used.size(); ++i) {
+        // Only gate/up's and the logits' staged input (batch x 8 KiB at K = 4096) can crowd the ring out.
+        const bool fits = !(batch == 8 && i < 2);
+        ASSERT_EQ(used[i], fits) << names[i] << ": the ring " << (fits ? "not used where it fits" : "used where it does not fit");
+      }
+      ASSERT_EQ(asy.size(), reg.size());
+      for (size_t i = 0; i < reg.size(); ++i)
+        ASSERT_TRUE(asy[i] == reg[i]) << outs[i] << ": the asynchronous copies give other bits than the register path";
+    }
+  }
+}
+
 TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);

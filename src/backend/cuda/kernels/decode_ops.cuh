@@ -34,6 +34,8 @@ struct DecArgs {
   bool hold;             // the norm ops at batch 1: the residual read once, held in registers
   bool empty;            // benchmarking only (SS_CUDA_EMPTY=1): the grid launches, waits and exits
   unsigned long long* stamps;  // the phase trace's slot (SS_CUDA_CHAIN_TRACE=1), else null
+  uint32_t zero;         // always 0, unknown to the compiler: dec_k's pipelined packed loop makes the next
+                         // round's addresses depend on the current round's data through it (decode.cu)
 };
 
 // Row `lr` (0..15) of tile `tile`, or -1. Rows lr and lr + 8 land in the same thread's accumulators,
