@@ -7,6 +7,8 @@
 # nvidia-cuda-nvdisasm) into ~/.cache/selfserve-cuobjdump once.
 # usage: tools/gpu/sass_here.sh REGEX [OBJECT]   e.g. REGEX 'dec_kILNS1_3dec2OpE2ELi8ELNS1_7WFormatE1ELb0ELb0E'
 #        (gate/up, Q4_0, plain loop, bf16 activations). Full SASS in $SASS_OUT (default /tmp/sass.txt).
+#        SCOREBOARDS=1 also prints every instruction with its stall count and scoreboards (which loads a
+#        use waits for: the pipelined loops' waits, docs/perf/gpu.md 2026-12-07).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 re=${1:?usage: tools/gpu/sass_here.sh REGEX [OBJECT]}
@@ -55,3 +57,29 @@ for l in lines:
         body.append((int(m.group(1), 16), m.group(3), l))
 report(kern, body)
 EOF
+# SCOREBOARDS=1: every instruction again with the dependency fields of its control word (the high 64
+# bits of the 128-bit encoding cuobjdump prints under it): stall cycles, the scoreboard a variable-
+# latency instruction releases when its result (W) or its operand read (R) is done, and the
+# scoreboards it waits for first, e.g. "st 4 W5 wait[0,5] LDG...". Bit layout as published for
+# Volta-Hopper: stall 41-44, yield 45, W 46-48, R 49-51, wait mask 52-57 (7: no scoreboard).
+if [ "${SCOREBOARDS:-0}" = 1 ]; then
+  python3 - "$out" <<'EOF'
+import re, sys
+lines = open(sys.argv[1]).read().split('\n')
+lo = re.compile(r'/\*([0-9a-f]{4,})\*/\s+(.*?);\s+/\* 0x[0-9a-f]+ \*/')
+hi = re.compile(r'^\s+/\* (0x[0-9a-f]+) \*/\s*$')
+for i, l in enumerate(lines):
+    if 'Function : ' in l:
+        print('\n' + l.strip())
+        continue
+    m = lo.search(l)
+    h = hi.match(lines[i + 1]) if m and i + 1 < len(lines) else None
+    if not h:
+        continue
+    c = int(h.group(1), 16) >> 41
+    w, r, mask = (c >> 5) & 7, (c >> 8) & 7, (c >> 11) & 0x3f
+    waits = ','.join(str(b) for b in range(6) if mask >> b & 1)
+    print(f"{m.group(1)} st{c & 0xf:2d} {'W%d' % w if w != 7 else '  '} {'R%d' % r if r != 7 else '  '} "
+          f"{('wait[' + waits + ']') if waits else '':13s} {m.group(2).strip()}")
+EOF
+fi
