@@ -139,7 +139,11 @@ __device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float
 //
 // kPipe (bf16): two rounds of registers, the next round's loads issued before the current round's
 // mmas, so a warp's loads stay in flight across its whole K range instead of one round trip a round
-// (without it, each round's kU loads are issued only once the previous round is consumed).
+// (without it, each round's kU loads are issued only once the previous round is consumed). As
+// ptxas compiles it, though, every weight load shares one scoreboard and a round's first use waits
+// on it, i.e. also for the loads just issued: a round trip a round after all, unless the next
+// round's loads depend on the current round (after() below; the packed formats, and bf16 under
+// kBfDep).
 //
 // kI8 (every packed format; the norm ops): the activations as 8-bit blocks instead of bf16,
 // and the products on the integer tensor cores (mma.m16n8k32 over the 8-bit quants), as llama.cpp's
