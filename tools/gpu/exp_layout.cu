@@ -30,16 +30,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "exp_util.cuh"
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+namespace {
 
 constexpr int kWarps = 8, kThreads = 256;
 constexpr int kRows = 28672, kK = 4096, kChunks = kK / 32, kRoundChunks = 8;
@@ -50,14 +43,6 @@ constexpr int64_t kQ4Bytes = static_cast<int64_t>(kRows) * (kNibRow + kScRow);
 constexpr int64_t kBfBytes = static_cast<int64_t>(kRows) * kK * 2;
 constexpr int kBlock = 16 * 128 + 16 * 16;  // a (tile, round) block of q4-tiles
 
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
 enum class Mode { RowsSc, RowsNoSc, Tiles, Tiles2, Groups8, Bf16 };
 

@@ -37,19 +37,11 @@
 #include <vector>
 
 #include "backend/cuda/queues/queues.h"
+#include "exp_util.cuh"
 
 namespace {
 
 using namespace ss::queues;
-
-#define CK(expr)                                                                                \
-  do {                                                                                          \
-    cudaError_t e_ = (expr);                                                                    \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 constexpr int kStages = 20;
 constexpr int kThreads = 256;
