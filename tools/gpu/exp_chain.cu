@@ -2,7 +2,7 @@
 // A decode step of a quantized 8B model is ~129 weight-streaming kernels (four projections a layer
 // and the lm_head; attention reads no weights). Each kernel alone reads its bytes below the copy
 // rate (a 66 MB read reaches ~2.4 TB/s on an H100, a 235 MB one ~2.9): it ramps up and drains. This
-// experiment reads the step's weight bytes with no arithmetic (every word folded into an XOR) five
+// experiment reads the step's weight bytes with no arithmetic (every word folded into an XOR) six
 // ways and prints the time of each:
 //   one       one kernel over all of the step's bytes: the bandwidth floor as a kernel sees it
 //   ops       each op's kernel time (its layers' copies back to back), summed over the step
