@@ -144,32 +144,15 @@ int main(int argc, char** argv) {
   CK(cudaFuncSetAttribute(stream_k<16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   auto at = [&](size_t i) { return reinterpret_cast<const uint4*>(buf + off[i]); };
   // Median of reps of fn (one warm-up first), in microseconds.
-  auto time_us = [&](auto&& fn) {
-    std::vector<float> t;
-    fn();
-    CK(cudaStreamSynchronize(s));
-    for (int r = 0; r < reps; ++r) {
-      CK(cudaEventRecord(e0, s));
-      fn();
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.0f);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
-  auto graph_of = [&](Mode m) {
+  auto time_us = [&](auto&& fn) { return median_us(s, 1, reps, [&](int) { fn(); }); };
+  // The launches fn makes on s, captured as one graph.
+  auto capture = [&](auto&& fn) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (size_t i = 0; i < ops.size(); ++i) launch(m, at(i), ops[i].bytes, sms, sink, s);
+    fn();
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     CK(cudaGraphDestroy(g));
@@ -186,15 +169,11 @@ int main(int argc, char** argv) {
     std::vector<size_t> idx;
     for (size_t j = 0; j < ops.size(); ++j)
       if (std::strcmp(ops[j].name, i < 4 ? ops[i].name : "lm_head") == 0) idx.push_back(j);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
     // The lm_head has one copy: its kernel 8 times over the same bytes (295 MB at 8B, over L2's size).
     const int n = idx.size() == 1 ? 8 : static_cast<int>(idx.size());
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int r = 0; r < n; ++r) launch(Mode::Plain, at(idx[r % idx.size()]), ops[idx[0]].bytes, sms, sink, s);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphDestroy(g));
+    cudaGraphExec_t ge = capture([&] {
+      for (int r = 0; r < n; ++r) launch(Mode::Plain, at(idx[r % idx.size()]), ops[idx[0]].bytes, sms, sink, s);
+    });
     const float t = time_us([&] { CK(cudaGraphLaunch(ge, s)); }) / n;
     CK(cudaGraphExecDestroy(ge));
     ops_sum += t * static_cast<float>(idx.size());
@@ -206,7 +185,9 @@ int main(int argc, char** argv) {
   const char* names[] = {"chain", "pdl", "pdl-1cta", "pdl-2of3"};
   const Mode modes[] = {Mode::Plain, Mode::Pdl, Mode::Pdl1, Mode::Pdl3};
   for (int k = 0; k < 4; ++k) {
-    cudaGraphExec_t ge = graph_of(modes[k]);
+    cudaGraphExec_t ge = capture([&] {
+      for (size_t i = 0; i < ops.size(); ++i) launch(modes[k], at(i), ops[i].bytes, sms, sink, s);
+    });
     const float t = time_us([&] { CK(cudaGraphLaunch(ge, s)); });
     std::printf("  %-9s %9.1f us  %7.1f GB/s  (%.2fx one)\n", names[k], t, total / (t * 1e3), t / one);
     CK(cudaGraphExecDestroy(ge));

@@ -173,26 +173,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&buf, bytes * kCopies));
   CK(cudaMalloc(&sink, static_cast<size_t>(sms) * 8 * kThreads * sizeof(uint32_t)));
   CK(cudaMemset(buf, 0x5a, bytes * kCopies));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const int grid = 2 * sms;
   // Median of reps timed launches, each on the next copy (warm-up first).
   auto time_us = [&](auto&& launch) {
-    for (int i = 0; i < 4; ++i) launch(buf + (i % kCopies) * bytes);
-    CK(cudaDeviceSynchronize());
-    std::vector<float> ts;
-    for (int i = 0; i < reps; ++i) {
-      CK(cudaEventRecord(e0));
-      launch(buf + (i % kCopies) * bytes);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ts.push_back(ms * 1000.0f);
-    }
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
+    return median_us(nullptr, 4, reps, [&](int i) { launch(buf + (i % kCopies) * bytes); });
   };
   std::printf("exp_layout: %s, %d SMs, %d reps, matrix %d x %d (Q4_0 %.1f MB, bf16 %.1f MB), grid %d x %d\n",
               prop.name, sms, reps, kRows, kK, kQ4Bytes / 1e6, kBfBytes / 1e6, grid, kThreads);
