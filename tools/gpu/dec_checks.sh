@@ -119,7 +119,7 @@ if [ "${NCU:-1}" = 1 ]; then
     env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name regex:dec_k --launch-skip 200 --launch-count 5 \
       --section SpeedOfLight $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
       --batch 1 --context 512 --steps 4 --reps 1 > "$OUT/ncu-8b-$n.txt" 2>&1
-    stage "ncu 8B [$n] rc=$? $(grep -E '^  [a-z_:]*dec_k|Duration|DRAM Throughput' "$OUT/ncu-8b-$n.txt" | sed -E 's/ +/ /g; s/void ss::cuda::kern::[^ ]*dec_k<ss::cuda::kern::dec::Op::([A-Za-z]+).*/\1/' | tr '\n' ';')"
+    stage "ncu 8B [$n] rc=$? $(grep -E '^  [a-z_:]*dec_k|Duration|DRAM Throughput' "$OUT/ncu-8b-$n.txt" | sed -E 's/ +/ /g; s/void ss::cuda::kern::[^ ]*dec_k<ss::cuda::kern::dec::Op::([A-Za-z]+).*/\1/; s/void ss::cuda::kern::[^ ]*dec_k<[(]ss::cuda::kern::dec::Op[)]([0-9]).*/op\1/' | tr '\n' ';')"
   done
 fi
 # NCU_FULL=1: the first variant's four projections of one layer under ncu's full set (stall reasons,
@@ -142,7 +142,9 @@ if [ -n "${NCU_STALLS:-}" ]; then
     n=${v%%:*}
     case $n in old*) continue ;; esac
     want 60 "ncu stalls 8B $NCU_STALLS [$n]" || continue
-    env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name-base demangled --kernel-name "regex:Op::$NCU_STALLS" \
+    # ncu prints the enum either as Op::GateUp or as (ss::cuda::kern::dec::Op)2, by version.
+    case $NCU_STALLS in Qkv) oi=0 ;; Add) oi=1 ;; GateUp) oi=2 ;; *) oi=3 ;; esac
+    env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name-base demangled --kernel-name "regex:Op(::$NCU_STALLS|[)]$oi,)" \
       --launch-skip 40 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
       --section SchedulerStats --section Occupancy --metrics "regex:smsp__pcsamp_warps_issue_stalled_.*" -f -o /tmp/stalls-$n \
       $B/selfserve bench decode --model $M/llama3-8b-$DTYPE.gguf $NQ --device cuda --enforce-eager \
