@@ -632,7 +632,8 @@ TEST(GpuDecodePacked, GateUpAndQkvRunOverPackedWeights) {
 // 8B's gate/up and lm_head shapes in miniature: K = 4096 (128 chunks: S = 8 warps a tile, two
 // rounds a warp) and more tiles than the grid has CTAs, so warps loop over tiles and the next tile's
 // rounds load during a reduction. The other packed tests' shapes give every warp one tile of one
-// round; these are the paths SS_CUDA_DEC_QPIPE=1 (the pipelined packed loop) changes.
+// round; these are the paths the pipelined packed loop takes (Q4_0's default; Q4_K's with
+// SS_CUDA_DEC_QPIPE=1; neither with =0).
 // Batch 3 against the host; batch 1 bit-identical to its row of batch 3.
 TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
   SKIP_WITHOUT_GPU();

@@ -788,8 +788,10 @@ struct Tuning {
   // round checked, as before, for the A/B).
   bool full_rounds = true;
   // The packed formats: the pipelined loop with two kU = 8 rounds in registers, where a warp's K
-  // range holds more than one round and the kernel fits (packed_pipe_fits); SS_CUDA_DEC_QPIPE=1.
-  bool qpipe = false;
+  // range holds more than one round and the kernel fits (packed_pipe_fits). -1 (the default): Q4_0
+  // only, where it was measured (H200, 2026-12-07 20:15 UTC: 8B step 2.8% faster at batch 1, 1.8% at
+  // 8; 1B 1.5% / 0.7%); SS_CUDA_DEC_QPIPE=1: Q4_K's fitting ops too; 0: nowhere.
+  int qpipe = -1;
   // The packed formats' norm ops on 8-bit activations and the integer tensor cores (dec_k's kI8):
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
@@ -828,7 +830,7 @@ const Tuning& tuning() {
       r.i8 = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
     if (const char* e = std::getenv("SS_CUDA_DEC_QPIPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
-      r.qpipe = std::string(e) == "1";
+      r.qpipe = std::string(e) == "1" ? 1 : 0;
     if (const char* e = std::getenv("SS_CUDA_DEC_ASYNC"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.async = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_BFDEP"); e && (std::string(e) == "0" || std::string(e) == "1"))
@@ -881,6 +883,7 @@ auto pick_packed(WFormat f) {
 // thread without spilling (ptxas, sm_90): Q4_0, and Q4_K but for the adds; the others spill 8-580
 // bytes (Q4_0's opt-in 8-bit QKV kernel spills 40).
 bool packed_pipe_fits(WFormat f, Op op) { return f == WFormat::Q4_0 || (f == WFormat::Q4_K && op != Op::Add); }
+bool packed_pipe_wanted(WFormat f) { return tuning().qpipe == -1 ? f == WFormat::Q4_0 : tuning().qpipe == 1; }
 // The formats with an asynchronous-copy instantiation (kAsync): their ring, 3 x 8 warps x 3 KiB, fits
 // beside two CTAs a SM with the staged input of up to 4 rows at K = 4096 (8 at K = 2048).
 bool async_format(WFormat f) { return f == WFormat::Q4_0 || f == WFormat::Q4_K; }
@@ -977,7 +980,7 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const int64_t split_chunks = (chunks + KS - 1) / KS;
-  const bool pipe = quant ? !async && tuning().qpipe && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
+  const bool pipe = quant ? !async && packed_pipe_wanted(W.format) && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
                           : (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
   if (pipe && !quant) kU = 4;
   const int tpc = kWarps / S;
