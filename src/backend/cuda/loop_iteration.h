@@ -113,6 +113,10 @@ SS_RESIDENT_HD inline void phase_take(Args& a, Shared& sh) {
   auto emit = [&](const resident::Completion& c) { publish(a, c); };
   ++ds.iterations;
   if (ds.n > 0) {
+    // The step is counted before its tokens are published, as the host executor counts it: whoever
+    // has a token also sees the step that made it in the mapped counter (the server's steps metric
+    // and watchdog); the completions' release orders this store before them.
+    store_mapped(a.ctl->steps, static_cast<uint64_t>(ds.st.steps + 1));
     const resident::StepRows r{a.row_tokens, a.row_pos, a.row_slots, a.row_sample, ds.n, ds.n_sample};
     resident::commit(ds.st, r, a.ids, emit);
     ds.n = 0;

@@ -127,10 +127,10 @@ class PhaseRunner final : public LoopRunner {
     std::lock_guard<std::mutex> lk(mu_);
     return err_;
   }
-  int64_t steps() const override {
-    std::lock_guard<std::mutex> lk(mu_);
-    return ds_.st.steps;
-  }
+  // As loop_runner.cu's: the mapped counter phase_take and phase_report write.
+  int64_t steps() const override { return static_cast<int64_t>(__atomic_load_n(&ctl_.steps, __ATOMIC_ACQUIRE)); }
+  // Steps whose tokens were published while the mapped counter did not yet count them.
+  int steps_lagging() const { return steps_lagging_.load(); }
   int padding_errors() const { return padding_errors_.load(); }
   int64_t padded_rows() const { return padded_rows_.load(); }
 
@@ -146,7 +146,9 @@ class PhaseRunner final : public LoopRunner {
     devloop::Shared sh{};
     for (;;) {
       std::lock_guard<std::mutex> lk(mu_);
+      const size_t published = done_.enq;
       devloop::phase_take(a_, sh);
+      if (done_.enq != published && ctl_.steps < static_cast<uint64_t>(ds_.st.steps)) ++steps_lagging_;
       devloop::phase_copy_prompts(a_, sh, 0, 1);
       devloop::phase_plan(a_, sh, now_ns());
       devloop::phase_inputs(a_, sh, 0, 1);
@@ -244,6 +246,7 @@ class PhaseRunner final : public LoopRunner {
   backend::StepBatch batch_;
   backend::StepOutput out_;
   std::atomic<int> padding_errors_{0};
+  std::atomic<int> steps_lagging_{0};
   std::atomic<int64_t> padded_rows_{0};
   mutable std::mutex mu_;
   Status err_;
@@ -302,6 +305,10 @@ TEST(DeviceLoopPhases, GreedyTokensMatchTheModelAloneWithAnOffsetShare) {
   EXPECT_EQ((*e)->stats().kv_blocks_used, 0);
   EXPECT_GT(pr->padded_rows(), 0);
   EXPECT_EQ(pr->padding_errors(), 0);
+  // Each step is in the mapped step counter before its tokens are published (the steps metric and
+  // the watchdog never lag the tokens a client has).
+  EXPECT_EQ(pr->steps_lagging(), 0);
+  EXPECT_GT((*e)->stats().steps, 0);
 }
 
 // A cached prefix: the host writes the shared blocks into the slot's mapped table row before the
