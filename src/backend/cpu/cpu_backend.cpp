@@ -122,6 +122,7 @@ std::string CpuBackend::name() const {
     }
   std::string s = std::string("cpu (") + std::to_string(pool_.size()) + " threads, " + cpu::isa_name(cpu::active_isa());
   if (cpu::amx_active()) s += "+amx";
+  if (cpu::active_isa() == cpu::Isa::Avx512 && cpu::gfni_active()) s += "+gfni";
   if (cpu::active_isa() != cpu::Isa::Scalar)
     s += ", " + std::to_string(packed) + "/" + std::to_string(total) + " matrices packed";
   return s + ")";

@@ -95,6 +95,33 @@ void force_amx(bool on) { g_amx_forced.store(on ? 1 : 0, std::memory_order_relax
 
 void clear_forced_amx() { g_amx_forced.store(-1, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_gfni_forced{-1};  // -1: SS_CPU_GFNI decides (0 turns it off); 0 / 1: forced
+}  // namespace
+
+bool gfni_available() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 8)) != 0;  // CPUID.7.0:ECX.GFNI
+  }();
+  return ok;
+}
+
+bool gfni_active() {
+  if (!gfni_available()) return false;
+  const int f = g_gfni_forced.load(std::memory_order_relaxed);
+  if (f >= 0) return f == 1;
+  static const bool on = [] {
+    const char* e = std::getenv("SS_CPU_GFNI");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+void force_gfni(bool on) { g_gfni_forced.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+void clear_forced_gfni() { g_gfni_forced.store(-1, std::memory_order_relaxed); }
+
 bool parse_isa(std::string_view s, Isa* out) {
   for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
     if (s == isa_name(i)) {

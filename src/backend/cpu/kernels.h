@@ -34,6 +34,14 @@ bool amx_active();         // available, Isa::Avx512 active, not turned off (SS_
 void force_amx(bool on);   // tests and benchmarks: off, or on where available
 void clear_forced_amx();   // back to the default (SS_CPU_AMX, else on where available)
 
+// GFNI (Ice Lake, Zen 4 and later): under Isa::Avx512 the packed kernels of the nibble types (Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL) move nibbles and Q5's 5th bits into place with vgf2p8affineqb, fewer
+// ops than shifts and masks; the same bytes, so the same bits.
+bool gfni_available();      // the CPU has GFNI
+bool gfni_active();         // available and not turned off (SS_CPU_GFNI=0 or force_gfni)
+void force_gfni(bool on);   // tests and benchmarks: off, or on where available
+void clear_forced_gfni();   // back to the default (SS_CPU_GFNI, else on where available)
+
 // Scratch holds the quantized activations; size it at start-up from the largest (type, cols, n_tok)
 // used (the size grows with cols and n_tok; 0 for float weights). matmul allocates nothing and aborts
 // with a message if the scratch is smaller than matmul_scratch_bytes.

@@ -117,6 +117,20 @@ inline __m512 block_step(__m512 acc, __m512i I, __m512 dw, __m512 mw, __m512 da,
   return acc;
 }
 
+// GFNI's affine byte transform (vgf2p8affineqb, imm 0): bit i of each result byte is the parity of
+// (the source byte AND byte 7 - i of A's qword), so one op moves or masks bits within every byte.
+// Through inline asm: the rest of this file must not need -mgfni (AVX-512 CPUs before Ice Lake and
+// Zen 4 lack it); the packed kernels take it only where gfni_active().
+[[gnu::always_inline]] inline __m512i gf_affine(__m512i x, __m512i A) {
+  __m512i r;
+  asm("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(A));
+  return r;
+}
+// A for: the high nibble of each byte to its low nibble (bits 4..7 -> 0..3, the rest 0).
+constexpr uint64_t kGfHighNibble = 0x1020408000000000ull;
+// A for: bit b of each byte to bit 4, the rest 0 (byte 3 of A makes result bit 4).
+constexpr uint64_t gf_bit_to_4(int b) { return (uint64_t{1} << b) << 24; }
+
 template <DType T>
 void rows_per_token(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr Layout F = kFmt<T>;
@@ -309,7 +323,7 @@ void rows_t(const model::Tensor& W, const QActs& a, float* y, int64_t ldy, int64
 // the same whatever NG and NT, so the bits are too.
 // gp: the first group, group g + 1 at gp + group_bytes; keep_last: the last group's valid rows (the
 // others are whole). pf, pf_lines: lines to prefetch during this pass, spread over its blocks.
-template <DType T, int NT, int NG>
+template <DType T, int NT, int NG, bool kGf>
 [[gnu::always_inline]] inline void packed_tokens(const uint8_t* gp, int64_t group_bytes, int64_t nb, int block_bytes,
                                                  const QActs& a, int t0, float* y, int64_t ldy, int64_t o0,
                                                  __mmask16 keep_last, const uint8_t* pf, int64_t pf_lines,
@@ -350,6 +364,23 @@ template <DType T, int NT, int NG>
         __m512i lo[NG], hi[NG];
         for (int g = 0; g < NG; ++g) {
           const __m512i w = _mm512_loadu_si512(p[g] + H + 64 * j);
+          if constexpr (kGf) {  // the same bytes, 5 ops a group for Q5_0's (7 below), 2 for 4-bit ones (3)
+            hi[g] = gf_affine(w, _mm512_set1_epi64(static_cast<long long>(kGfHighNibble)));
+            if constexpr (F.five) {
+              const __m512i h = _mm512_loadu_si512(p[g] + H + 256);
+              const __m512i bl = gf_affine(h, _mm512_set1_epi64(static_cast<long long>(gf_bit_to_4(j))));
+              const __m512i bh = gf_affine(h, _mm512_set1_epi64(static_cast<long long>(gf_bit_to_4(4 + j))));
+              lo[g] = _mm512_ternarylogic_epi32(w, bl, low4, 0xEC);  // (w & 0x0F) | bit
+              hi[g] = _mm512_or_si512(hi[g], bh);
+            } else {
+              lo[g] = _mm512_and_si512(w, low4);
+            }
+            if constexpr (F.nl) {
+              lo[g] = nl_levels(lo[g]);
+              hi[g] = nl_levels(hi[g]);
+            }
+            continue;
+          }
           lo[g] = _mm512_and_si512(w, low4);
           hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
           if constexpr (F.five) {  // bits j and 4 + j of the 5th-bit vector to 0x10: x | (h' & 0x10), one op (0xF8)
@@ -411,7 +442,7 @@ template <int N, class F>
 // and integer accumulators). The next NG groups (contiguous, fewer at the end of [g, g1)) are
 // prefetched while these compute, their lines split evenly over the passes so DRAM stays busy through
 // all of them.
-template <DType T, int NG, int KT>
+template <DType T, int NG, int KT, bool kGf>
 void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g, int64_t g1) {
   const int64_t nb = P.cols / 32;
   const int bb = packed_format(T).block_bytes;
@@ -426,7 +457,7 @@ void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
     const int64_t l0 = next_lines * pass / passes, l1 = next_lines * (pass + 1) / passes;
     const SideSpread side = side_take(a.side, NG * nb, nb);
     with_tokens<KT>(std::min(KT, a.n_tok - t), [&]<int NT>() {
-      packed_tokens<T, NT, NG>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0, side);
+      packed_tokens<T, NT, NG, kGf>(gp, P.group_bytes, nb, bb, a, t, y, ldy, o0, keep, pf + 64 * l0, l1 - l0, side);
     });
   }
 }
@@ -435,12 +466,19 @@ void packed_groups(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy,
 // 4 (2 x 4 + 2 x 4, 4 weight vectors). Below 4 tokens one group at a time.
 constexpr int kPackedTokens = 8, kPairTokens = 4;
 
-template <DType T>
-void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+template <DType T, bool kGf>
+void rows_packed_g(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
   int64_t g = g0;
   if (a.n_tok >= kPairTokens)
-    for (; g + 2 <= g1; g += 2) packed_groups<T, 2, kPairTokens>(P, a, y, ldy, g, g1);
-  for (; g < g1; ++g) packed_groups<T, 1, kPackedTokens>(P, a, y, ldy, g, g1);
+    for (; g + 2 <= g1; g += 2) packed_groups<T, 2, kPairTokens, kGf>(P, a, y, ldy, g, g1);
+  for (; g < g1; ++g) packed_groups<T, 1, kPackedTokens, kGf>(P, a, y, ldy, g, g1);
+}
+// The nibble types' unpack through GFNI where the CPU has it (the same bytes either way).
+template <DType T>
+void rows_packed_t(const PackedMatrix& P, const QActs& a, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+  if constexpr (kFmt<T>.nib)
+    if (gfni_active()) return rows_packed_g<T, true>(P, a, y, ldy, g0, g1);
+  rows_packed_g<T, false>(P, a, y, ldy, g0, g1);
 }
 
 // ---- AMX-INT8 (Sapphire Rapids and later): the packed layout is already the B tile ---------------

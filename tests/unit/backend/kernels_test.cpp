@@ -423,15 +423,38 @@ struct AmxGuard {
   ~AmxGuard() { ss::cpu::clear_forced_amx(); }
 };
 
+struct GfniGuard {
+  explicit GfniGuard(bool on) { ss::cpu::force_gfni(on); }
+  ~GfniGuard() { ss::cpu::clear_forced_gfni(); }
+};
+
 TEST(Kernels, PackedMatchesUnpackedBitForBit) {
   if (ss::cpu::detected_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2 on this CPU: nothing is packed";
   AmxGuard vnni(false);  // the VNNI packed kernels (PackedAmxMatchesUnpackedBitForBit: the AMX ones)
   std::mt19937 g(seed() + 4);
   for (Isa isa : {Isa::Avx512, Isa::Avx2}) {
     if (ss::cpu::detected_isa() < isa) continue;
-    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
-                       DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
-      check_packed(isa, type, g);
+    // AVX-512: the nibble types' unpack by shifts and masks, and by GFNI where the CPU has it.
+    for (bool gfni : {false, true}) {
+      if (gfni && (isa != Isa::Avx512 || !ss::cpu::gfni_available())) continue;
+      GfniGuard gg(gfni);
+      SCOPED_TRACE(gfni ? "GFNI" : "no GFNI");
+      for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
+                         DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+        check_packed(isa, type, g);
+    }
+  }
+}
+
+// force_gfni(true) takes GFNI only where the CPU has it; off, the kernels never use it.
+TEST(Kernels, GfniOnlyWhereTheCpuHasIt) {
+  {
+    GfniGuard on(true);
+    EXPECT_EQ(ss::cpu::gfni_active(), ss::cpu::gfni_available());
+  }
+  {
+    GfniGuard off(false);
+    EXPECT_FALSE(ss::cpu::gfni_active());
   }
 }
 
