@@ -143,7 +143,8 @@ if [ -n "${NCU_STALLS:-}" ]; then
     case $n in old*) continue ;; esac
     want 60 "ncu stalls 8B $NCU_STALLS [$n]" || continue
     # ncu prints the enum either as Op::GateUp or as (ss::cuda::kern::dec::Op)2, by version.
-    case $NCU_STALLS in Qkv) oi=0 ;; Add) oi=1 ;; GateUp) oi=2 ;; *) oi=3 ;; esac
+    case $NCU_STALLS in Qkv) oi=0 ;; Add) oi=1 ;; GateUp) oi=2 ;; Logits) oi=3 ;;
+      *) stage "NCU_STALLS=$NCU_STALLS: want Qkv, Add, GateUp or Logits"; break ;; esac
     env $(ss_envof "$v") SS_CUDA_MEGA=0 timeout 150 ncu --kernel-name-base demangled --kernel-name "regex:Op(::$NCU_STALLS|[)]$oi,)" \
       --launch-skip 40 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
       --section SchedulerStats --section Occupancy --metrics "regex:smsp__pcsamp_warps_issue_stalled_.*" -f -o /tmp/stalls-$n \
