@@ -375,19 +375,15 @@ template <DType T, int NT, int NG, bool kGf>
             } else {
               lo[g] = _mm512_and_si512(w, low4);
             }
-            if constexpr (F.nl) {
-              lo[g] = nl_levels(lo[g]);
-              hi[g] = nl_levels(hi[g]);
+          } else {
+            lo[g] = _mm512_and_si512(w, low4);
+            hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            if constexpr (F.five) {  // bits j and 4 + j of the 5th-bit vector to 0x10: x | (h' & 0x10), one op (0xF8)
+              const __m512i h = _mm512_loadu_si512(p[g] + H + 256);
+              const __m512i bit5 = _mm512_set1_epi8(0x10);
+              lo[g] = _mm512_ternarylogic_epi32(lo[g], _mm512_slli_epi16(h, 4 - j), bit5, 0xF8);
+              hi[g] = _mm512_ternarylogic_epi32(hi[g], _mm512_srli_epi16(h, j), bit5, 0xF8);
             }
-            continue;
-          }
-          lo[g] = _mm512_and_si512(w, low4);
-          hi[g] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-          if constexpr (F.five) {  // bits j and 4 + j of the 5th-bit vector to 0x10: x | (h' & 0x10), one op (0xF8)
-            const __m512i h = _mm512_loadu_si512(p[g] + H + 256);
-            const __m512i bit5 = _mm512_set1_epi8(0x10);
-            lo[g] = _mm512_ternarylogic_epi32(lo[g], _mm512_slli_epi16(h, 4 - j), bit5, 0xF8);
-            hi[g] = _mm512_ternarylogic_epi32(hi[g], _mm512_srli_epi16(h, j), bit5, 0xF8);
           }
           if constexpr (F.nl) {  // the levels + 128, as the unpacked kernel's bytes
             lo[g] = nl_levels(lo[g]);
