@@ -158,25 +158,12 @@ __device__ __forceinline__ void chunk_scales(const Round<F, kU>& r, int u, float
 // were measured and dropped (H100, 2026-12-07: 8B Q4_0 step +1% at batch 1, +24% at batch 8, gate/up
 // under ncu unchanged at 37.7 us): more warps did not move their DRAM throughput.
 //
-// kAsync (Q4_0 and Q4_K on bf16 activations; SS_CUDA_DEC_ASYNC): the weights reach the registers
-// through a ring of kAsyncSlots rounds a warp in shared memory, each lane copying its own 16-byte
-// vectors with cp.async, so two rounds are always in flight while a third is multiplied, across
-// tile boundaries too. Why: the register loads of every round share one scoreboard in ptxas's code
-// (sm_90 SASS of the pipelined loop: all LDGs set SB5, and the first use of a round waits on SB5),
-// so a round's products wait for the loads issued after it as well, and the pipelined loop is not
-// pipelined. cp.async groups complete in order (cp.async.wait_group counts them), so a round waits
-// for its own copies only. The tiles, K ranges and order of sums are the register path's: the same
-// bits.
-constexpr int kAsyncSlots = 3;
-// 16-byte vectors a lane copies a round: the quants of rows g and g + 8, their scales, and the
-// mins' (or Q6_K's second scale) vectors.
-template <WFormat F, int kU>
-constexpr int kAsyncVecs = 2 * (F == WFormat::BF16 ? kU : kBits8<F> ? kU / 2 : kU / 4) + 2 +
-                           (F == WFormat::Q6_K || kMinArray<F> ? 2 : 0);
-template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false, bool kAsync = false, bool kBfDep = false>
+// A ring of cp.async copies (each warp copying its rounds into shared memory two rounds ahead, across
+// tiles) was measured and removed: H200, 2026-12-07, 8B Q4_0 batch 1 -0.5%, batch 8 +2.5%, 1B +1-8%;
+// H100 the same evening +6% at 8B (docs/perf/gpu.md).
+template <Op OP, int kU, WFormat F, bool kPipe = false, bool kI8 = false, bool kBfDep = false>
 __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(DecArgs a) {
   static_assert(!kI8 || (F != WFormat::BF16 && OP != Op::Add), "8-bit activations: the packed formats' norm ops");
-  static_assert(!kAsync || (F != WFormat::BF16 && !kPipe && !kI8), "asynchronous copies: the packed formats' plain loop");
   static_assert(!kBfDep || (F == WFormat::BF16 && kPipe), "the dependency of the pipelined loop: bf16's switch");
   static_assert(F == WFormat::BF16 || kU == 8, "packed formats: a round is one 256-weight block");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -211,11 +198,6 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
   const size_t sx_bytes = kHasMin<F> && !kI8 ? sizeof(float) * 8 * static_cast<size_t>(chunks) : 0;
   float* sx = reinterpret_cast<float*>(smem_raw + xs_bytes);                  // mins: [8][chunks] sums of x
   float* red = reinterpret_cast<float*>(smem_raw + xs_bytes + sx_bytes);      // [kWarps][32][4]
-  // kAsync: the warps' rings after it, [kWarps][kAsyncSlots][kAsyncVecs][32 lanes] uint4; the lane's
-  // vector e of slot s at ring[(s kAsyncVecs + e) 32].
-  constexpr int kAV = kAsyncVecs<F, kU>;
-  uint4* const ring = reinterpret_cast<uint4*>(red + kWarps * 32 * 4) + static_cast<size_t>(warp) * kAsyncSlots * kAV * 32 + lane;
-  (void)ring;
 
   const uint4 *pa = nullptr, *pb = nullptr;
   // Packed formats: rows r0's and r1's round 0 (quants at the lane's 16 bytes, scales, mins) in
@@ -272,68 +254,12 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
 
   int tb = cta * TPC;
   const int tstride = n_cta * TPC;
-  // kAsync: the copies run ahead of the products over the warp's rounds in the order the products
-  // take them (tiles tb + tw, tb += tstride; rounds c_begin.. of each): the producer's cursor
-  // (p_tb, p_c0; set_rows' pointers are its own) and the count of rounds copied (p_n, one commit
-  // group each, empty once the rounds run out) and taken (c_n).
-  int p_tb = tb, p_c0 = c_begin, p_n = 0, c_n = 0;
-  bool p_ok = false;
-  auto p_start = [&] {
-    p_ok = c_begin < c_end && p_tb + tw < a.tiles;
-    if (p_ok) set_rows(p_tb + tw);
-  };
-  auto issue = [&] {
-    if (p_ok) {
-      constexpr int kV = Round<F, kU>::kVecs, per = kBits8<F> ? 2 : 4;
-      uint4* const dst = ring + static_cast<size_t>(p_n % kAsyncSlots) * kAV * 32;
-      const int64_t R = p_c0 / 8, oq = R * a.pk.q.round, od = R * a.pk.d.round;
-#pragma unroll
-      for (int v = 0; v < kV; ++v) {
-        const bool ok = p_c0 + v * per < c_end;  // a vector past the K range: zeros, never multiplied
-        cp_async16(dst + v * 32, qa + oq + 64 * v, ok);
-        cp_async16(dst + (kV + v) * 32, qb + oq + 64 * v, ok);
-      }
-      cp_async16(dst + 2 * kV * 32, da + od, true);
-      cp_async16(dst + (2 * kV + 1) * 32, db + od, true);
-      if constexpr (F == WFormat::Q6_K) {
-        cp_async16(dst + (2 * kV + 2) * 32, da + od + 16, true);
-        cp_async16(dst + (2 * kV + 3) * 32, db + od + 16, true);
-      }
-      if constexpr (kMinArray<F>) {
-        const int64_t om = R * a.pk.m.round;
-        cp_async16(dst + (2 * kV + 2) * 32, ma + om, true);
-        cp_async16(dst + (2 * kV + 3) * 32, mb + om, true);
-      }
-      p_c0 += kU;
-      if (p_c0 >= c_end) p_tb += tstride, p_c0 = c_begin, p_start();
-    }
-    cp_async_commit();
-    ++p_n;
-  };
-  // The next round from its slot, once its copies (and every older group) have landed: of the
-  // kAsyncSlots - 1 + c_n groups committed, all but the newest kAsyncSlots - 2.
-  auto take = [&](Round<F, kU>& r) {
-    constexpr int kV = Round<F, kU>::kVecs;
-    cp_async_wait<kAsyncSlots - 2>();
-    const uint4* const src = ring + static_cast<size_t>(c_n % kAsyncSlots) * kAV * 32;
-#pragma unroll
-    for (int v = 0; v < kV; ++v) r.a[v] = src[v * 32], r.b[v] = src[(kV + v) * 32];
-    r.da = src[2 * kV * 32], r.db = src[(2 * kV + 1) * 32];
-    if constexpr (F == WFormat::Q6_K || kMinArray<F>) r.ma = src[(2 * kV + 2) * 32], r.mb = src[(2 * kV + 3) * 32];
-    ++c_n;
-  };
-  (void)issue, (void)take;
   // Before the wait: the first round of weights, the norm's weights, and what the first tile's
   // epilogue reads that the previous two kernels do not write (EpiIn): each a round trip the chain
   // no longer waits on after the wait (the phase trace, 2026-12-06: ~1.3 us of QKV's epilogue at
   // 135M was its position, rotation and block-table reads, one after another).
   EpiIn<OP> epi;
-  if constexpr (kAsync) {  // the ring's first rounds, under way while the previous kernel runs
-    p_start();
-#pragma unroll
-    for (int i = 0; i < kAsyncSlots - 1; ++i) issue();
-    if (tb + tw < a.tiles && (S == 1 || sub == 0)) epi = EpiIn<OP>::load(a, tb + tw, g, t);
-  } else if (tb + tw < a.tiles) {
+  if (tb + tw < a.tiles) {
     set_rows(tb + tw);
     load(w, c_begin);
     if (S == 1 || sub == 0) epi = EpiIn<OP>::load(a, tb + tw, g, t);
@@ -730,18 +656,13 @@ __global__ void __launch_bounds__(kThreads, kU == 4 && !kPipe ? 3 : 2) dec_k(Dec
         }
       } else {
         for (int c0 = c_begin; c0 < c_end; c0 += kU) {
-          if constexpr (kAsync) {  // this round from the ring, then the round kAsyncSlots - 1 ahead into
-            take(w);               // the slot the previous round was read from
-            issue();
-          } else if (c0 != c_begin) {
-            load(w, c0);
-          }
+          if (c0 != c_begin) load(w, c0);
           mma_round(w, c0, c);
         }
       }
     }
     if (first_tile) phase(st, 3);  // the first tile's products (warp 0's share)
-    if (!kAsync && tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
+    if (tile + tstride < a.tiles) {  // the next tile's first chunks, in flight during the reduction
       set_rows(tile + tstride);
       load(w, c_begin);
       if constexpr (kPipe && kQuant) {  // and its second round: both rounds' latencies behind the reduction
@@ -796,9 +717,6 @@ struct Tuning {
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
   int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
-  // Q4_0's and Q4_K's weights through a ring of asynchronous copies (dec_k's kAsync), where the
-  // ring fits beside two CTAs a SM: SS_CUDA_DEC_ASYNC=1 / 0.
-  bool async = false;
   // bf16's pipelined loop with the dependency that makes it pipeline (dec_k's kBfDep):
   // SS_CUDA_DEC_BFDEP=1 / 0, off until measured.
   bool bfdep = false;
@@ -831,8 +749,6 @@ const Tuning& tuning() {
     if (const char* e = std::getenv("SS_CUDA_DEC_HOLD"); e && std::string(e) == "0") r.hold = false;
     if (const char* e = std::getenv("SS_CUDA_DEC_QPIPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.qpipe = std::string(e) == "1" ? 1 : 0;
-    if (const char* e = std::getenv("SS_CUDA_DEC_ASYNC"); e && (std::string(e) == "0" || std::string(e) == "1"))
-      r.async = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_BFDEP"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.bfdep = std::string(e) == "1";
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
@@ -848,12 +764,6 @@ const Tuning& tuning() {
   return t;
 }
 
-thread_local bool g_last_async = false;  // dec_last_async
-std::atomic<int> g_async_set{-1};          // dec_set_async (-1: SS_CUDA_DEC_ASYNC's)
-bool async_wanted() {
-  const int o = g_async_set.load();
-  return o >= 0 ? o == 1 : tuning().async;
-}
 
 // The phase-trace slot for the next launch (set_chain_slot), taken once.
 thread_local unsigned long long* g_chain_slot = nullptr;  // each host thread launches its own steps
@@ -884,17 +794,13 @@ auto pick_packed(WFormat f) {
 // bytes (Q4_0's opt-in 8-bit QKV kernel spills 40).
 bool packed_pipe_fits(WFormat f, Op op) { return f == WFormat::Q4_0 || (f == WFormat::Q4_K && op != Op::Add); }
 bool packed_pipe_wanted(WFormat f) { return tuning().qpipe == -1 ? f == WFormat::Q4_0 : tuning().qpipe == 1; }
-// The formats with an asynchronous-copy instantiation (kAsync): their ring, 3 x 8 warps x 3 KiB, fits
-// beside two CTAs a SM with the staged input of up to 4 rows at K = 4096 (8 at K = 2048).
-bool async_format(WFormat f) { return f == WFormat::Q4_0 || f == WFormat::Q4_K; }
 template <Op OP>
-auto pick_kernel(WFormat f, bool i8, bool pipe, int kU, bool async) {
-  if (async) return f == WFormat::Q4_0 ? dec_k<OP, 8, WFormat::Q4_0, false, false, true> : dec_k<OP, 8, WFormat::Q4_K, false, false, true>;
+auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
   if (f != WFormat::BF16) {
     if (pipe) return i8 ? pick_packed<OP, true, true>(f) : pick_packed<OP, false, true>(f);
     return i8 ? pick_packed<OP, true, false>(f) : pick_packed<OP, false, false>(f);
   }
-  if (pipe) return tuning().bfdep ? dec_k<OP, 4, WFormat::BF16, true, false, false, true> : dec_k<OP, 4, WFormat::BF16, true>;
+  if (pipe) return tuning().bfdep ? dec_k<OP, 4, WFormat::BF16, true, false, true> : dec_k<OP, 4, WFormat::BF16, true>;
   return kU == 4 ? dec_k<OP, 4, WFormat::BF16> : dec_k<OP, 8, WFormat::BF16>;
 }
 
@@ -926,17 +832,8 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
                     W.format == WFormat::Q5_K;
   const size_t sx = mins && !i8 ? sizeof(float) * 8 * static_cast<size_t>(a.K / 32) : 0;
   if (xs + sx > 200 * 1024) return make_error(std::string(what) + ": K too large for the staged sums");
-  size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
+  const size_t smem = xs + sx + sizeof(float) * kWarps * 32 * 4;
   const int kCtasPerSm = tuning().ctas;
-  // The asynchronous copies (kAsync) where asked for and their ring leaves room for the CTAs a SM
-  // (an H100 or H200 SM has 228 KiB of shared memory, 1 KiB of it reserved a CTA); otherwise the
-  // register path. S and the K split are chosen the same either way (the same bits).
-  static_assert(kAsyncVecs<WFormat::Q4_0, 8> == kAsyncVecs<WFormat::Q4_K, 8>, "one ring size for the async formats");
-  const size_t ring = static_cast<size_t>(kWarps) * kAsyncSlots * kAsyncVecs<WFormat::Q4_0, 8> * 32 * 16;
-  const bool async = quant && !i8 && async_format(W.format) && async_wanted() &&
-                     (smem + ring + 1024 + 512) * kCtasPerSm <= 228 * 1024;  // + the static ssq
-  if (async) smem += ring;
-  g_last_async = async;
   // kCtasPerSm CTAs a SM, looping over tiles. S depends on the matrix and the GPU only, never on
   // the batch.
   // Each warp slot of the grid runs ceil(tiles S / slots) tiles, each ceil(chunks / S / kU) rounds
@@ -980,13 +877,13 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // The pipelined loop (bf16) runs kU = 4 twice over in the registers of one kU = 8 round; S was
   // chosen for the rounds of kU above.
   const int64_t split_chunks = (chunks + KS - 1) / KS;
-  const bool pipe = quant ? !async && packed_pipe_wanted(W.format) && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
+  const bool pipe = quant ? packed_pipe_wanted(W.format) && packed_pipe_fits(W.format, OP) && (split_chunks + S - 1) / S > kU
                           : (tuning().pipe == -1 ? (split_chunks + S - 1) / S > kU : tuning().pipe == 1);
   if (pipe && !quant) kU = 4;
   const int tpc = kWarps / S;
   const int grid =
       KS * static_cast<int>(std::min<int64_t>((a.tiles + tpc - 1) / tpc, static_cast<int64_t>(kCtasPerSm) * sms / KS));
-  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU, async);
+  auto* k = pick_kernel<OP>(W.format, i8, pipe, kU);
   if (smem > 48 * 1024) SS_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
@@ -1010,8 +907,6 @@ namespace {
 std::atomic<int> g_i8_set{-1};  // dec_set_int8_acts: -1 the default
 }  // namespace
 void dec_set_int8_acts(int on) { g_i8_set.store(on); }
-void dec_set_async(int on) { g_async_set.store(on < 0 ? -1 : on > 0 ? 1 : 0); }
-bool dec_last_async() { return g_last_async; }
 bool dec_int8_acts(WFormat f) {
   const int o = g_i8_set.load();
   return f != WFormat::BF16 && (o >= 0 ? o == 1 : tuning().i8);

@@ -218,12 +218,6 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
 bool dec_int8_acts(WFormat f);
 // Tests: 1 / 0 turn the 8-bit activations on / off for every later launch; -1 back to the default.
 void dec_set_int8_acts(int on);
-// Q4_0's and Q4_K's weights through a per-warp ring of asynchronous copies (decode.cu's kAsync;
-// SS_CUDA_DEC_ASYNC): off by default. The same tiles, K splits and order of sums as the register
-// path, so the same bits. Tests: 1 / 0 on / off for every later launch, -1 back to the default.
-void dec_set_async(int on);
-// Whether the calling thread's last fused decode launch took its weights through that ring.
-bool dec_last_async();
 // The current device's SM count, asked once per process (0 when there is no device).
 int device_sm_count();
 // Benchmarking only (SS_CUDA_CHAIN_TRACE=1): the next fused decode kernel launched (dec_*) stamps its
