@@ -668,6 +668,70 @@ TEST(GpuDecodePacked, WarpsLoopOverTilesAndRoundsOnPackedWeights) {
   }
 }
 
+// A tile's K split over S = 1, 2, 4 and 8 warps (dec_set_s), whichever the shape's rule would pick:
+// S = 1 takes no cross-warp reduction, S = 8 a reduction a round. On 8B's gate/up and lm_head shapes
+// in miniature (K = 4096, 512 tiles) and an add of 14336 long rows (448 chunks, several rounds a
+// warp at every S), per packed format with a pipelined loop (Q4_0, Q4_K) and one without (Q4_1):
+// batch 3 against the host, batch 1 bit-identical to its row of 3 (the sums' order depends on S,
+// never on the batch), the products' outputs poisoned first.
+TEST(GpuDecodePacked, EveryWarpSplitOfATileMatchesHost) {
+  SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { dec_set_s(0); }
+  } reset;
+  std::mt19937 rng(46);
+  const int K = 4096, F = 4096, N = 8192, batch = 3, Na = 96, Ka = 14336;
+  for (WFormat f : {WFormat::Q4_0, WFormat::Q4_K, WFormat::Q4_1}) {
+    SCOPED_TRACE(fname(f));
+    const Packed p = pack(rng, f, 2 * F, K);  // gate/up: 2F rows; lm_head: the same N = 2F rows
+    const Packed pa = pack(rng, f, Na, Ka);
+    DevPacked dp(p, f), dpa(pa, f);
+    const auto nw = random_f32(rng, K, 0.5f, 1.5f);
+    const auto resid = random_f32(rng, static_cast<size_t>(batch) * K, -2, 2);
+    std::vector<float> xf;
+    const auto x = random_bf16(rng, static_cast<size_t>(batch) * Ka, -1, 1, &xf);
+    const auto r0 = random_f32(rng, static_cast<size_t>(batch) * Na, -2, 2);
+    DeviceBuf<float> dnw(nw), dres(resid), dy(static_cast<size_t>(batch) * N), dy1(static_cast<size_t>(N));
+    DeviceBuf<float> dr(r0), dr1(static_cast<size_t>(Na));
+    DeviceBuf<uint16_t> dact(static_cast<size_t>(batch) * F), dact1(static_cast<size_t>(F)), dx(x);
+    for (int S : {1, 2, 4, 8}) {
+      SCOPED_TRACE("S = " + std::to_string(S));
+      dec_set_s(S);
+      dact.poison(), dact1.poison(), dy.poison(), dy1.poison();
+      dr.upload(r0);
+      dr1.upload(std::vector<float>(r0.begin() + Na, r0.begin() + 2 * Na));
+      LAUNCH_OK(dec_gate_up(dp.w, dres.get(), dnw.get(), 1e-6f, dact.get(), F, K, batch, true, nullptr));
+      LAUNCH_OK(dec_gate_up(dp.w, dres.get() + K, dnw.get(), 1e-6f, dact1.get(), F, K, 1, true, nullptr));
+      LAUNCH_OK(dec_norm_gemv(dp.w, dres.get(), nullptr, dnw.get(), 1e-5f, dy.get(), N, K, batch, true, nullptr));
+      LAUNCH_OK(dec_norm_gemv(dp.w, dres.get() + K, nullptr, dnw.get(), 1e-5f, dy1.get(), N, K, 1, true, nullptr));
+      LAUNCH_OK(dec_add(dpa.w, dx.get(), dr.get(), Na, Ka, batch, true, nullptr));
+      LAUNCH_OK(dec_add(dpa.w, dx.get() + Ka, dr1.get(), Na, Ka, 1, true, nullptr));
+      const auto act = dact.download(), act1 = dact1.download();
+      const auto y = dy.download(), y1 = dy1.download(), r = dr.download(), r1 = dr1.download();
+      check_gate_up(f, p, act, resid, nw, F, K, batch);
+      if (HasFatalFailure()) return;
+      for (int b = 0; b < batch; ++b) {
+        const Normed g5 = host_norm(resid.data() + static_cast<size_t>(b) * K, nw, K, 1e-5);
+        for (int n = 0; n < N; ++n) {
+          const Dot d = host_dot_f(f, p.wf.data() + static_cast<size_t>(n) * K, g5, K);
+          ASSERT_NEAR(y[static_cast<size_t>(b) * N + n], d.v, 1e-5 * d.mag + d.slack + 1e-6) << "lm_head b=" << b << " n=" << n;
+        }
+        for (int n = 0; n < Na; ++n) {
+          double acc = r0[static_cast<size_t>(b) * Na + n], mg = std::abs(acc);
+          for (int k = 0; k < Ka; ++k) {
+            const double t = static_cast<double>(pa.wf[static_cast<size_t>(n) * Ka + k]) * xf[static_cast<size_t>(b) * Ka + k];
+            acc += t, mg += std::abs(t);
+          }
+          ASSERT_NEAR(r[static_cast<size_t>(b) * Na + n], acc, 1e-5 * mg + 1e-6) << "add b=" << b << " n=" << n;
+        }
+      }
+      ASSERT_EQ(0, std::memcmp(act1.data(), act.data() + F, sizeof(uint16_t) * F)) << "gate/up batch 1 vs its row of 3";
+      ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + N, sizeof(float) * N)) << "lm_head batch 1 vs its row of 3";
+      ASSERT_EQ(0, std::memcmp(r1.data(), r.data() + Na, sizeof(float) * Na)) << "add batch 1 vs its row of 3";
+    }
+  }
+}
+
 TEST(GpuDecodePacked, DequantizeWeightsGivesBf16OfTheGgufValues) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(43);

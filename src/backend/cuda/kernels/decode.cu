@@ -717,6 +717,10 @@ struct Tuning {
   // SS_CUDA_DEC_I8=1 / 0 against kI8Default.
   bool i8 = kI8Default;
   int force_s[4] = {0, 0, 0, 0};  // SS_CUDA_DEC_S (dispatch)
+  // The packed formats' choice of S counts a wave's cross-warp reduction (S > 1: partial sums through
+  // shared memory and a CTA barrier) as this many rounds (dispatch). SS_CUDA_DEC_SRED=0: the rule
+  // before, rounds alone.
+  int s_red = 3;
   // bf16's pipelined loop with the dependency that makes it pipeline (dec_k's kBfDep):
   // SS_CUDA_DEC_BFDEP=1 / 0, off until measured.
   bool bfdep = false;
@@ -751,6 +755,12 @@ const Tuning& tuning() {
       r.qpipe = std::string(e) == "1" ? 1 : 0;
     if (const char* e = std::getenv("SS_CUDA_DEC_BFDEP"); e && (std::string(e) == "0" || std::string(e) == "1"))
       r.bfdep = std::string(e) == "1";
+    if (const char* e = std::getenv("SS_CUDA_DEC_SRED")) {
+      if (int v = -1; std::sscanf(e, "%d", &v) == 1 && v >= 0 && v <= 64)
+        r.s_red = v;
+      else
+        std::fprintf(stderr, "selfserve: SS_CUDA_DEC_SRED=%s ignored (want 0..64)\n", e);
+    }
     if (const char* e = std::getenv("SS_CUDA_DEC_S")) {
       int v[4] = {0, 0, 0, 0};
       if (std::sscanf(e, "%d,%d,%d,%d", &v[0], &v[1], &v[2], &v[3]) == 4 &&
@@ -804,6 +814,8 @@ auto pick_kernel(WFormat f, bool i8, bool pipe, int kU) {
   return kU == 4 ? dec_k<OP, 4, WFormat::BF16> : dec_k<OP, 8, WFormat::BF16>;
 }
 
+std::atomic<int> g_s_set{0};  // dec_set_s (0: dispatch's choice)
+
 template <Op OP>
 Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cudaStream_t s, const SplitK* sk = nullptr) {
   a.W = static_cast<const uint16_t*>(W.q), a.Kp = packed_k(a.K);
@@ -841,19 +853,29 @@ Status dispatch(const char* what, const DevWeights& W, DecArgs a, bool pdl, cuda
   // break a tie on the waves first: a wave is a tile's reduction and epilogue more on the critical
   // path (H100, 2026-12-07, 8B QKV: S = 4, one wave of 4 rounds, against S = 8, two waves of 2:
   // the step 1.3% faster at Q4_0, 0.8% at Q4_K, 2.5% at Q8_0; bf16 the same within noise, so it
-  // keeps the old rule).
+  // keeps the old rule). Where the tiles alone fill at least half the warp slots, they also count
+  // each wave's cross-warp reduction (S > 1) as s_red rounds. H100, 2026-12-07, Q4_0: S = 1 for
+  // 8B's gate/up (one wave of 16 rounds against S = 8's 7 waves of 2) took it from 34.2 to 30.6 us
+  // under ncu, its CTA-barrier stall samples 588 -> 12; 1B's gate/up at S = 1 (8 rounds against
+  // S = 2's 4, one wave each) lost 3.4%: a reduction costs 2-4 rounds. With this rule (8B: gate/up
+  // and lm_head S = 1; 1B: lm_head) the step is 1.5% faster at 8B batch 1 and 2.5% at 8, the same
+  // at 1B (23:27 UTC). Counted where tiles are few too, it gave 135M's QKV and o_proj (36-60 tiles)
+  // one warp a tile, too few warps to stream: 6-11% slower, hence the condition.
   const int n_sm = device_sm_count(), sms = n_sm > 0 ? n_sm : 132;
   const int64_t slots = static_cast<int64_t>(kWarps) * kCtasPerSm * sms, chunks = a.K / 32;
+  const int64_t red = quant && 2 * static_cast<int64_t>(a.tiles) >= slots ? tuning().s_red : 0;
   int S = 1;
   int64_t best = -1, best_waves = 0;
   for (int s2 = 1; s2 <= kWarps; s2 *= 2) {
     const int64_t waves = (a.tiles * static_cast<int64_t>(s2) + slots - 1) / slots;
-    const int64_t rounds = waves * (((chunks + s2 - 1) / s2 + kU - 1) / kU);
-    if (best < 0 || rounds < best || (rounds == best && (!quant || waves <= best_waves)))
-      best = rounds, best_waves = waves, S = s2;
+    const int64_t cost = waves * (((chunks + s2 - 1) / s2 + kU - 1) / kU) + (s2 > 1 ? waves * red : 0);
+    if (best < 0 || cost < best || (cost == best && (!quant || waves <= best_waves)))
+      best = cost, best_waves = waves, S = s2;
   }
-  // Tuning only: SS_CUDA_DEC_S=<qkv>,<add>,<gate/up>,<logits> forces S per op (0: the choice above).
+  // Tuning only: SS_CUDA_DEC_S=<qkv>,<add>,<gate/up>,<logits> forces S per op (0: the choice above);
+  // tests: dec_set_s for every op.
   if (const int* f = tuning().force_s; f[static_cast<int>(OP)] > 0) S = f[static_cast<int>(OP)];
+  if (const int f = g_s_set.load(); f > 0) S = f;
   // An add whose tiles, S = 8 warps each, fill under half the warp slots (Llama-3.2-1B's o_proj and
   // down: 128 tiles, 1024 of 2112 warps on an H100, ~50% of DRAM peak) splits K across KS CTAs,
   // while every warp keeps at least min_chunks_per_warp chunks (the backend takes 8: a round;
@@ -907,6 +929,7 @@ namespace {
 std::atomic<int> g_i8_set{-1};  // dec_set_int8_acts: -1 the default
 }  // namespace
 void dec_set_int8_acts(int on) { g_i8_set.store(on); }
+void dec_set_s(int s) { g_s_set.store(s == 1 || s == 2 || s == 4 || s == 8 ? s : 0); }
 bool dec_int8_acts(WFormat f) {
   const int o = g_i8_set.load();
   return f != WFormat::BF16 && (o >= 0 ? o == 1 : tuning().i8);

@@ -218,6 +218,10 @@ Status dec_norm_gemv(const DevWeights& W, const float* resid, const int32_t* row
 bool dec_int8_acts(WFormat f);
 // Tests: 1 / 0 turn the 8-bit activations on / off for every later launch; -1 back to the default.
 void dec_set_int8_acts(int on);
+// Tests: every later fused decode launch splits a tile's K over s warps (1, 2, 4 or 8; S in
+// decode.cu) instead of the shape's choice; 0 back to the choice. A row's sums are then added in
+// another order, so other bits, still independent of the batch.
+void dec_set_s(int s);
 // The current device's SM count, asked once per process (0 when there is no device).
 int device_sm_count();
 // Benchmarking only (SS_CUDA_CHAIN_TRACE=1): the next fused decode kernel launched (dec_*) stamps its
