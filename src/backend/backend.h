@@ -155,7 +155,8 @@ struct BackendOptions {
   bool batch_invariant = false;
   // CUDA: keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K projection weights quantized on the device (repacked; steps of
   // <= 8 tokens read them directly, larger steps dequantize a matrix at a time for cuBLAS) instead of
-  // converting every weight to bf16 at load.
+  // converting every weight to bf16 at load. Off, the backend still keeps them packed where bf16
+  // copies would crowd the memory share (cuda/memory_budget.h, keep_weights_quantized).
   bool gpu_native_quant = false;
   // CUDA: sample every row on the device (bans, logit bias, penalties, grammar bitmask, logprobs; the
   // host sampler's weights bit for bit, its double sums in another order, so a draw can differ only

@@ -115,7 +115,8 @@ void add_device_options(CLI::App* cmd, DeviceArgs* d) {
       ->capture_default_str();
   cmd->add_flag("--enforce-eager", d->enforce_eager, "CUDA: no CUDA graphs (every step launched kernel by kernel)");
   cmd->add_flag("--gpu-native-quant", d->gpu_native_quant,
-                "CUDA: keep GGUF weights quantized on the GPU (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; default: bf16 at load)");
+                "CUDA: keep GGUF weights quantized on the GPU (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K; default: bf16 at "
+                "load, unless bf16 would take over 80% of --gpu-memory-utilization's share)");
   cmd->add_flag("--batch-invariant", d->batch_invariant,
                 "CUDA: a request's output bit for bit the same at any load, prompt chunking or preemption (steps "
                 "past 8 rows run 8 at a time: large batches and prefill slower; the CPU backend always is)");

@@ -145,10 +145,12 @@ class CudaBackend final : public Backend {
       : model_(m), c_(m.config), opts_(o), kv_(o.kv), tables_(std::max(1, o.max_slots)) {}
   Status init();
   Status upload_matrix(std::initializer_list<const model::Tensor*> parts, bf16_bits** out);
-  // The projection as the decode kernels read it: packed GGUF blocks when --gpu-native-quant and
-  // every part is Q4_0 / Q4_1 / Q8_0 of one type, else bf16 (upload_matrix).
+  // The projection as the decode kernels read it: packed GGUF blocks when native_quant_ and every
+  // part is of one packed type (packed_format), else bf16 (upload_matrix).
   Status upload_weights(std::initializer_list<const model::Tensor*> parts, cuda::kern::DevWeights* out, int* rows);
-  size_t weight_bytes(std::initializer_list<const model::Tensor*> parts) const;
+  size_t weight_bytes(std::initializer_list<const model::Tensor*> parts, bool native) const;
+  // Every weight on the device, in bytes: the projections packed where native (as weight_bytes).
+  size_t all_weight_bytes(bool native) const;
   // The bf16 matrix the cuBLAS path multiplies: w itself, or w dequantized into wtmp_.
   Expected<const bf16_bits*> bf16_of(const cuda::kern::DevWeights& w, int N, int K);
   Status upload_vector(const model::Tensor& t, float** out);
@@ -186,6 +188,9 @@ class CudaBackend final : public Backend {
   const model::Model& model_;
   const model::ModelConfig& c_;
   BackendOptions opts_;
+  // The projections stay packed (--gpu-native-quant, or where bf16 copies would not leave room:
+  // keep_weights_quantized).
+  bool native_quant_ = false;
   KvCacheConfig kv_;
   BlockTables tables_;
   std::string device_name_;
@@ -435,21 +440,29 @@ Status CudaBackend::init() {
   if (kv_.dtype == KvCacheConfig::DType::Q8)
     return make_error("cuda backend: --kv-cache-dtype q8_0 is not supported on the GPU yet (bf16 cache)");
 
-  // Weights: every matrix as bf16 (Q, K, V fused; gate and up fused), vectors as fp32.
+  // Weights: every matrix as bf16 (Q, K, V fused; gate and up fused), vectors as fp32; the
+  // projections packed with --gpu-native-quant, or where their bf16 copies would crowd out the KV
+  // cache (keep_weights_quantized; said on stderr).
   const auto& w = model_.weights;
-  size_t wbytes = padded(sizeof(bf16_bits) * static_cast<size_t>(V_) * H_) * (c_.tie_embeddings ? 1 : 2) +
-                  padded(sizeof(float) * H_);
-  size_t per_layer_max = 0;
-  for (int l = 0; l < L_; ++l) {
-    const model::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    const size_t b = weight_bytes({&lw.wq, &lw.wk, &lw.wv}) + weight_bytes({&lw.wo}) +
-                     weight_bytes({&lw.w_gate, &lw.w_up}) + weight_bytes({&lw.w_down}) + 2 * padded(sizeof(float) * H_) +
-                     padded(sizeof(float) * (qd_ + 2 * kvd_)) + 2 * padded(sizeof(float) * hd_);
-    per_layer_max = std::max(per_layer_max, b);
+  native_quant_ = opts_.gpu_native_quant;
+  if (!native_quant_) {
+    size_t free_now = 0, total = 0;
+    SS_CUDA(cudaMemGetInfo(&free_now, &total));
+    const double util = opts_.gpu_memory_utilization > 0 ? opts_.gpu_memory_utilization : 0.9;
+    const size_t bf16_b = all_weight_bytes(false), packed_b = all_weight_bytes(true);
+    if (cuda::keep_weights_quantized(static_cast<int64_t>(total), util, static_cast<int64_t>(bf16_b),
+                                     static_cast<int64_t>(packed_b))) {
+      native_quant_ = true;
+      std::fprintf(stderr,
+                   "selfserve: bf16 copies of the weights would take %.1f GiB of this process's %.1f GiB "
+                   "(--gpu-memory-utilization %.2f), more than %.0f%%: the GGUF's quantized matrices stay "
+                   "quantized on the GPU (%.1f GiB, as --gpu-native-quant; steps over 8 tokens dequantize a "
+                   "matrix at a time)\n",
+                   static_cast<double>(bf16_b) / (1 << 30), util * static_cast<double>(total) / (1 << 30), util,
+                   100 * cuda::kBf16WeightShare, static_cast<double>(packed_b) / (1 << 30));
+    }
   }
-  const size_t per_layer = per_layer_max;
-  wbytes += per_layer * static_cast<size_t>(L_);
-  SS_TRY(weights_.reserve(wbytes, "weights"));
+  SS_TRY(weights_.reserve(all_weight_bytes(native_quant_), "weights"));
   const size_t chunk = static_cast<size_t>(std::max(1, opts_.weight_chunk_mb)) << 20;
   for (int i = 0; i < 2; ++i) {
     void* p = nullptr;
@@ -814,10 +827,26 @@ cuda::kern::WFormat packed_format(std::initializer_list<const model::Tensor*> pa
 }
 }  // namespace
 
-size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> parts) const {
+size_t CudaBackend::all_weight_bytes(bool native) const {
+  const auto& w = model_.weights;
+  size_t wbytes = padded(sizeof(bf16_bits) * static_cast<size_t>(V_) * H_) * (c_.tie_embeddings ? 1 : 2) +
+                  padded(sizeof(float) * H_);
+  size_t per_layer_max = 0;
+  for (int l = 0; l < L_; ++l) {
+    const model::LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    const size_t b = weight_bytes({&lw.wq, &lw.wk, &lw.wv}, native) + weight_bytes({&lw.wo}, native) +
+                     weight_bytes({&lw.w_gate, &lw.w_up}, native) + weight_bytes({&lw.w_down}, native) +
+                     2 * padded(sizeof(float) * H_) + padded(sizeof(float) * (qd_ + 2 * kvd_)) +
+                     2 * padded(sizeof(float) * hd_);
+    per_layer_max = std::max(per_layer_max, b);
+  }
+  return wbytes + per_layer_max * static_cast<size_t>(L_);
+}
+
+size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> parts, bool native) const {
   int64_t rows = 0, cols = 0;
   for (const model::Tensor* t : parts) rows += t->rows(), cols = t->cols();
-  const cuda::kern::WFormat f = packed_format(parts, opts_.gpu_native_quant);
+  const cuda::kern::WFormat f = packed_format(parts, native);
   if (f == cuda::kern::WFormat::BF16) return padded(sizeof(bf16_bits) * static_cast<size_t>(rows * cols));
   const int K = static_cast<int>(cols);
   if (cuda::kern::groups_layout()) return padded(cuda::kern::packed_bytes(f, rows, K));
@@ -828,7 +857,7 @@ size_t CudaBackend::weight_bytes(std::initializer_list<const model::Tensor*> par
 Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> parts, cuda::kern::DevWeights* out,
                                    int* rows_out) {
   namespace k = cuda::kern;
-  const k::WFormat f = packed_format(parts, opts_.gpu_native_quant);
+  const k::WFormat f = packed_format(parts, native_quant_);
   int64_t rows = 0, cols = -1;
   SS_TRY(stacked_shape(parts, &rows, &cols));
   *rows_out = static_cast<int>(rows);

@@ -39,4 +39,15 @@ inline Expected<int64_t> kv_blocks_for_budget(int64_t total, int64_t free_now, i
   return std::min<int64_t>(static_cast<int64_t>(kv / static_cast<double>(block_bytes)), max_blocks);
 }
 
+// Whether a GGUF's quantized matrices stay quantized on the GPU when --gpu-native-quant was not
+// given. bf16 copies are the default (the cuBLAS path of prefill and batches over 8 reads them as
+// they are; packed weights are dequantized a matrix at a time there), but not when they would take
+// more than kBf16WeightShare of this process's share of the card (util x total), leaving too little
+// for the KV cache and scratch, or not fit at all (Llama-3-70B at Q4_K_M: 42 GB of GGUF, 141 GB as
+// bf16), and the packed copies are smaller (some matrix is of a type the fused kernels read).
+constexpr double kBf16WeightShare = 0.8;
+inline bool keep_weights_quantized(int64_t total, double util, int64_t bf16_bytes, int64_t packed_bytes) {
+  return packed_bytes < bf16_bytes && static_cast<double>(bf16_bytes) > kBf16WeightShare * util * static_cast<double>(total);
+}
+
 }  // namespace ss::cuda

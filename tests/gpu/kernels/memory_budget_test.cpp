@@ -52,3 +52,24 @@ TEST(KvBudget, TooLittleFreeOrNoRoomAreClearErrors) {
   ASSERT_TRUE(capped.ok());
   EXPECT_EQ(*capped, 1000);
 }
+
+// bf16 copies by default; quantized matrices kept packed only where bf16 would take more than 80%
+// of the share and the packed copies are smaller. Llama-3-8B at Q4_0 (4.5 GB packed, 16.1 GB as
+// bf16) at 0.9: bf16 on a 141 GB card and on a 24 GiB one (16.1 of 18.6 GB allowed), packed on a
+// 16 GiB one; Llama-3-70B at Q4_K_M (42 GB packed, 141 GB as bf16) packed even on the 141 GB card;
+// a file with nothing packable (bf16 safetensors: the same bytes either way) never switches.
+TEST(KvBudget, QuantizedWeightsStayPackedOnlyWhereBf16WouldCrowdTheShare) {
+  using ss::cuda::keep_weights_quantized;
+  const int64_t MB = 1000LL * 1000, GB = 1000 * MB;
+  const int64_t bf16_8b = 16060 * MB, q4_8b = 4520 * MB;
+  EXPECT_FALSE(keep_weights_quantized(141 * GB, 0.9, bf16_8b, q4_8b));
+  EXPECT_FALSE(keep_weights_quantized(24 * GiB, 0.9, bf16_8b, q4_8b));
+  EXPECT_TRUE(keep_weights_quantized(16 * GiB, 0.9, bf16_8b, q4_8b));
+  EXPECT_TRUE(keep_weights_quantized(141 * GB, 0.9, 141 * GB, 42 * GB));
+  EXPECT_FALSE(keep_weights_quantized(16 * GiB, 0.9, bf16_8b, bf16_8b));
+  // The boundary: exactly 80% of the share stays bf16, a byte more does not.
+  const int64_t total = 100 * GiB;
+  const int64_t at = static_cast<int64_t>(0.8 * 0.5 * static_cast<double>(total));
+  EXPECT_FALSE(keep_weights_quantized(total, 0.5, at, at / 4));
+  EXPECT_TRUE(keep_weights_quantized(total, 0.5, at + 1, at / 4));
+}
