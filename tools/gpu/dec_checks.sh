@@ -47,6 +47,13 @@ if [ -n "${ab_pid:-}" ]; then
   stage "baseline build ($(find .ab-base -type f | wc -l) files put back)"
 fi
 binof() { case $1 in old*) echo $AB/build-gpu ;; *) echo build-gpu ;; esac; }
+# A variant named old* without a baseline build would time nothing (the binary is missing): say so
+# once, up front, rather than a "failed to run command" a shape.
+if [ ! -x $AB/build-gpu/selfserve ]; then
+  for v in $VARIANTS; do
+    case ${v%%:*} in old*) stage "variant ${v%%:*}: names that start with old time the baseline build (.ab-base or AB_REUSE=1), and there is none: rename it" ;; esac
+  done
+fi
 source build-gpu/env.sh
 B=build-gpu M=/tmp/ssm
 mkdir -p $M
