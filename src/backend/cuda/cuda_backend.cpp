@@ -102,7 +102,15 @@ class CudaBackend final : public Backend {
     return be;
   }
 
-  std::string name() const override { return "cuda (" + device_name_ + ")"; }
+  // The device, and how its projections are held (as the CPU backend's "N/M matrices packed"):
+  // "bf16 weights", or how many of the fused projections stay packed GGUF blocks (native_quant_).
+  std::string name() const override {
+    std::string s = "cuda (" + device_name_;
+    if (total_mats_ > 0)
+      s += packed_mats_ == 0 ? std::string(", bf16 weights")
+                             : ", " + std::to_string(packed_mats_) + "/" + std::to_string(total_mats_) + " projections packed";
+    return s + ")";
+  }
   const KvCacheConfig& kv_config() const override { return kv_; }
   int vocab_size() const override { return V_; }
   int max_slots() const override { return tables_.size(); }
@@ -191,6 +199,7 @@ class CudaBackend final : public Backend {
   // The projections stay packed (--gpu-native-quant, or where bf16 copies would not leave room:
   // keep_weights_quantized).
   bool native_quant_ = false;
+  int packed_mats_ = 0, total_mats_ = 0;  // projections uploaded packed / in all (name())
   KvCacheConfig kv_;
   BlockTables tables_;
   std::string device_name_;
@@ -861,6 +870,8 @@ Status CudaBackend::upload_weights(std::initializer_list<const model::Tensor*> p
   int64_t rows = 0, cols = -1;
   SS_TRY(stacked_shape(parts, &rows, &cols));
   *rows_out = static_cast<int>(rows);
+  ++total_mats_;
+  if (f != k::WFormat::BF16) ++packed_mats_;
   if (f == k::WFormat::BF16) {
     bf16_bits* p = nullptr;
     SS_TRY(upload_matrix(parts, &p));
