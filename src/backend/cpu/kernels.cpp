@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <sys/syscall.h>
@@ -67,16 +68,31 @@ bool detect_amx() {
 #endif
 }
 
-// -1: SS_CPU_AMX decides (0 turns it off); 0 / 1: forced.
-std::atomic<int> g_amx_forced{-1};
+// An optional instruction path where the CPU has it: forced on or off by tests and benchmarks, else
+// on unless its environment variable is "0" (read on first use).
+class PathSwitch {
+ public:
+  explicit PathSwitch(const char* env) : env_(env) {}
+  bool on() const {
+    const int f = forced_.load(std::memory_order_relaxed);
+    if (f >= 0) return f == 1;
+    std::call_once(once_, [this] {
+      const char* e = std::getenv(env_);
+      by_env_ = !(e && std::strcmp(e, "0") == 0);
+    });
+    return by_env_;
+  }
+  void force(bool on) { forced_.store(on ? 1 : 0, std::memory_order_relaxed); }
+  void clear() { forced_.store(-1, std::memory_order_relaxed); }
 
-bool amx_default() {
-  static const bool on = [] {
-    const char* e = std::getenv("SS_CPU_AMX");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
+ private:
+  const char* env_;
+  std::atomic<int> forced_{-1};  // -1: the environment decides; 0 / 1: forced
+  mutable std::once_flag once_;
+  mutable bool by_env_ = true;
+};
+
+PathSwitch g_amx("SS_CPU_AMX"), g_gfni("SS_CPU_GFNI");
 
 }  // namespace
 
@@ -87,17 +103,12 @@ bool amx_available() {
 
 bool amx_active() {
   if (active_isa() != Isa::Avx512 || !amx_available()) return false;
-  const int f = g_amx_forced.load(std::memory_order_relaxed);
-  return f < 0 ? amx_default() : f == 1;
+  return g_amx.on();
 }
 
-void force_amx(bool on) { g_amx_forced.store(on ? 1 : 0, std::memory_order_relaxed); }
+void force_amx(bool on) { g_amx.force(on); }
 
-void clear_forced_amx() { g_amx_forced.store(-1, std::memory_order_relaxed); }
-
-namespace {
-std::atomic<int> g_gfni_forced{-1};  // -1: SS_CPU_GFNI decides (0 turns it off); 0 / 1: forced
-}  // namespace
+void clear_forced_amx() { g_amx.clear(); }
 
 bool gfni_available() {
   static const bool ok = [] {
@@ -107,20 +118,11 @@ bool gfni_available() {
   return ok;
 }
 
-bool gfni_active() {
-  if (!gfni_available()) return false;
-  const int f = g_gfni_forced.load(std::memory_order_relaxed);
-  if (f >= 0) return f == 1;
-  static const bool on = [] {
-    const char* e = std::getenv("SS_CPU_GFNI");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
+bool gfni_active() { return gfni_available() && g_gfni.on(); }
 
-void force_gfni(bool on) { g_gfni_forced.store(on ? 1 : 0, std::memory_order_relaxed); }
+void force_gfni(bool on) { g_gfni.force(on); }
 
-void clear_forced_gfni() { g_gfni_forced.store(-1, std::memory_order_relaxed); }
+void clear_forced_gfni() { g_gfni.clear(); }
 
 bool parse_isa(std::string_view s, Isa* out) {
   for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
